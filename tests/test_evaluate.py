@@ -1,0 +1,151 @@
+"""Evaluation metrics; also defines the stand-in models the viz and predict tests share."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rsnet.models.output import MultiBranchOutput
+
+
+class StandInModel(nn.Module):
+    """conv trunk -> two branches (main, aux1), each GAP -> Linear; ensemble = mean of their logits."""
+
+    def __init__(self, num_classes: int = 4, width: int = 8) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                                   nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU())
+        self.main_block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.aux_block = nn.Sequential(nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.ReLU())
+        self.fc_main = nn.Linear(width, num_classes)
+        self.fc_aux1 = nn.Linear(width, num_classes)
+
+    def cam_classifiers(self) -> dict[str, nn.Linear]:
+        return {"main": self.fc_main, "aux1": self.fc_aux1}
+
+    def forward(self, x: torch.Tensor) -> MultiBranchOutput:
+        shared = self.trunk(x)
+        features = {"main": self.main_block(shared), "aux1": self.aux_block(shared)}
+        logits = {k: self.cam_classifiers()[k](f.mean(dim=(2, 3))) for k, f in features.items()}
+        logits["ensemble"] = (logits["main"] + logits["aux1"]) / 2
+        return MultiBranchOutput(logits=logits, features=features, ensemble="ensemble")
+
+
+class PlainClassifier(nn.Module):
+    """An exported-style model: returns a logits Tensor."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TensorDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int = 10, num_classes: int = 4, size: int = 32, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, size, size, generator=g)
+        self.labels = (torch.arange(n) % num_classes).numpy()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.x[i], int(self.labels[i])
+
+
+# --------------------------------------------------------------------------------------------- tests
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from rsnet.engine.evaluate import EvalResult, cohen_kappa, compute_metrics, confusion_matrix, evaluate  # noqa: E402
+
+
+def _result(preds: dict[str, list[int]], targets: list[int], reported: str = "main") -> EvalResult:
+    return EvalResult(predictions={k: np.array(v) for k, v in preds.items()}, probabilities={},
+                      targets=np.array(targets), reported_head=reported)
+
+
+def test_metrics_by_hand() -> None:
+    targets = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    main = [0, 0, 1, 0, 1, 1, 2, 2, 2, 0]  # 7/10 right
+    ens = [0, 0, 0, 0, 1, 1, 1, 2, 2, 1]  # 9/10 right
+    metrics = compute_metrics(_result({"main": main, "ensemble": ens}, targets, "ensemble"), ["a", "b", "c"])
+    json.dumps(metrics)  # JSON-safe
+    assert metrics["oa"] == pytest.approx({"main": 70.0, "ensemble": 90.0})
+    assert metrics["oa/main"] == pytest.approx(70.0)
+    assert metrics["reported_head"] == "ensemble" and metrics["accuracy"] == pytest.approx(90.0)
+    assert metrics["num_samples"] == 10
+    assert metrics["confusion_matrix"] == [[4, 0, 0], [0, 3, 0], [0, 1, 2]]
+    assert metrics["per_class_accuracy"] == pytest.approx({"a": 100.0, "b": 100.0, "c": 200 / 3})
+    assert metrics["average_accuracy"] == pytest.approx((100 + 100 + 200 / 3) / 3)
+    # kappa by hand: p_o = 0.9; rows (4,3,3), cols (4,4,2): p_e = (16 + 12 + 6) / 100 = 0.34
+    assert metrics["kappa"] == pytest.approx((0.9 - 0.34) / (1 - 0.34))
+    # main head: cm [[3,1,0],[0,2,1],[1,0,2]]; p_o = .7; rows (4,3,3) cols (4,3,3): p_e = .34
+    assert metrics["kappa/main"] == pytest.approx((0.7 - 0.34) / (1 - 0.34))
+
+
+def test_kappa_edge_cases() -> None:
+    assert cohen_kappa(np.diag([3, 4, 5])) == pytest.approx(1.0)
+    assert cohen_kappa(np.array([[5, 0], [0, 0]])) == pytest.approx(1.0)
+    # predictions independent of targets -> kappa 0
+    assert cohen_kappa(np.array([[2, 2], [2, 2]])) == pytest.approx(0.0)
+    # systematically wrong -> negative
+    assert cohen_kappa(np.array([[0, 5], [5, 0]])) == pytest.approx(-1.0)
+
+
+def test_class_without_samples_and_bad_labels() -> None:
+    metrics = compute_metrics(_result({"main": [0, 1]}, [0, 1]), ["a", "b", "c"])
+    assert metrics["per_class_accuracy"]["c"] is None
+    assert metrics["average_accuracy"] == pytest.approx(100.0)
+    with pytest.raises(ValueError):
+        confusion_matrix(np.array([0, 3]), np.array([0, 0]), 3)
+
+
+def test_evaluate_multibranch_model() -> None:
+    torch.manual_seed(0)
+    model = StandInModel(num_classes=4)
+    model.train()
+    data = TensorDataset(n=10, num_classes=4)
+    result = evaluate(model, data, "cpu", batch_size=3)
+    assert model.training and model.trunk[1].training  # mode restored
+    assert set(result.predictions) == {"main", "aux1", "ensemble"}
+    assert result.reported_head == "ensemble"
+    np.testing.assert_array_equal(result.targets, data.labels)
+    with torch.no_grad():
+        model.eval()
+        expected = model(data.x).logits["main"].argmax(1).numpy()
+    np.testing.assert_array_equal(result.predictions["main"], expected)
+    assert result.probabilities["aux1"].shape == (10, 4)
+    metrics = compute_metrics(result, ["a", "b", "c", "d"])
+    assert metrics["oa/main"] == pytest.approx(float((expected == data.labels).mean() * 100))
+    assert sum(map(sum, metrics["confusion_matrix"])) == 10
+
+
+def test_evaluate_plain_classifier_and_loader() -> None:
+    model = PlainClassifier(num_classes=4)
+    data = TensorDataset(n=6)
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    result = evaluate(model, loader, "cpu")
+    assert list(result.predictions) == ["main"] and result.reported_head == "main"
+    assert compute_metrics(result, list("abcd"))["num_samples"] == 6
+
+
+def test_evaluate_ensemble_mean_of_two_ensembles() -> None:
+    class Two(StandInModel):
+        def forward(self, x):
+            out = super().forward(x)
+            out.logits["ensemble_feat"] = out.logits["aux1"]
+            return out
+
+    result = evaluate(Two(), TensorDataset(n=5), "cpu")
+    assert "ensemble_mean" in result.predictions
+    assert "oa/ensemble_mean" in compute_metrics(result, list("abcd"))
+
+
+def test_evaluate_empty_dataset() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        evaluate(StandInModel(), TensorDataset(n=0), "cpu")
