@@ -1,0 +1,138 @@
+"""Attention maps: CAM of every linear head, Grad-CAM of the main branch, and colour overlays.
+
+CAM needs no hooks: every rsnet model exposes ``cam_classifiers()`` (head -> its ``nn.Linear``, with
+``logits[k] == linear(GAP(features[k]))``) and returns the feature maps in ``MultiBranchOutput``.
+Grad-CAM differentiates the head's logit with respect to the returned feature map directly
+(``torch.autograd.grad``), so nothing is registered on the model and nothing lingers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rsnet.models.output import MultiBranchOutput
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode; restore every submodule's own train/eval flag afterwards."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _forward(model: nn.Module, images: Tensor) -> MultiBranchOutput:
+    output = model(images)
+    if not isinstance(output, MultiBranchOutput):
+        raise TypeError("attention maps need a full rsnet model returning MultiBranchOutput "
+                        f"(got {type(output).__name__}); an exported plain classifier has no feature maps")
+    return output
+
+
+def _target_classes(logits: Tensor, class_idx: int | Tensor | None) -> Tensor:
+    """Class per image: the head's own prediction, or the given class (int or (B,) tensor)."""
+    if class_idx is None:
+        return logits.argmax(dim=1)
+    classes = torch.as_tensor(class_idx, device=logits.device, dtype=torch.long)
+    return classes.expand(logits.shape[0]) if classes.dim() == 0 else classes
+
+
+def normalize_maps(maps: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+    """ReLU, upsample (B, h, w) maps bilinearly to ``size``, scale each map to [0, 1] by its maximum."""
+    maps = maps.float().clamp_min(0)
+    if size is not None and tuple(maps.shape[-2:]) != tuple(size):
+        maps = F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0].clamp_min(0)
+    peak = maps.flatten(1).amax(dim=1).clamp_min(1e-12)
+    return maps / peak[:, None, None]
+
+
+def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
+                          size: tuple[int, int] | None = None) -> dict[str, Tensor]:
+    """CAM of every head in ``model.cam_classifiers()``.
+
+    CAM_k = ReLU(sum_c W_k[class, c] * features[k][c]) normalised to [0, 1] and upsampled to ``size``
+    (default: the image size). ``class_idx`` None: each head's own predicted class.
+
+    Returns:
+        head -> float Tensor (B, H, W) in [0, 1], on the images' device, detached.
+    """
+    size = tuple(images.shape[-2:]) if size is None else size
+    heads = model.cam_classifiers()
+    with eval_mode(model), torch.no_grad():
+        output = _forward(model, images)
+        maps: dict[str, Tensor] = {}
+        for head, linear in heads.items():
+            features = output.features[head]
+            classes = _target_classes(output.logits[head], class_idx)
+            weights = linear.weight[classes].to(features.dtype)  # (B, C)
+            cam = torch.einsum("bc,bchw->bhw", weights, features)
+            maps[head] = normalize_maps(cam, size)
+    return maps
+
+
+def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: int | Tensor | None = None,
+             size: tuple[int, int] | None = None) -> Tensor:
+    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) w.r.t. ``features[head]``.
+
+    alpha_c = mean_{i,j} d logit / d F[c, i, j];  map = ReLU(sum_c alpha_c F[c]), normalised to [0, 1]
+    and upsampled to ``size`` (default: the image size). For a GAP -> Linear head this equals its CAM.
+    The model runs in eval mode (its previous modes are restored); gradients are taken with
+    ``torch.autograd.grad`` so parameter ``.grad`` fields are left untouched and no hooks are used.
+
+    Returns:
+        float Tensor (B, H, W) in [0, 1], detached.
+    """
+    size = tuple(images.shape[-2:]) if size is None else size
+    # The input requires grad, so the features are in the graph even when every parameter is frozen.
+    inputs = images.detach().clone().requires_grad_(True)
+    with eval_mode(model), torch.enable_grad():
+        output = _forward(model, inputs)
+        if head not in output.features:
+            raise KeyError(f"model output has no feature map for head {head!r} (has {sorted(output.features)})")
+        features = output.features[head]
+        logits = output.logits[head]
+        classes = _target_classes(logits, class_idx)
+        score = logits.gather(1, classes[:, None]).sum()  # samples are independent in eval mode
+        (gradients,) = torch.autograd.grad(score, features)
+    alpha = gradients.mean(dim=(2, 3), keepdim=True)
+    cam = (alpha * features.detach()).sum(dim=1)
+    return normalize_maps(cam, size)
+
+
+def overlay(image: np.ndarray, cam: np.ndarray | Tensor, alpha: float = 0.5) -> np.ndarray:
+    """Blend a [0, 1] map over an image with the jet colour map.
+
+    Args:
+        image: uint8 (H, W, 3) RGB.
+        cam: (h, w) values in [0, 1]; resized to (H, W) when it differs.
+        alpha: weight of the heat map.
+
+    Returns:
+        uint8 (H, W, 3) RGB.
+    """
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"overlay expects an (H, W, 3) image, got shape {image.shape}")
+    if isinstance(cam, Tensor):
+        cam = cam.detach().float().cpu().numpy()
+    cam = np.asarray(cam, dtype=np.float32)
+    if cam.ndim != 2:
+        raise ValueError(f"overlay expects an (H, W) map, got shape {cam.shape}")
+    height, width = image.shape[:2]
+    if cam.shape != (height, width):
+        cam = cv2.resize(cam, (width, height), interpolation=cv2.INTER_LINEAR)
+    heat = cv2.applyColorMap(np.uint8(np.clip(cam, 0.0, 1.0) * 255.0 + 0.5), cv2.COLORMAP_JET)
+    heat = cv2.cvtColor(heat, cv2.COLOR_BGR2RGB).astype(np.float32)
+    blended = (1.0 - alpha) * image.astype(np.float32) + alpha * heat
+    return np.clip(blended + 0.5, 0, 255).astype(np.uint8)

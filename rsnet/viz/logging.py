@@ -1,0 +1,160 @@
+"""TensorBoard logging: scalars, a confusion-matrix image and attention-map grids.
+
+Tags (see docs/tensorboard.md): whatever the caller passes to ``scalars`` (``split/metric``, e.g.
+``train/loss``, ``test/oa_main``), ``test/confusion_matrix``, ``attention/cam_<head>`` for every CAM
+head and ``attention/gradcam_main``. A logger built with ``enabled=False`` (non-primary ranks) does
+nothing and creates no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+
+
+def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int = 16) -> list[int]:
+    """Indices of a fixed set of images to draw attention maps for: the first image of each class
+    (classes in increasing order), at most ``max_images``. Deterministic."""
+    first: dict[int, int] = {}
+    for index, label in enumerate(np.asarray(labels).tolist()):
+        first.setdefault(int(label), index)
+    return [first[label] for label in sorted(first)][:max_images]
+
+
+def images_to_tensor(images_uint8: np.ndarray | Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """(N, H, W, 3) uint8 RGB -> normalised float (N, 3, H, W)."""
+    images = torch.as_tensor(np.asarray(images_uint8)).float().div(255.0).permute(0, 3, 1, 2)
+    mean_t = torch.tensor(list(mean), dtype=torch.float32)[None, :, None, None]
+    std_t = torch.tensor(list(std), dtype=torch.float32)[None, :, None, None]
+    return (images - mean_t) / std_t
+
+
+def tile_grid(tiles: Sequence[np.ndarray], columns: int = 4, pad: int = 2) -> np.ndarray:
+    """Arrange equally sized uint8 (H, W, 3) tiles in a grid with white padding."""
+    height, width = tiles[0].shape[:2]
+    columns = max(1, min(columns, len(tiles)))
+    rows = (len(tiles) + columns - 1) // columns
+    grid = np.full((rows * (height + pad) + pad, columns * (width + pad) + pad, 3), 255, dtype=np.uint8)
+    for index, tile in enumerate(tiles):
+        row, col = divmod(index, columns)
+        top, left = pad + row * (height + pad), pad + col * (width + pad)
+        grid[top:top + height, left:left + width] = tile
+    return grid
+
+
+def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
+                            cell: int | None = None) -> np.ndarray:
+    """Draw a row-normalised confusion matrix (rows = true class) as a uint8 (H, W, 3) RGB heat map.
+
+    Row labels are the class names (truncated), column labels the class indices; cells show the
+    row-normalised percentage when there is room.
+    """
+    cm = np.asarray(cm, dtype=np.float64)
+    n = cm.shape[0]
+    rows = cm.sum(axis=1, keepdims=True)
+    norm = np.divide(cm, rows, out=np.zeros_like(cm), where=rows > 0)
+    cell = cell or int(np.clip(640 // max(n, 1), 12, 48))
+    names = [f"{i} {name}"[:18] for i, name in enumerate(class_names)] if class_names else [str(i) for i in range(n)]
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, 0.35
+    label_width = max(cv2.getTextSize(name, font, scale, 1)[0][0] for name in names) + 8
+    top = 16
+    heat = cv2.applyColorMap(np.uint8(norm * 255.0 + 0.5), cv2.COLORMAP_VIRIDIS)
+    heat = cv2.resize(heat, (n * cell, n * cell), interpolation=cv2.INTER_NEAREST)
+    canvas = np.full((top + n * cell + 4, label_width + n * cell + 4, 3), 255, dtype=np.uint8)
+    canvas[top:top + n * cell, label_width:label_width + n * cell] = heat
+    for i, name in enumerate(names):
+        y = top + i * cell + cell // 2 + 4
+        cv2.putText(canvas, name, (2, y), font, scale, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(canvas, str(i), (label_width + i * cell + 2, top - 4), font, scale, (0, 0, 0), 1, cv2.LINE_AA)
+    if cell >= 28:
+        for i in range(n):
+            for j in range(n):
+                if cm[i, j]:
+                    colour = (0, 0, 0) if norm[i, j] > 0.6 else (255, 255, 255)
+                    origin = (label_width + j * cell + 2, top + i * cell + cell // 2 + 4)
+                    cv2.putText(canvas, f"{norm[i, j] * 100:.0f}", origin, font, scale, colour, 1, cv2.LINE_AA)
+    return cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB)
+
+
+def attention_grids(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
+                    std: Sequence[float], columns: int = 4) -> dict[str, np.ndarray]:
+    """``{"attention/cam_<head>": grid, ..., "attention/gradcam_main": grid}``; each grid has one tile
+    per image: the original beside its overlay. Runs on the model's device."""
+    images = np.asarray(images_uint8)
+    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+        raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
+    device = next(model.parameters()).device
+    inputs = images_to_tensor(images, mean, std).to(device)
+    maps = {f"attention/cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
+    maps["attention/gradcam_main"] = grad_cam(model, inputs, head="main")
+    grids = {}
+    for tag, cams in maps.items():
+        cams_np = cams.cpu().numpy()
+        tiles = [np.concatenate([image, overlay(image, cam)], axis=1) for image, cam in zip(images, cams_np)]
+        grids[tag] = tile_grid(tiles, columns=columns)
+    return grids
+
+
+class TensorBoardLogger:
+    """Thin wrapper over ``SummaryWriter`` with rsnet's figures. ``enabled=False`` makes every call a no-op."""
+
+    def __init__(self, log_dir: str | Path, enabled: bool = True) -> None:
+        self.log_dir = Path(log_dir)
+        self.enabled = enabled
+        self._writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        """One scalar per tag; non-numeric values (dicts, lists, None) are skipped."""
+        if self._writer is None:
+            return
+        for tag, value in values.items():
+            if isinstance(value, Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+                self._writer.add_scalar(tag, float(value), step)
+
+    def confusion_matrix(self, cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None,
+                         step: int, tag: str = "test/confusion_matrix") -> None:
+        """Log the row-normalised confusion matrix (rows = true class) as an image."""
+        if self._writer is None:
+            return
+        self._writer.add_image(tag, render_confusion_matrix(cm, class_names), step, dataformats="HWC")
+
+    def attention_maps(self, model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
+                       std: Sequence[float], step: int) -> None:
+        """Log ``attention/cam_<head>`` for every CAM head and ``attention/gradcam_main``."""
+        if self._writer is None:
+            return
+        for tag, grid in attention_grids(model, images_uint8, mean, std).items():
+            self._writer.add_image(tag, grid, step, dataformats="HWC")
+
+    def image(self, tag: str, image_uint8: np.ndarray, step: int) -> None:
+        """Log one uint8 (H, W, 3) image."""
+        if self._writer is not None:
+            self._writer.add_image(tag, np.asarray(image_uint8), step, dataformats="HWC")
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> TensorBoardLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+"""CAM / Grad-CAM against hand computations, overlays, and TensorBoard summaries read back from disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_evaluate import PlainClassifier, StandInModel
+
+from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+from rsnet.viz.logging import TensorBoardLogger, pick_attention_images, render_confusion_matrix
+
+
+@pytest.fixture
+def model() -> StandInModel:
+    torch.manual_seed(0)
+    net = StandInModel(num_classes=5, width=6)
+    # a forward in train mode so BatchNorm statistics are not the identity
+    net(torch.randn(8, 3, 32, 32))
+    return net
+
+
+def test_cam_matches_hand_computation(model: StandInModel) -> None:
+    images = torch.randn(3, 3, 32, 32)
+    model.train()
+    cams = class_activation_maps(model, images)
+    assert model.training and model.trunk[1].training  # previous mode restored
+    assert set(cams) == {"main", "aux1"}
+    model.eval()
+    with torch.no_grad():
+        out = model(images)
+    features, cls = out.features["main"], out.logits["main"].argmax(1)
+    for b in range(3):
+        cam = torch.relu(sum(model.fc_main.weight[cls[b], c] * features[b, c] for c in range(features.shape[1])))
+        cam = F.interpolate(cam[None, None], size=(32, 32), mode="bilinear", align_corners=False)[0, 0].clamp_min(0)
+        cam = cam / cam.max()
+        torch.testing.assert_close(cams["main"][b], cam, atol=1e-5, rtol=1e-4)
+    assert cams["aux1"].shape == (3, 32, 32)
+    assert float(cams["aux1"].min()) >= 0 and float(cams["aux1"].max()) <= 1 + 1e-6
+
+
+def test_cam_given_class(model: StandInModel) -> None:
+    images = torch.randn(2, 3, 32, 32)
+    a = class_activation_maps(model, images, class_idx=1)
+    b = class_activation_maps(model, images, class_idx=torch.tensor([1, 1]))
+    torch.testing.assert_close(a["main"], b["main"])
+
+
+def test_gradcam_of_gap_linear_head_equals_cam(model: StandInModel) -> None:
+    # For logits = W GAP(F) + b: d z_c / d F[k,i,j] = W[c,k] / hw, so Grad-CAM = CAM / hw -> equal once normalised.
+    images = torch.randn(4, 3, 32, 32)
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(False)  # frozen model: features must still be in the graph
+    gc = grad_cam(model, images, head="main")
+    assert model.training
+    assert all(p.grad is None for p in model.parameters())
+    cams = class_activation_maps(model, images)
+    torch.testing.assert_close(gc, cams["main"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grad_cam(model, images, head="aux1"), cams["aux1"], atol=1e-5, rtol=1e-4)
+    # the identity holds at a given class too
+    other = grad_cam(model, images, class_idx=0)
+    cam0 = class_activation_maps(model, images, class_idx=0)["main"]
+    torch.testing.assert_close(other, cam0, atol=1e-5, rtol=1e-4)
+
+
+def test_gradcam_rejects_plain_classifier() -> None:
+    with pytest.raises(TypeError, match="MultiBranchOutput"):
+        grad_cam(PlainClassifier(), torch.randn(1, 3, 16, 16))
+
+
+def test_overlay_shapes_and_dtype() -> None:
+    image = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    out = overlay(image, np.linspace(0, 1, 5 * 6, dtype=np.float32).reshape(5, 6))
+    assert out.shape == (20, 30, 3) and out.dtype == np.uint8
+    out = overlay(image, torch.zeros(20, 30), alpha=0.0)
+    np.testing.assert_array_equal(out, image)
+    hot = overlay(np.zeros((4, 4, 3), np.uint8), np.ones((4, 4)), alpha=1.0)
+    assert hot[0, 0, 0] > 100 and hot[0, 0, 2] < 50  # jet at 1.0 is red (RGB order)
+    with pytest.raises(ValueError):
+        overlay(image[..., 0], np.zeros((20, 30)))
+
+
+def test_pick_attention_images() -> None:
+    labels = [2, 0, 0, 1, 2, 1, 3]
+    assert pick_attention_images(labels) == [1, 3, 0, 6]
+    assert pick_attention_images(labels, max_images=2) == [1, 3]
+    assert pick_attention_images(np.arange(40) % 20) == list(range(16))
+
+
+def test_render_confusion_matrix() -> None:
+    img = render_confusion_matrix([[3, 1], [0, 4]], ["forest", "river"])
+    assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
+    assert render_confusion_matrix(np.eye(21, dtype=int) * 5, None).shape[0] > 21
+
+
+def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInModel) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    images = np.random.default_rng(1).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    logger = TensorBoardLogger(tmp_path / "tb")
+    logger.scalars({"train/loss": 1.5, "test/oa_main": torch.tensor(80.0), "skip": {"a": 1}, "none": None}, step=2)
+    logger.confusion_matrix([[3, 1], [0, 4]], ["a", "b"], step=2)
+    logger.attention_maps(model, images, mean=[0.5] * 3, std=[0.25] * 3, step=2)
+    logger.close()
+    logger.close()  # idempotent
+
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert set(tags["scalars"]) == {"train/loss", "test/oa_main"}
+    assert acc.Scalars("train/loss")[0].value == pytest.approx(1.5)
+    assert {"test/confusion_matrix", "attention/cam_main", "attention/cam_aux1",
+            "attention/gradcam_main"} <= set(tags["images"])
+    event = acc.Images("attention/cam_main")[0]
+    assert event.step == 2
+    assert event.width == 3 * (2 * 32 + 2) + 2 and event.height == 32 + 4  # 3 tiles, original | overlay
+
+
+def test_disabled_logger_writes_nothing(tmp_path, model: StandInModel) -> None:
+    logger = TensorBoardLogger(tmp_path / "tb", enabled=False)
+    logger.scalars({"a": 1.0}, 0)
+    logger.attention_maps(model, np.zeros((1, 8, 8, 3), np.uint8), [0] * 3, [1] * 3, 0)
+    logger.close()
+    assert not (tmp_path / "tb").exists()
