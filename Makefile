@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine: `make demo` (set up + train on the bundled data) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(PY) -m pip install --quiet -e ".[dev,onnx]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU and print its accuracy
+	$(PY) scripts/train.py trainer.overwrite=true
+
+test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data)
+	$(PY) -m pytest -q
+
+bench: install  ## every benchmark of benchmarks/, one after the other
+	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

@@ -1,0 +1,53 @@
+"""Checks of a training config that run before any worker starts, with errors that say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the setting and what to do."""
+
+
+def check_training_config(config: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
+    from rsnet.models import MODELS, validate_image_size
+
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        value = config[key]
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r}: must be a positive integer")
+    dataset = config["dataset"]
+    ratio = dataset["train_ratio"]
+    if not 0.0 < float(ratio) < 1.0:
+        raise ConfigError(f"dataset.train_ratio={ratio!r}: must lie strictly between 0 and 1 "
+                          "(the protocol uses e.g. 0.2/0.5 for AID, 0.1/0.2 for NWPU-RESISC45, 0.5/0.8 for UC-Merced)")
+    arch = config["model"]["arch"]
+    if arch not in MODELS:
+        raise ConfigError(f"model.arch={arch!r} is not known; valid: {', '.join(sorted(MODELS))}")
+    try:
+        validate_image_size(config["backbone"]["name"], int(dataset["image_size"]))
+    except ValueError as error:
+        raise ConfigError(f"dataset.image_size={dataset['image_size']} / backbone.name="
+                          f"{config['backbone']['name']!r}: {error}") from error
+    workers = len(config["trainer"].get("devices") or [None])
+    if config["batch_size"] < workers:
+        raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({workers}); "
+                          "every worker needs at least one sample per step")
+    if config["lr_schedule"]["name"] not in ("cosine", "step"):
+        raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")
+
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
+    """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
+    last = run_dir / "checkpoints" / "last.pt"
+    if resume:
+        if not last.is_file():
+            raise ConfigError(f"trainer.resume=true but {last} does not exist; start without resume, or point "
+                              "hydra.run.dir at the run to continue")
+        return last
+    if last.is_file() and not overwrite:
+        raise ConfigError(f"{run_dir} already holds a run ({last}); pass trainer.resume=true to continue it, "
+                          "trainer.overwrite=true to start afresh there, or choose another hydra.run.dir")
+    return None

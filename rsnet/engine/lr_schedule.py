@@ -1,0 +1,35 @@
+"""Learning-rate schedules as pure functions of (fractional) epoch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def learning_rate(
+    epoch: float,
+    *,
+    base_lr: float,
+    epochs: int,
+    name: str = "cosine",
+    warmup_epochs: float = 0.0,
+    milestones: Sequence[float] = (0.5, 0.75),
+    gamma: float = 0.1,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """Learning rate at ``epoch`` (a float: 2.5 is half-way through the third epoch).
+
+    Linear warm-up over ``warmup_epochs``, then ``cosine`` decay to ``min_lr_ratio * base_lr`` or
+    ``step`` decay by ``gamma`` at each milestone (fractions of ``epochs``).
+    """
+    if warmup_epochs > 0 and epoch < warmup_epochs:
+        return base_lr * (epoch + 1e-3) / warmup_epochs
+    if name == "cosine":
+        span = max(epochs - warmup_epochs, 1e-8)
+        progress = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
+        floor = base_lr * min_lr_ratio
+        return floor + (base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if name == "step":
+        passed = sum(1 for milestone in milestones if epoch >= milestone * epochs)
+        return base_lr * gamma**passed
+    raise ValueError(f"lr_schedule.name={name!r} is not known; use 'cosine' or 'step'")

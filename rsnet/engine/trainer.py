@@ -1,0 +1,275 @@
+"""The training run: checks, worker launch, and the loop every worker runs through its strategy."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from rsnet.data import DataBundle, build_datasets
+from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.engine.config_checks import check_run_dir, check_training_config
+from rsnet.engine.evaluate import compute_metrics, evaluate
+from rsnet.engine.lr_schedule import learning_rate
+from rsnet.losses import MultiBranchLoss
+from rsnet.models import build_model
+from rsnet.parallel import WorkerContext, build_strategy, launch
+from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
+
+
+def train(config: dict[str, Any]) -> dict[str, Any]:
+    """Run a whole training job from a resolved config (a plain dict); return the final metrics."""
+    check_training_config(config)
+    run_dir = Path(config["run_dir"])
+    trainer = config["trainer"]
+    resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    devices = resolve_devices(trainer.get("devices"))
+    return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
+                  timeout_s=float(trainer.get("timeout_s", 600)))
+
+
+def resolve_devices(devices: list[str] | str | None) -> list[str]:
+    """``auto``/None: every visible GPU, else one CPU worker; a list is taken as given."""
+    if devices in (None, "auto"):
+        count = torch.cuda.device_count()
+        return [f"cuda:{index}" for index in range(count)] or ["cpu"]
+    return [str(device) for device in devices]
+
+
+@dataclass
+class EpochMeter:
+    """Running sums of one worker's epoch: losses, main-branch accuracy, data and compute time."""
+
+    samples: int = 0
+    correct: int = 0
+    steps: int = 0
+    data_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    last_lr: float = 0.0
+    loss_sums: dict[str, float] = field(default_factory=dict)
+
+    def update(self, terms: dict[str, torch.Tensor], correct: int, size: int, data_s: float, compute_s: float) -> None:
+        self.samples += size
+        self.correct += correct
+        self.steps += 1
+        self.data_seconds += data_s
+        self.compute_seconds += compute_s
+        for name, value in terms.items():
+            self.loss_sums[name] = self.loss_sums.get(name, 0.0) + float(value) * size
+
+    def summary(self) -> dict[str, float]:
+        """Mean loss terms, main-branch accuracy, throughput and data-stall fraction."""
+        busy = self.data_seconds + self.compute_seconds
+        scalars = {f"train/loss/{name}": total / max(self.samples, 1) for name, total in self.loss_sums.items()}
+        scalars["train/oa_main"] = 100.0 * self.correct / max(self.samples, 1)
+        scalars["train/images_per_s"] = self.samples / busy if busy else 0.0
+        scalars["train/data_stall"] = self.data_seconds / busy if busy else 0.0
+        scalars["train/lr"] = self.last_lr
+        return scalars
+
+
+def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
+    """One worker's whole run: data, model, strategy, epochs; the primary evaluates and saves."""
+    run_dir = Path(config["run_dir"])
+    seed = int(config["seed"])
+    torch.manual_seed(seed)  # identical initial replicas on every worker
+    data = load_data(config, run_dir, write_split=ctx.is_primary)
+    model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
+                        pretrained=config["backbone"].get("pretrained", False),
+                        **config["model"].get("options", {})).to(ctx.device)
+    criterion = MultiBranchLoss(**config["model"].get("loss", {}))
+    opt_cfg = config["optimizer"]
+    optimizer = torch.optim.SGD(model.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
+                                weight_decay=opt_cfg["weight_decay"], nesterov=opt_cfg["nesterov"])
+    strategy = build_strategy(config["trainer"], ctx, model, optimizer, len(data.train), config["batch_size"], seed)
+    state = {"epoch": 0, "best_accuracy": -1.0, "history": [], "wall_time_s": 0.0}
+    if resume_from:
+        checkpoint = load_checkpoint(resume_from, map_location=ctx.device)
+        model.load_state_dict(checkpoint["model_state"])
+        optimizer.load_state_dict(checkpoint["optimizer_state"])
+        strategy.load_state_dict(checkpoint["strategy_state"])
+        state = {key: checkpoint[key] for key in state}
+        log.info("resumed from %s after epoch %d", resume_from, state["epoch"])
+    _seed_augmentation(seed, ctx.rank, state["epoch"])
+    tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
+    attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
+    scaler = torch.amp.GradScaler("cuda", enabled=_use_amp(config, ctx.device))
+    final: dict[str, Any] | None = None
+    try:
+        for epoch in range(state["epoch"], config["epochs"]):
+            started = time.perf_counter()
+            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, scaler)
+            state["wall_time_s"] += time.perf_counter() - started
+            if ctx.is_primary:
+                final = finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids)
+            if ctx.world_size > 1:
+                dist.barrier()  # no worker claims the next epoch's samples while the primary evaluates
+    finally:
+        tb.close()
+    return final
+
+
+def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataBundle:
+    """Build the train/test sets of the config; reuse the run's saved split when resuming."""
+    dataset = config["dataset"]
+    split_file = run_dir / "split.json"
+    data = build_datasets(
+        dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=config["seed"],
+        image_size=dataset["image_size"], cache=dataset.get("cache", "memory"), cache_dir=dataset.get("cache_dir"),
+        skip_corrupt=dataset.get("skip_corrupt", False),
+        split_file=split_file if split_file.is_file() and config["trainer"].get("resume") else None,
+    )
+    if write_split:
+        data.split.save(split_file)
+    return data
+
+
+def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, scaler) -> EpochMeter:
+    """Train one epoch on the batches the strategy hands this worker."""
+    model = strategy.model
+    model.train()
+    meter = EpochMeter()
+    num_samples = len(data.train)
+    amp_context = (torch.autocast("cuda", dtype=torch.bfloat16) if _use_amp(config, ctx.device) else nullcontext())
+    bar = tqdm(total=num_samples if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
+               disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
+    data_started = time.perf_counter()
+    for indices in strategy.epoch_batches(epoch):
+        images, labels = data.train.get_batch(indices.tolist())
+        images = images.to(ctx.device, non_blocking=True)
+        labels = labels.to(ctx.device, non_blocking=True)
+        compute_started = time.perf_counter()
+        progress = epoch + min(meter.samples * ctx.world_size / num_samples, 0.999)
+        lr = _lr(config, progress) * strategy.lr_scale()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with amp_context:
+            output = model(images)
+            losses = criterion(output, labels, epoch=progress)
+        if not torch.isfinite(losses.total):
+            raise NonFiniteLossError(
+                f"the loss became {float(losses.total)} at epoch {epoch + 1}, step {meter.steps + 1} "
+                f"(terms: {', '.join(f'{k}={float(v):.4g}' for k, v in losses.terms.items())}); the run stops and "
+                f"keeps its last good checkpoint in {Path(config['run_dir']) / 'checkpoints'}. Try a lower "
+                "optimizer.lr or max_grad_norm=5")
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(losses.total).backward()
+        if config.get("max_grad_norm"):
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config["max_grad_norm"])
+        scaler.step(optimizer)
+        scaler.update()
+        correct = int((output.main_logits.argmax(1) == labels).sum())
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        finished = time.perf_counter()
+        meter.update(losses.terms, correct, len(indices), compute_started - data_started, finished - compute_started)
+        meter.last_lr = lr
+        strategy.after_step(len(indices), finished - compute_started)
+        bar.update(len(indices))
+        bar.set_postfix(loss=f"{float(losses.total):.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
+                        img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}", lr=f"{lr:.2g}")
+        data_started = time.perf_counter()
+    bar.close()
+    strategy.end_epoch()
+    return meter
+
+
+def finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids) -> dict[str, Any]:
+    """Primary only: evaluate, log to TensorBoard, write checkpoints and metrics.json."""
+    run_dir = Path(config["run_dir"])
+    device = next(model.parameters()).device
+    result = evaluate(model, data.test, device, batch_size=config["eval_batch_size"])
+    metrics = compute_metrics(result, data.class_names)
+    state["epoch"] = epoch + 1
+    last_epoch = state["epoch"] == config["epochs"]
+    scalars = meter.summary()
+    scalars.update({f"test/oa/{head}": value for head, value in metrics["oa"].items()})
+    scalars["test/kappa"] = metrics["kappa"]
+    tb.scalars(scalars, state["epoch"])
+    for row in strategy.stats():
+        tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
+                   int(row.get("interval", state["epoch"])))
+    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), data.class_names, state["epoch"])
+    if last_epoch or state["epoch"] % config["log"]["attention_every"] == 0:
+        images = np.stack([data.test.raw(index) for index in attention_ids])
+        tb.attention_maps(model, images, data.mean, data.std, state["epoch"])
+    accuracy = metrics["accuracy"]
+    improved = accuracy > state["best_accuracy"]
+    if improved:
+        state["best_accuracy"] = accuracy
+    state["history"].append({"epoch": state["epoch"], "test_accuracy": accuracy, "oa": metrics["oa"],
+                             **{key: round(value, 5) for key, value in meter.summary().items()}})
+    payload = {
+        "model_config": model.model_config, "model_state": model.state_dict(),
+        "class_names": data.class_names, "image_size": data.image_size,
+        "mean": list(data.mean), "std": list(data.std),
+        "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
+        "config": config, "metrics": metrics, **state,
+    }
+    checkpoints = run_dir / "checkpoints"
+    save_checkpoint(checkpoints / "last.pt", payload)
+    if improved:
+        save_checkpoint(checkpoints / "best.pt", payload)
+    summary = run_summary(config, data, metrics, state)
+    _write_json(run_dir / "metrics.json", summary)
+    log.info("epoch %d/%d: test accuracy %.2f %% (best %.2f %%), %s", state["epoch"], config["epochs"], accuracy,
+             state["best_accuracy"], ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
+    return summary
+
+
+def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """The metrics.json document: test metrics of the last epoch plus the run's facts."""
+    epochs_done = state["epoch"]
+    wall = state["wall_time_s"]
+    return {
+        "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
+        "trainer": config["trainer"].get("name"), "seed": config["seed"],
+        "epochs": epochs_done, "epochs_planned": config["epochs"],
+        "train_samples": len(data.train), "test_samples": len(data.test),
+        "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
+        "best_accuracy": state["best_accuracy"], **metrics, "history": state["history"],
+    }
+
+
+def _lr(config: dict[str, Any], epoch: float) -> float:
+    schedule = config["lr_schedule"]
+    return learning_rate(epoch, base_lr=config["optimizer"]["lr"], epochs=config["epochs"], name=schedule["name"],
+                         warmup_epochs=schedule["warmup_epochs"], milestones=schedule["milestones"],
+                         gamma=schedule["gamma"], min_lr_ratio=schedule["min_lr_ratio"])
+
+
+def _use_amp(config: dict[str, Any], device: torch.device) -> bool:
+    return bool(config.get("amp")) and device.type == "cuda"
+
+
+def _seed_augmentation(seed: int, rank: int, epoch: int) -> None:
+    """Different augmentation streams per worker (and per resumed epoch), reproducible from the seed."""
+    mixed = seed * 1000 + rank * 100 + epoch
+    random.seed(mixed)
+    np.random.seed(mixed % (2**32))
+    torch.manual_seed(mixed)
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2, default=float))
+    tmp.replace(path)
+
