@@ -1,0 +1,165 @@
+"""End-to-end runs of the real scripts on the bundled data with a tiny backbone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rsnet.engine.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["backbone=test_resnet", "dataset.image_size=64", "batch_size=32", "log.progress_bar=false",
+        "trainer.devices=[cpu]", "log.attention_every=1"]
+METRIC_FIELDS = ("oa", "accuracy", "reported_head", "kappa", "average_accuracy", "per_class_accuracy",
+                 "confusion_matrix", "num_samples", "epochs", "train_samples", "test_samples", "wall_time_s",
+                 "images_per_s", "best_accuracy", "history")
+
+pytestmark = pytest.mark.slow
+
+
+def run_script(script: str, *args: str, expect_ok: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run one of scripts/ as a user would, from the repository root."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=timeout)
+    if expect_ok:
+        assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def train(run_dir: Path, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    return run_script("train.py", *TINY, f"hydra.run.dir={run_dir}", *args, expect_ok=expect_ok)
+
+
+def image_tags(run_dir: Path) -> set[str]:
+    tags: set[str] = set()
+    for events in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["images"])
+    return tags
+
+
+@pytest.fixture(scope="module")
+def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("esd") / "run"
+    train(run_dir, "model=esd_mbenet", "epochs=2")
+    return run_dir
+
+
+@pytest.mark.parametrize("model", ["baseline", "mgml_fenet"])
+def test_train_writes_every_output(tmp_path: Path, model: str) -> None:
+    run_dir = tmp_path / "run"
+    result = train(run_dir, f"model={model}", "epochs=1")
+    assert "test accuracy" in result.stdout
+    check_run_outputs(run_dir, epochs=1)
+
+
+def check_run_outputs(run_dir: Path, epochs: int) -> dict:
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json", "split.json"):
+        assert (run_dir / name).is_file(), name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    missing = [field for field in METRIC_FIELDS if field not in metrics]
+    assert not missing, missing
+    assert metrics["epochs"] == epochs and len(metrics["history"]) == epochs
+    assert metrics["train_samples"] + metrics["test_samples"] == 420
+    assert "main" in metrics["oa"] and len(metrics["per_class_accuracy"]) == 21
+    assert sum(map(sum, metrics["confusion_matrix"])) == metrics["test_samples"]
+    tags = image_tags(run_dir)
+    assert "attention/cam_main" in tags and "attention/gradcam_main" in tags, tags
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert checkpoint["epoch"] == epochs and len(checkpoint["class_names"]) == 21
+    return metrics
+
+
+def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
+    metrics = check_run_outputs(esd_run, epochs=2)
+    assert {"main", "ensemble"} <= set(metrics["oa"])
+    tags = image_tags(esd_run)
+    assert sum(tag.startswith("attention/cam_") for tag in tags) >= 3, tags  # main + auxiliary branches
+
+
+def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(esd_run, run_dir)
+    result = train(run_dir, "model=esd_mbenet", "epochs=3", "trainer.resume=true")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 3
+    assert [row["epoch"] for row in metrics["history"]] == [1, 2, 3]
+    assert "test accuracy" in result.stdout
+
+
+def test_rerun_without_resume_refuses_to_overwrite(esd_run: Path) -> None:
+    result = train(esd_run, "model=esd_mbenet", "epochs=2", expect_ok=False)
+    assert result.returncode == 2
+    assert "trainer.resume=true" in result.stderr and "trainer.overwrite=true" in result.stderr
+
+
+def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
+    export_dir = tmp_path / "exported"
+    result = run_script("export_main_branch.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}",
+                        "format=torchscript", f"out={export_dir}")
+    assert "max abs" in result.stdout.lower()
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
+        shutil.copy(REPO / "data" / "ucmerced-mini" / "Images" / name, images)
+    predictions = tmp_path / "preds.csv"
+    run_script("predict.py", f"model={export_dir}", f"images={images}", f"out={predictions}")
+    rows = predictions.read_text().strip().splitlines()
+    assert len(rows) == 3  # header + 2 images
+    attention = tmp_path / "attention"
+    run_script("predict.py", f"model={esd_run / 'checkpoints' / 'best.pt'}", f"images={images}",
+               f"attention_dir={attention}")
+    assert list(attention.glob("*.png"))
+    out = tmp_path / "eval.json"
+    run_script("evaluate.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"out={out}")
+    full = json.loads(out.read_text())
+    trained = json.loads((esd_run / "metrics.json").read_text())
+    best_epoch = max(trained["history"], key=lambda row: row["test_accuracy"])
+    assert full["accuracy"] == pytest.approx(best_epoch["test_accuracy"], abs=1e-6)
+    out_exported = tmp_path / "eval_exported.json"
+    run_script("evaluate.py", f"checkpoint={export_dir}", "dataset=ucmerced_mini", "dataset.image_size=64",
+               f"out={out_exported}")
+    exported = json.loads(out_exported.read_text())
+    assert exported["oa"]["main"] == pytest.approx(full["oa"]["main"], abs=1e-6)
+
+
+def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
+    result = run_script("aggregate.py", str(esd_run.parent))
+    assert "ucmerced_mini | esd_mbenet | test_resnet" in result.stdout and "±" in result.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    ("batch_size=0", "batch_size=0"),
+    ("dataset.train_ratio=1.5", "dataset.train_ratio=1.5"),
+    ("dataset.image_size=8", "dataset.image_size=8"),
+])
+def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str) -> None:
+    result = train(tmp_path / "run", "epochs=1", override, expect_ok=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:
+    result = train(tmp_path / "run", "model=resnet_ensemble", expect_ok=False)
+    assert result.returncode != 0
+    assert "esd_mbenet" in result.stderr and "mgml_fenet" in result.stderr
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "diverging"
+    shutil.copytree(esd_run, run_dir)
+    result = train(run_dir, "model=esd_mbenet", "epochs=3", "trainer.resume=true", "optimizer.lr=1e30",
+                   "lr_schedule.warmup_epochs=0", expect_ok=False)
+    assert result.returncode != 0
+    assert "loss became" in result.stderr and "last good checkpoint" in result.stderr
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert checkpoint["epoch"] == 2
+    assert all(torch.isfinite(value).all() for value in checkpoint["model_state"].values() if value.is_floating_point())
