@@ -1,0 +1,230 @@
+"""Classify a folder of images with a training checkpoint or an exported model.
+
+    python scripts/predict.py model=outputs/run/checkpoints/best.pt images=my_scenes/ \
+        [out=preds.csv] [topk=3] [attention_dir=attn/] [head=main|ensemble] [device=cpu] \
+        [batch_size=32] [recursive=false]
+
+``model`` is a checkpoint written by scripts/train.py (the full model: every head and attention maps)
+or what scripts/export_main_branch.py wrote (its folder, ``model.ts``/``model.onnx``/``model.pt`` or
+``model.json``). Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size and
+normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV):
+the predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only)
+every image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor, nn
+
+from rsnet.cli import user_errors
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
+KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
+        "device": "cpu", "batch_size": "32", "recursive": "false"}
+EXPORTED_SUFFIXES = (".ts", ".onnx", ".json")
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, str | None]:
+    """``key=value`` arguments (Hydra-style, ``+``/``--`` prefixes tolerated) -> dict with defaults."""
+    args = dict(KEYS)
+    for item in argv:
+        if item in ("-h", "--help", "help"):
+            print(__doc__)
+            sys.exit(0)
+        key, sep, value = item.lstrip("+-").partition("=")
+        if not sep or key not in KEYS:
+            raise ValueError(f"unexpected argument {item!r}; use key=value with keys {', '.join(KEYS)}")
+        args[key] = value
+    for required in ("model", "images"):
+        if not args[required]:
+            raise ValueError(f"missing {required}=...; usage: predict.py model=<checkpoint or export> images=<folder>")
+    return args
+
+
+def _bool(value: str | None) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Predictor:
+    """Everything prediction needs, from either kind of model file."""
+
+    forward: Callable[[Tensor], Tensor]  # normalised images -> logits of the scored head
+    class_names: list[str]
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    full_model: nn.Module | None  # only for checkpoints: the multi-branch model (attention maps)
+    description: str
+
+
+def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:
+        output = model(x)
+        if isinstance(output, Tensor):
+            return output
+        if head is None:
+            return output.prediction_logits
+        if head not in output.logits:
+            raise ValueError(f"the model has no head {head!r}; heads: {', '.join(output.logits)}")
+        return output.logits[head]
+
+    return forward
+
+
+def load_predictor(path: str | Path, device: torch.device, head: str | None = None) -> Predictor:
+    """Load a training checkpoint (full model) or an exported model (contract 7)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model {path} does not exist; pass a checkpoint (.pt) or an exported model folder")
+    exported = path.is_dir() or path.suffix in EXPORTED_SUFFIXES
+    if not exported:
+        from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
+
+        try:
+            checkpoint = load_checkpoint(path, map_location="cpu")
+        except ValueError:
+            if not (path.parent / "model.json").is_file():
+                raise
+            exported = True  # a state-dict export: model.pt beside model.json
+    if exported:
+        try:
+            from rsnet.export import load_exported
+        except ImportError as error:
+            raise ValueError(f"{path} looks like an exported model but rsnet.export is unavailable ({error})") from error
+        model = load_exported(path)
+        meta = model.metadata
+        if head is not None and head != meta.get("head", head):
+            raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
+        to_device = getattr(model, "to", None)
+        if callable(to_device) and device.type != "cpu":
+            to_device(device)
+        return Predictor(forward=model, class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
+                         mean=list(meta["mean"]), std=list(meta["std"]), full_model=None,
+                         description=f"exported {meta.get('format', '?')} model ({meta.get('head', 'main')} head)")
+    model = model_from_checkpoint(checkpoint).to(device).eval()
+    return Predictor(forward=_head_logits(model, head), class_names=list(checkpoint["class_names"]),
+                     image_size=int(checkpoint["image_size"]), mean=list(checkpoint["mean"]),
+                     std=list(checkpoint["std"]), full_model=model,
+                     description=f"checkpoint {model.model_config.get('arch', '?')} "
+                                 f"({head or 'scored'} head, epoch {checkpoint.get('epoch', '?')})")
+
+
+def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
+    """Sorted image files of ``folder`` (or ``folder`` itself when it is one image)."""
+    folder = Path(folder)
+    if folder.is_file():
+        if folder.suffix.lower() not in IMAGE_SUFFIXES:
+            raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_SUFFIXES)})")
+        return [folder]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    pattern = folder.rglob("*") if recursive else folder.iterdir()
+    files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {folder}"
+                         + ("" if recursive else " (sub-folders are searched with recursive=true)"))
+    return files
+
+
+def read_image(path: Path, image_size: int) -> np.ndarray:
+    """Decode to RGB uint8 and resize to (image_size, image_size) with area interpolation (as the eval transform)."""
+    try:
+        with Image.open(path) as handle:
+            image = np.asarray(handle.convert("RGB"))
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        raise ValueError(f"cannot read image {path}: {error}") from error
+    if image.shape[:2] != (image_size, image_size):
+        image = cv2.resize(image, (image_size, image_size), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(image)
+
+
+def _normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    x = torch.from_numpy(images).float().div_(255.0).permute(0, 3, 1, 2)
+    return (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[None, :, None, None]
+
+
+def _safe_name(path: Path, root: Path) -> str:
+    try:
+        relative = path.relative_to(root) if root.is_dir() else Path(path.name)
+    except ValueError:
+        relative = Path(path.name)
+    return "__".join(relative.with_suffix("").parts)
+
+
+def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
+    device = torch.device(args["device"])
+    topk = int(args["topk"])
+    batch_size = int(args["batch_size"])
+    if topk < 1 or batch_size < 1:
+        raise ValueError("topk and batch_size must be at least 1")
+    predictor = load_predictor(args["model"], device, args["head"])
+    files = list_images(args["images"], _bool(args["recursive"]))
+    attention_dir = Path(args["attention_dir"]) if args["attention_dir"] else None
+    if attention_dir is not None:
+        if predictor.full_model is None:
+            raise ValueError(f"attention maps are not available for an exported model ({args['model']}): "
+                             "CAM and Grad-CAM need every head's feature maps; pass the training checkpoint instead")
+        attention_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
+          f"{len(files)} images", file=sys.stderr)
+    k = min(topk, len(predictor.class_names))
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(files), batch_size):
+        batch_files = files[start:start + batch_size]
+        images = np.stack([read_image(path, predictor.image_size) for path in batch_files])
+        inputs = _normalise(images, predictor.mean, predictor.std).to(device)
+        with torch.no_grad():
+            probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
+        top_p, top_i = probs.topk(k, dim=1)
+        for path, p_row, i_row in zip(batch_files, top_p.tolist(), top_i.tolist()):
+            names = [predictor.class_names[i] for i in i_row]
+            rows.append({"file": str(path), "class": names[0], "probability": p_row[0],
+                         "top_k": "; ".join(f"{n} {p:.4f}" for n, p in zip(names, p_row))})
+            print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
+        if attention_dir is not None:
+            _save_attention(predictor.full_model, images, inputs, batch_files, Path(args["images"]), attention_dir)
+    if args["out"]:
+        out = Path(args["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["file", "class", "probability", "top_k"])
+            writer.writeheader()
+            writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
+        print(f"wrote {out}", file=sys.stderr)
+    if attention_dir is not None:
+        print(f"wrote attention maps to {attention_dir}", file=sys.stderr)
+    return rows
+
+
+def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, files: list[Path], root: Path,
+                    attention_dir: Path) -> None:
+    from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+
+    maps = {f"cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
+    maps["gradcam_main"] = grad_cam(model, inputs, head="main")
+    for tag, cams in maps.items():
+        for image, cam, path in zip(images, cams.cpu().numpy(), files):
+            target = attention_dir / f"{_safe_name(path, root)}_{tag}.png"
+            Image.fromarray(overlay(image, cam)).save(target)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    with user_errors():
+        predict(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

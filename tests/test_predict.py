@@ -1,0 +1,143 @@
+"""scripts/predict.py: argument parsing, bad input, in-process with a stand-in, end-to-end as a subprocess."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_evaluate import StandInModel
+
+from rsnet.engine.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "predict.py"
+CLASSES = ["forest", "river", "beach", "harbor"]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("rsnet_predict_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def predict_mod():
+    return _load_script()
+
+
+@pytest.fixture
+def image_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, size in [("a.jpg", 40), ("b.png", 32), ("c.tif", 50)]:
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def _payload(model_config: dict, state: dict) -> dict:
+    return {"model_config": model_config, "model_state": state, "class_names": CLASSES, "image_size": 32,
+            "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "epoch": 1}
+
+
+def test_parse_args(predict_mod) -> None:
+    args = predict_mod.parse_args(["model=m.pt", "images=x", "topk=5", "+out=p.csv"])
+    assert args["model"] == "m.pt" and args["topk"] == "5" and args["out"] == "p.csv"
+    with pytest.raises(ValueError, match="unexpected argument"):
+        predict_mod.parse_args(["model=m.pt", "images=x", "colour=red"])
+    with pytest.raises(ValueError, match="missing images"):
+        predict_mod.parse_args(["model=m.pt"])
+
+
+def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no images .* found in .*empty"):
+        predict_mod.list_images(empty)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        predict_mod.list_images(tmp_path / "missing")
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="cannot read image .*broken.jpg"):
+        predict_mod.read_image(broken, 32)
+    sample = sorted((ROOT / "data/ucmerced-mini/Images/forest").glob("*.jpg"))[0]
+    assert predict_mod.read_image(sample, 48).shape == (48, 48, 3)
+
+
+def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    import rsnet.engine.checkpoint as checkpoint
+
+    monkeypatch.setattr(checkpoint, "model_from_checkpoint", lambda ckpt: model)
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    out, attn = tmp_path / "preds.csv", tmp_path / "attn"
+    rows = predict_mod.predict(predict_mod.parse_args(
+        [f"model={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}", "topk=2"]))
+    assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
+    with out.open() as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == 3 and all(r["class"] in CLASSES for r in table)
+    assert all(len(r["top_k"].split(";")) == 2 for r in table)
+    assert 0.0 < float(table[0]["probability"]) <= 1.0
+    written = sorted(p.name for p in attn.iterdir())
+    assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1", "gradcam_main"))
+    assert np.asarray(Image.open(attn / "a_gradcam_main.png")).shape == (32, 32, 3)
+    # head=main scores the main branch
+    rows_main = predict_mod.predict(predict_mod.parse_args([f"model={ckpt}", f"images={image_dir}", "head=main"]))
+    images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
+    with torch.no_grad():
+        expected = model(predict_mod._normalise(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
+    assert [r["class"] for r in rows_main] == [CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
+
+
+def _build_model_available() -> bool:
+    try:
+        from rsnet.models import build_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.skipif(not _build_model_available(), reason="rsnet.models.build_model not written yet")
+def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
+    from rsnet.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES))
+    ckpt = save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
+    out, attn = tmp_path / "preds.csv", tmp_path / "attn"
+    result = _run(f"model={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 3
+    with out.open() as handle:
+        assert [Path(r["file"]).name for r in csv.DictReader(handle)] == ["a.jpg", "b.png", "c.tif"]
+    heads = model.cam_classifiers()
+    assert {p.name for p in attn.iterdir()} == {f"{s}_{t}.png" for s in "abc"
+                                                for t in [*(f"cam_{h}" for h in heads), "gradcam_main"]}
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = _run(f"model={ckpt}", f"images={empty}")
+    assert result.returncode == 2 and "no images" in result.stderr and str(empty) in result.stderr
+    assert "Traceback" not in result.stderr
+    (image_dir / "zz_broken.png").write_bytes(b"garbage")
+    result = _run(f"model={ckpt}", f"images={image_dir}")
+    assert result.returncode == 2 and "zz_broken.png" in result.stderr
+    result = _run(f"model={tmp_path / 'nope.pt'}", f"images={image_dir}")
+    assert result.returncode == 2 and "nope.pt" in result.stderr
