@@ -1,0 +1,56 @@
+"""Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini), protocol splits, decode-once caches
+and albumentations transforms. Entry point: :func:`build_datasets`."""
+
+from .cache import CACHE_MODES, ImageStore, build_store, decode_image, default_cache_dir
+from .datasets import (
+    DataBundle,
+    SceneDataset,
+    ScanResult,
+    build_datasets,
+    default_root,
+    find_class_root,
+    get_spec,
+    scan_dataset,
+)
+from .errors import (
+    CorruptImageError,
+    CorruptImageWarning,
+    DatasetCountWarning,
+    DatasetNotFoundError,
+    DatasetValidationError,
+    SplitMismatchError,
+)
+from .specs import DATASETS, DatasetSpec
+from .splits import Split, check_train_ratio, stratified_split
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+
+__all__ = [
+    "CACHE_MODES",
+    "DATASETS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CorruptImageError",
+    "CorruptImageWarning",
+    "DataBundle",
+    "DatasetCountWarning",
+    "DatasetNotFoundError",
+    "DatasetSpec",
+    "DatasetValidationError",
+    "ImageStore",
+    "ScanResult",
+    "SceneDataset",
+    "Split",
+    "SplitMismatchError",
+    "build_datasets",
+    "build_store",
+    "check_train_ratio",
+    "decode_image",
+    "default_cache_dir",
+    "default_root",
+    "eval_transform",
+    "find_class_root",
+    "get_spec",
+    "scan_dataset",
+    "stratified_split",
+    "train_transform",
+]

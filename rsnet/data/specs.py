@@ -1,0 +1,152 @@
+"""Dataset metadata: class lists, expected counts, archive layouts and download locations.
+
+Each supported archive is described by one frozen :class:`DatasetSpec` (torchgeo style: the metadata
+lives in data, the loader code is shared). ``DATASETS`` maps the config name to its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Static description of one scene-classification archive.
+
+    Attributes:
+        name: config name (``dataset.name``).
+        title: human-readable name.
+        classes: class-folder names, in label order (label i = ``classes[i]``).
+        counts: expected number of images per class (a mismatch is a warning, not an error).
+        base_dir: name of the archive's top folder.
+        images_subdir: folder between ``base_dir`` and the class folders ("" when none).
+        file_pattern: how one file is named, for messages (e.g. ``<class>NN.tif``).
+        extensions: image file suffixes that are loaded (lower case).
+        native_size: side of the images in the archive, in pixels.
+        url: where the official archive can be downloaded (page or direct link).
+        train_ratios: the protocol's usual train ratios; the first is the default.
+    """
+
+    name: str
+    title: str
+    classes: tuple[str, ...]
+    counts: Mapping[str, int]
+    base_dir: str
+    images_subdir: str
+    file_pattern: str
+    extensions: tuple[str, ...]
+    native_size: int
+    url: str
+    train_ratios: tuple[float, ...]
+    citation: str = ""
+    notes: str = field(default="", compare=False)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def num_images(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def layout(self) -> str:
+        """The expected folder layout, e.g. ``UCMerced_LandUse/Images/<class>/<class>NN.tif``."""
+        parts = [self.base_dir, self.images_subdir, "<class>", self.file_pattern]
+        return "/".join(p for p in parts if p)
+
+
+def _spec(counts: dict[str, int], **kw) -> DatasetSpec:
+    return DatasetSpec(classes=tuple(counts), counts=MappingProxyType(dict(counts)), **kw)
+
+
+UCM_CLASSES = (
+    "agricultural airplane baseballdiamond beach buildings chaparral denseresidential forest freeway "
+    "golfcourse harbor intersection mediumresidential mobilehomepark overpass parkinglot river runway "
+    "sparseresidential storagetanks tenniscourt"
+).split()
+
+NWPU_CLASSES = (
+    "airplane airport baseball_diamond basketball_court beach bridge chaparral church circular_farmland "
+    "cloud commercial_area dense_residential desert forest freeway golf_course ground_track_field harbor "
+    "industrial_area intersection island lake meadow medium_residential mobile_home_park mountain overpass "
+    "palace parking_lot railway railway_station rectangular_farmland river roundabout runway sea_ice ship "
+    "snowberg sparse_residential stadium storage_tank tennis_court terrace thermal_power_station wetland"
+).split()
+
+AID_COUNTS = {
+    "Airport": 360, "BareLand": 310, "BaseballField": 220, "Beach": 400, "Bridge": 360,
+    "Center": 260, "Church": 240, "Commercial": 350, "DenseResidential": 410, "Desert": 300,
+    "Farmland": 370, "Forest": 250, "Industrial": 390, "Meadow": 280, "MediumResidential": 290,
+    "Mountain": 340, "Park": 350, "Parking": 390, "Playground": 370, "Pond": 420,
+    "Port": 380, "RailwayStation": 260, "Resort": 290, "River": 410, "School": 300,
+    "SparseResidential": 300, "Square": 330, "Stadium": 290, "StorageTanks": 360, "Viaduct": 420,
+}  # fmt: skip
+
+UCMERCED = _spec(
+    {c: 100 for c in UCM_CLASSES},
+    name="ucmerced",
+    title="UC Merced Land Use",
+    base_dir="UCMerced_LandUse",
+    images_subdir="Images",
+    file_pattern="<class>NN.tif",
+    extensions=(".tif", ".tiff"),
+    native_size=256,
+    url="http://weegee.vision.ucmerced.edu/datasets/UCMerced_LandUse.zip "
+    "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)",
+    train_ratios=(0.8, 0.5),
+    citation="Yang and Newsam, ACM SIGSPATIAL 2010",
+    notes="a few images are 257 px or 256x253; they are resized to the working size",
+)
+
+NWPU_RESISC45 = _spec(
+    {c: 700 for c in NWPU_CLASSES},
+    name="nwpu_resisc45",
+    title="NWPU-RESISC45",
+    base_dir="NWPU-RESISC45",
+    images_subdir="",
+    file_pattern="<class>_NNN.jpg",
+    extensions=(".jpg", ".jpeg"),
+    native_size=256,
+    url="https://gcheng-nwpu.github.io/#Datasets (official OneDrive/Baidu links to NWPU-RESISC45.rar)",
+    train_ratios=(0.2, 0.1),
+    citation="Cheng, Han and Lu, Proceedings of the IEEE 2017",
+)
+
+AID = _spec(
+    AID_COUNTS,
+    name="aid",
+    title="AID (Aerial Image Dataset)",
+    base_dir="AID",
+    images_subdir="",
+    file_pattern="<classname>_<n>.jpg",
+    extensions=(".jpg", ".jpeg"),
+    native_size=600,
+    url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)",
+    train_ratios=(0.5, 0.2),
+    citation="Xia et al., IEEE TGRS 2017",
+)
+
+UCMERCED_MINI = _spec(
+    {c: 20 for c in UCM_CLASSES},
+    name="ucmerced_mini",
+    title="UC Merced Land Use (bundled mini sample)",
+    base_dir="ucmerced-mini",
+    images_subdir="Images",
+    file_pattern="<class>NN.jpg",
+    extensions=(".jpg", ".jpeg"),
+    native_size=128,
+    url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)",
+    train_ratios=(0.5, 0.8),
+    citation="Yang and Newsam, ACM SIGSPATIAL 2010",
+)
+
+DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(
+    {s.name: s for s in (UCMERCED, NWPU_RESISC45, AID, UCMERCED_MINI)}
+)
