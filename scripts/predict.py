@@ -6,8 +6,8 @@
 
 ``model`` is a checkpoint written by scripts/train.py (the full model: every head and attention maps)
 or what scripts/export_main_branch.py wrote (its folder, ``model.ts``/``model.onnx``/``model.pt`` or
-``model.json``). Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size and
-normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV):
+``model.json``). Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the
+datasets decode them) and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV):
 the predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only)
 every image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
 """
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor, nn
 
 from rsnet.cli import user_errors
@@ -139,15 +138,13 @@ def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
 
 
 def read_image(path: Path, image_size: int) -> np.ndarray:
-    """Decode to RGB uint8 and resize to (image_size, image_size) with area interpolation (as the eval transform)."""
+    """Decode to RGB uint8 (image_size, image_size) exactly as the datasets do (rsnet.data.cache.decode_image)."""
+    from rsnet.data.cache import decode_image
+
     try:
-        with Image.open(path) as handle:
-            image = np.asarray(handle.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError) as error:
+        return decode_image(path, image_size)
+    except OSError as error:  # CorruptImageError and missing files
         raise ValueError(f"cannot read image {path}: {error}") from error
-    if image.shape[:2] != (image_size, image_size):
-        image = cv2.resize(image, (image_size, image_size), interpolation=cv2.INTER_AREA)
-    return np.ascontiguousarray(image)
 
 
 def _normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
