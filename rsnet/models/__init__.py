@@ -1,0 +1,44 @@
+"""rsnet models: ``build_model(arch, backbone, num_classes, pretrained=False, **options)``."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from torch import nn
+
+from rsnet.models.backbones import BackboneError, TimmBackbone, backbone_layout, validate_image_size
+from rsnet.models.baseline import Baseline, RSNetModel
+from rsnet.models.esd_mbenet import ESDMBENet
+from rsnet.models.mgml_fenet import MGMLFENet
+from rsnet.models.output import MultiBranchOutput
+
+MODELS: dict[str, Callable[..., RSNetModel]] = {
+    "baseline": Baseline,
+    "esd_mbenet": ESDMBENet,
+    "mgml_fenet": MGMLFENet,
+}
+
+
+def model_options(arch: str) -> list[str]:
+    """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained."""
+    cls = MODELS[arch]
+    skip = {"self", "backbone", "num_classes", "pretrained", "options"}
+    if cls is Baseline:
+        return ["drop_rate"]
+    return [name for name in inspect.signature(cls.__init__).parameters if name not in skip]
+
+
+def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | str = False,
+                **options: Any) -> nn.Module:
+    """Build an rsnet model; ``build_model(**model.model_config)`` rebuilds the same architecture."""
+    if arch not in MODELS:
+        raise ValueError(f"unknown arch {arch!r}; valid: {sorted(MODELS)}")
+    unknown = sorted(set(options) - set(model_options(arch)))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for arch {arch!r}; valid: {model_options(arch)}")
+    return MODELS[arch](backbone, num_classes, pretrained, **options)
+
+
+__all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
+           "TimmBackbone", "backbone_layout", "build_model", "model_options", "validate_image_size"]

@@ -1,0 +1,64 @@
+"""MGML-FENet (reconstruction): multi-granularity multi-level feature ensemble network.
+
+Levels S2, S3, S4 (``levels``); grids {1, 2, 4} (``grids``).
+* MGML-FFB: CS-FG on every level -> Linear+BN+ReLU to ``ffb_width`` -> concat levels -> FC = z_ffb.
+* MGML-FEM: FC-FG for every (level, grid): pool all channels over the grid -> FC = z_{l,g};
+  z_fem = mean of the z_{l,g} (each is also a head, "fem_s<l>_g<g>", trained with its own CE).
+* Main branch = S4 -> timm head (the baseline); "ensemble" = mean(z_main, z_ffb, z_fem).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rsnet.models.baseline import RSNetModel
+from rsnet.models.heads import FullChannelGenerator, FusionBranch
+from rsnet.models.output import MultiBranchOutput
+
+
+class MGMLFENet(RSNetModel):
+    arch = "mgml_fenet"
+
+    def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
+                 levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512) -> None:
+        levels = sorted({int(level) for level in levels})
+        grids = [int(g) for g in grids]
+        if not levels or min(levels) < 1 or max(levels) > 4:
+            raise ValueError(f"levels must be a non-empty subset of [1, 2, 3, 4] (S1..S4), got {levels}")
+        if not grids or min(grids) < 1:
+            raise ValueError(f"grids must be positive ints, got {grids}")
+        super().__init__(backbone, num_classes, pretrained, drop_rate, levels=levels, grids=grids,
+                         ffb_width=int(ffb_width))
+        self.levels, self.grids = levels, grids
+        channels = [self.backbone.channels[level - 1] for level in levels]
+        self.ffb = FusionBranch(channels, grids, int(ffb_width), num_classes, drop_rate)
+        self.fem = nn.ModuleDict({
+            f"s{level}_g{grid}": FullChannelGenerator(c, grid, num_classes, drop_rate)
+            for level, c in zip(levels, channels) for grid in grids})
+
+    def forward(self, x: Tensor) -> MultiBranchOutput:
+        trunk = self.backbone.trunk(x)
+        s4, head_map, z_main = self._main(trunk[-1])
+        maps = dict(zip((1, 2, 3, 4), [*trunk, s4]))
+        logits = {"main": z_main}
+        features = {"main": head_map, "stage4": s4}
+        logits["ffb"] = self.ffb([maps[level] for level in self.levels])
+        fem = []
+        for name, generator in self.fem.items():
+            level = int(name[1:name.index("_")])
+            z = generator(maps[level])
+            logits[f"fem_{name}"] = z
+            fem.append(z)
+            if generator.grid == 1:
+                features[f"fem_{name}"] = maps[level]
+        logits["fem"] = torch.stack(fem).mean(dim=0)
+        logits["ensemble"] = (logits["main"] + logits["ffb"] + logits["fem"]) / 3.0
+        return MultiBranchOutput(logits=logits, features=features, ensemble="ensemble")
+
+    def cam_classifiers(self) -> dict[str, nn.Linear]:
+        heads = {"main": self.backbone.classifier}
+        heads.update({f"fem_{name}": gen.fc for name, gen in self.fem.items() if gen.grid == 1})
+        return heads

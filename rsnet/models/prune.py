@@ -1,0 +1,23 @@
+"""Main-branch extraction: the trained model's main branch as a plain timm classifier."""
+
+from __future__ import annotations
+
+import timm
+from torch import nn
+
+
+def extract_main_branch(model: nn.Module) -> nn.Module:
+    """Return ``timm.create_model(backbone, num_classes=N)`` carrying the main branch's weights.
+
+    Every rsnet model keeps its main branch as a complete timm classifier under ``backbone.net``, so
+    this is a strict state-dict load with no key remapping; the result is in eval mode and its logits
+    equal ``model(x).main_logits`` (eval mode) up to float rounding.
+    """
+    backbone = getattr(model, "backbone", None)
+    net = getattr(backbone, "net", None)
+    if net is None or not hasattr(model, "model_config"):
+        raise TypeError(f"{type(model).__name__} is not an rsnet model (built by rsnet.models.build_model)")
+    config = model.model_config
+    plain = timm.create_model(config["backbone"], pretrained=False, num_classes=config["num_classes"])
+    plain.load_state_dict(net.state_dict(), strict=True)
+    return plain.eval()
