@@ -1,0 +1,116 @@
+"""Losses: cross-entropy on every head plus self-distillation from the ensemble into the main branch.
+
+L = sum_k CE(z_k) + w(t) * [alpha * T^2 * KL(softmax(z_teacher/T) || softmax(z_main/T))
+                            + beta * D(F_main, F_ens)]
+
+with the teacher sides detached, ``w(t)`` a sigmoid ramp-up ``exp(-5 (1 - t/R)^2)`` over the first R
+epochs (1 afterwards), and D the attention-transfer distance (mean squared difference of L2-normalised
+spatial attention maps, ``feature_loss="attention"``) or plain MSE of the maps (``"mse"``).
+The loss never asks which model it has: the teacher is ``output.ensemble`` (or ``teacher=``), the
+student the main head; the feature term needs ``features["stage4"]`` and ``features["feature_ensemble"]``
+and is 0 for models without them (baseline, MGML-FENet). A model with one head gets CE only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rsnet.models.output import MultiBranchOutput
+
+FEATURE_LOSSES = ("attention", "mse", "none")
+FEATURE_STUDENT = "stage4"
+FEATURE_TEACHER = "feature_ensemble"
+
+
+@dataclass
+class LossTerms:
+    """The total loss (with graph) and every term separately (detached, for logging)."""
+
+    total: Tensor
+    terms: dict[str, Tensor]
+
+
+def sigmoid_rampup(epoch: float, rampup_epochs: float) -> float:
+    """exp(-5 (1 - t/R)^2) for t < R, else 1 (Laine & Aila; used by ONE for its distillation weight)."""
+    if rampup_epochs <= 0 or epoch >= rampup_epochs:
+        return 1.0
+    phase = 1.0 - max(epoch, 0.0) / rampup_epochs
+    return float(math.exp(-5.0 * phase * phase))
+
+
+def attention_map(features: Tensor) -> Tensor:
+    """Spatial attention of (B, C, h, w) maps: mean over channels of x^2, flattened and L2-normalised."""
+    return F.normalize(features.pow(2).mean(dim=1).flatten(1), dim=1)
+
+
+def distillation_kl(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
+    """T^2 * KL(softmax(teacher/T) || softmax(student/T)), batch mean; the teacher is detached."""
+    t = temperature
+    return F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(teacher.detach() / t, dim=1),
+                    reduction="batchmean", log_target=True) * (t * t)
+
+
+def feature_distance(student: Tensor, teacher: Tensor, kind: str) -> Tensor:
+    teacher = teacher.detach()
+    if kind == "attention":
+        return (attention_map(student) - attention_map(teacher)).pow(2).mean()
+    return F.mse_loss(student, teacher)
+
+
+class MultiBranchLoss(nn.Module):
+    """Cross-entropy on every head + logit and feature-map self-distillation with a ramp-up weight."""
+
+    def __init__(self, temperature: float = 3.0, alpha: float = 1.0, beta: float = 50.0, rampup_epochs: float = 5.0,
+                 feature_loss: str = "attention", teacher: str | None = None, ce_heads: Sequence[str] | None = None,
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if feature_loss not in FEATURE_LOSSES:
+            raise ValueError(f"feature_loss must be one of {FEATURE_LOSSES}, got {feature_loss!r}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.rampup_epochs = float(rampup_epochs)
+        self.feature_loss = feature_loss
+        self.teacher = teacher
+        self.ce_heads = list(ce_heads) if ce_heads is not None else None
+        self.label_smoothing = float(label_smoothing)
+
+    def forward(self, output: MultiBranchOutput, target: Tensor, epoch: float = 0.0) -> LossTerms:
+        heads = self.ce_heads if self.ce_heads is not None else list(output.logits)
+        missing = [head for head in heads if head not in output.logits]
+        if missing:
+            raise KeyError(f"ce_heads {missing} are not heads of this model ({sorted(output.logits)})")
+        terms: dict[str, Tensor] = {}
+        ce_total = output.main_logits.new_zeros(())
+        for head in heads:
+            ce = F.cross_entropy(output.logits[head], target, label_smoothing=self.label_smoothing)
+            terms[f"ce/{head}"] = ce.detach()
+            ce_total = ce_total + ce
+        terms["ce"] = ce_total.detach()
+        total = ce_total
+        teacher = self.teacher or output.ensemble
+        if teacher is not None and len(output.logits) > 1:
+            if teacher not in output.logits:
+                raise KeyError(f"teacher head {teacher!r} is not a head of this model ({sorted(output.logits)})")
+            weight = sigmoid_rampup(epoch, self.rampup_epochs)
+            zero = ce_total.new_zeros(())
+            kd = distillation_kl(output.main_logits, output.logits[teacher], self.temperature) if self.alpha else zero
+            has_maps = FEATURE_STUDENT in output.features and FEATURE_TEACHER in output.features
+            fd = zero
+            if self.beta and self.feature_loss != "none" and has_maps:
+                fd = feature_distance(output.features[FEATURE_STUDENT], output.features[FEATURE_TEACHER],
+                                      self.feature_loss)
+            total = total + weight * (self.alpha * kd + self.beta * fd)
+            terms["sd_logits"] = kd.detach()
+            terms["sd_features"] = fd.detach()
+            terms["sd_weight"] = torch.tensor(weight)
+        terms["total"] = total.detach()
+        return LossTerms(total=total, terms=terms)
