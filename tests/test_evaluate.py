@@ -149,3 +149,12 @@ def test_evaluate_ensemble_mean_of_two_ensembles() -> None:
 def test_evaluate_empty_dataset() -> None:
     with pytest.raises(ValueError, match="empty"):
         evaluate(StandInModel(), TensorDataset(n=0), "cpu")
+
+
+def test_evaluate_real_model_when_available() -> None:
+    models = pytest.importorskip("rsnet.models")
+    net = models.build_model("esd_mbenet", "test_resnet", num_classes=4)
+    result = evaluate(net, TensorDataset(n=6, size=64), "cpu", batch_size=4)
+    assert {"main", result.reported_head} <= set(result.predictions)
+    metrics = compute_metrics(result, list("abcd"))
+    assert set(metrics["oa"]) == set(result.predictions) and metrics["num_samples"] == 6

@@ -124,3 +124,36 @@ def test_disabled_logger_writes_nothing(tmp_path, model: StandInModel) -> None:
     logger.attention_maps(model, np.zeros((1, 8, 8, 3), np.uint8), [0] * 3, [1] * 3, 0)
     logger.close()
     assert not (tmp_path / "tb").exists()
+
+
+def _models_available() -> bool:
+    try:
+        from rsnet.models import build_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _models_available(), reason="rsnet.models.build_model not written yet")
+@pytest.mark.parametrize("arch", ["esd_mbenet", "mgml_fenet", "baseline"])
+def test_real_models_cam_gradcam_and_logger(arch: str, tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rsnet.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model(arch, "test_resnet", num_classes=3)
+    images = torch.randn(2, 3, 64, 64)
+    cams = class_activation_maps(net, images)
+    assert "main" in cams and set(cams) == set(net.cam_classifiers())
+    for cam in cams.values():
+        assert cam.shape == (2, 64, 64) and float(cam.max()) <= 1 + 1e-6
+    # every CAM head is GAP -> Linear of its feature map, so Grad-CAM equals CAM for each of them
+    for head in cams:
+        torch.testing.assert_close(grad_cam(net, images, head=head), cams[head], atol=1e-4, rtol=1e-3)
+    logger = TensorBoardLogger(tmp_path)
+    logger.attention_maps(net, np.zeros((2, 64, 64, 3), np.uint8) + 90, [0.5] * 3, [0.2] * 3, step=1)
+    logger.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    assert {f"attention/cam_{h}" for h in cams} | {"attention/gradcam_main"} == set(acc.Tags()["images"])
