@@ -1,0 +1,133 @@
+"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers, by all-reduces over flat buckets.
+
+Floating tensors (parameters and buffers such as BatchNorm running statistics) are merged with the
+weights p_i = w_i / Σ_j w_j: every worker all-reduces (SUM) its tensors scaled by w_i, packed into flat
+buckets of one dtype, and divides by Σ_j w_j, which travels in the small float64 ``meta`` bucket
+all-reduced first. Integer buffers (``num_batches_tracked``) take rank 0's value. Every worker issues
+the same collectives in the same order, whatever its weight (a weight of 0 is fine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BUCKET_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class MergeResult:
+    """``meta``: the all-reduced meta vector; ``total_weight``: Σ_j w_j; ``idle_s``: time in the first
+    (meta) all-reduce, i.e. waiting for the slowest worker; ``merge_s``: the whole merge."""
+
+    meta: torch.Tensor
+    total_weight: float
+    idle_s: float
+    merge_s: float
+
+
+def merge_tensors(module: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(floating tensors, integer tensors) of a module's parameters and buffers, in a fixed order."""
+    floating: list[torch.Tensor] = []
+    integer: list[torch.Tensor] = []
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        (floating if tensor.is_floating_point() or tensor.is_complex() else integer).append(tensor)
+    return floating, integer
+
+
+def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive runs of one dtype and device, each at most ``bucket_bytes`` (a big tensor gets its own)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if (not buckets or buckets[-1][0].dtype != tensor.dtype or buckets[-1][0].device != tensor.device
+                or size + nbytes > bucket_bytes):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(tensor)
+        size += nbytes
+    return buckets
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None, group=None,
+                     comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES) -> MergeResult:
+    """Replace ``module``'s parameters and buffers by the weighted average over all workers, in place.
+
+    Args:
+        module: this worker's replica.
+        weight: w_i (e.g. n_i, the samples this worker processed in the interval); p_i = w_i / Σ_j w_j.
+        meta: optional float vector summed across workers alongside Σ w (e.g. per-worker speeds in their
+            own slots); returned all-reduced in ``MergeResult.meta``.
+        group: the process group (None: default).
+        comm_device: where the all-reduces run (CPU for gloo, the GPU for NCCL); default: the tensors' device.
+
+    If Σ_j w_j = 0 the replicas are averaged uniformly.
+    """
+    import time
+
+    started = time.perf_counter()
+    floating, integer = merge_tensors(module)
+    params_device = floating[0].device if floating else torch.device("cpu")
+    comm = torch.device(comm_device) if comm_device is not None else params_device
+    extra = meta.detach().to(torch.float64).flatten() if meta is not None else torch.zeros(0, dtype=torch.float64)
+    rank = dist.get_rank(group)
+    ints = [t.detach().reshape(-1).to(torch.float64) * (1.0 if rank == 0 else 0.0) for t in integer]
+    header = torch.cat([torch.tensor([float(weight), 1.0], dtype=torch.float64), extra] + ints).to(comm)
+    _synchronize(params_device)
+    wait_started = time.perf_counter()
+    dist.all_reduce(header, group=group)
+    idle = time.perf_counter() - wait_started
+    header = header.cpu()
+    total, count = float(header[0]), float(header[1])
+    uniform = total <= 0.0
+    scale = 1.0 / count if uniform else float(weight) / total
+    reduced_meta = header[2:2 + extra.numel()].clone()
+    offset = 2 + extra.numel()
+    with torch.no_grad():
+        for tensor in integer:
+            n = tensor.numel()
+            tensor.copy_(header[offset:offset + n].round().view_as(tensor).to(tensor.dtype))
+            offset += n
+        for bucket in _buckets(floating, bucket_bytes):
+            flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
+            flat.mul_(scale)
+            dist.all_reduce(flat, group=group)
+            flat = flat.to(params_device)
+            position = 0
+            for tensor in bucket:
+                n = tensor.numel()
+                tensor.copy_(flat[position:position + n].view_as(tensor))
+                position += n
+    _synchronize(params_device)
+    return MergeResult(meta=reduced_meta, total_weight=total, idle_s=idle, merge_s=time.perf_counter() - started)
+
+
+def average_buffers(buffers: Iterable[torch.Tensor], group=None, comm_device: torch.device | str | None = None) -> None:
+    """Uniform average of floating buffers (BatchNorm statistics); integer buffers take rank 0's value."""
+    holder = nn.Module()
+    for index, buffer in enumerate(buffers):
+        holder.register_buffer(f"b{index}", buffer, persistent=False)
+    if len(list(holder.buffers())):
+        normalized_merge(holder, 1.0, group=group, comm_device=comm_device)
+
+
+def replicas_identical(module: nn.Module, group=None, atol: float = 0.0) -> bool:
+    """True when every worker holds the same parameters and buffers (max-min across workers ≤ atol)."""
+    floating, _ = merge_tensors(module)
+    if not floating:
+        return True
+    flat = torch.cat([t.detach().reshape(-1).double().cpu() for t in floating])
+    high, low = flat.clone(), -flat.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(low, op=dist.ReduceOp.MAX, group=group)
+    return bool(((high + low).abs() <= atol).all())

@@ -1,0 +1,487 @@
+"""Training strategies: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
+``sync`` (DistributedDataParallel) and ``local_sgd`` (periodic uniform averaging).
+
+Every strategy drives the same worker loop (rsnet/engine/trainer.py)::
+
+    for epoch in ...:
+        for indices in strategy.epoch_batches(epoch):
+            x, y = dataset.get_batch(indices)
+            lr = schedule(progress) * strategy.lr_scale()
+            loss = criterion(strategy.model(x), y); loss.backward(); optimizer.step()
+            strategy.after_step(len(indices), compute_seconds)
+        strategy.end_epoch()          # afterwards every replica is identical
+
+All workers issue the same collectives in the same order: the adaptive strategy merges at every
+interval boundary on every worker (a worker that claimed nothing merges with weight 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rsnet.parallel.launcher import WorkerContext
+from rsnet.parallel.merge import average_buffers, normalized_merge
+from rsnet.parallel.schedule import (
+    IntervalClaimer,
+    epoch_permutation,
+    initial_batch_sizes,
+    interval_bounds,
+    next_batch_sizes,
+    static_partition,
+)
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("adaptive", "sync", "local_sgd")
+_instances = 0
+
+# Per-worker fields carried in the merge's meta vector, in this order.
+_META_FIELDS = ("n", "s", "b", "updates", "compute", "b_max")
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    value = cfg.get(key, default) if isinstance(cfg, Mapping) or hasattr(cfg, "get") else default
+    return default if value is None else value
+
+
+def launch_options(trainer_cfg: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`rsnet.parallel.launch` that come from the trainer config."""
+    slowdown = _get(trainer_cfg, "slowdown", None)
+    return {"timeout_s": float(_get(trainer_cfg, "timeout_s", 600.0)),
+            "slowdown": [float(s) for s in slowdown] if slowdown else None,
+            "backend": _get(trainer_cfg, "backend", None) if _get(trainer_cfg, "backend", "auto") != "auto" else None,
+            "cpu_threads": _get(trainer_cfg, "cpu_threads", None)}
+
+
+class Strategy:
+    """Shared bookkeeping: simulated slowdown, per-step counters, stats rows."""
+
+    name = "base"
+
+    def __init__(self, trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, optimizer: Any, num_samples: int,
+                 batch_size: int, seed: int) -> None:
+        global _instances
+        _instances += 1
+        self.cfg, self.ctx, self.module, self.optimizer = trainer_cfg, ctx, model, optimizer
+        self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
+        self.world, self.rank = ctx.world_size, ctx.rank
+        self.prefix = f"rsnet/{self.name}{_instances}"
+        self.ref_batch = int(_get(trainer_cfg, "ref_batch", batch_size))
+        slowdowns = _get(trainer_cfg, "slowdown", None)
+        self.slowdown = float(slowdowns[self.rank]) if slowdowns and self.rank < len(slowdowns) else ctx.slowdown
+        if self.slowdown < 1.0:
+            raise ValueError(f"trainer.slowdown must be >= 1.0, got {self.slowdown} for worker {self.rank}")
+        self.epoch = 0
+        self._rows: list[dict[str, float]] = []
+        self._reported = 0
+        self._reset_counters()
+
+    # ------------------------------------------------------------------ loop API
+    @property
+    def model(self) -> nn.Module:
+        """The module to call for the forward pass."""
+        return self.module
+
+    def epoch_batches(self, epoch: int) -> Iterator[torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def after_step(self, batch_size: int, seconds: float) -> None:
+        """Count the step; a simulated slow worker sleeps (slowdown − 1)·seconds."""
+        extra = (self.slowdown - 1.0) * max(float(seconds), 0.0)
+        if extra > 0:
+            time.sleep(extra)
+        self._n += int(batch_size)
+        self._updates += 1
+        self._compute += float(seconds) + extra
+        self._sleep += extra
+
+    def end_epoch(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def lr_scale(self) -> float:
+        """Linear scaling rule: this worker's batch over the reference batch (default: the total batch B)."""
+        return 1.0
+
+    def on_out_of_memory(self) -> int:
+        """Called after a CUDA out-of-memory error; returns the batch size to retry with."""
+        raise RuntimeError(f"{self.name}: out of memory with static batches; lower batch_size")
+
+    def stats(self, all_rows: bool = False) -> list[dict[str, float]]:
+        """Log rows recorded since the previous call (``all_rows``: every row). On rank 0 they hold every
+        worker's figures (keys ``b/<rank>``, ``s/<rank>``, ...); on other ranks this worker's view."""
+        rows = self._complete_rows()
+        if all_rows:
+            return list(rows)
+        new = rows[self._reported:]
+        self._reported = len(rows)
+        return list(new)
+
+    def summary(self) -> str:
+        """A text summary of the run's scheduling figures (for the end of training)."""
+        return summarize(self._complete_rows(), self.world, self.name, self._slowdowns_text())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "epoch": self.epoch, "world_size": self.world}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") not in (None, self.name):
+            log.warning("strategy state of %r loaded into %r: ignoring it", state.get("name"), self.name)
+            return
+        self.epoch = int(state.get("epoch", 0))
+
+    # ------------------------------------------------------------------ helpers
+    def _reset_counters(self) -> None:
+        self._n, self._updates, self._compute, self._sleep = 0, 0, 0.0, 0.0
+
+    def _complete_rows(self) -> list[dict[str, float]]:
+        return self._rows
+
+    def _slowdowns_text(self) -> str:
+        return f"worker {self.rank}: slowdown x{self.slowdown:g} (simulated)" if self.slowdown != 1.0 else ""
+
+    def _gather_epoch_row(self, epoch: int, extra: Mapping[str, float] | None = None) -> None:
+        """Static strategies: one row per epoch with every worker's counters (a collective)."""
+        mine = {"n": self._n, "updates": self._updates, "compute": self._compute,
+                "s": self._n / self._compute if self._compute > 0 else 0.0, "b": self._static_batch(),
+                **(extra or {})}
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.ctx.group)
+        total = sum(r["n"] for r in everyone) or 1
+        row: dict[str, float] = {"epoch": epoch, "interval": epoch + 1}
+        for rank, r in enumerate(everyone):
+            for key, value in r.items():
+                row[f"{key}/{rank}"] = float(value)
+            row[f"p/{rank}"] = r["n"] / total
+        self._rows.append(row)
+        self._reset_counters()
+
+    def _static_batch(self) -> int:
+        return max(1, self.total_batch // self.world)
+
+
+class SyncStrategy(Strategy):
+    """DistributedDataParallel: equal static batches B/world, gradient all-reduce every step."""
+
+    name = "sync"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        ctx = self.ctx
+        device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+        staged = ctx.device.type == "cuda" and ctx.backend == "gloo"  # a GPU worker among CPU workers
+        if staged:
+            for tensor in self.module.state_dict().values():  # DDP's own init broadcast, through host memory
+                host = tensor.detach().cpu()
+                dist.broadcast(host, src=0, group=ctx.group)
+                tensor.copy_(host.to(tensor.device))
+        self.ddp = nn.parallel.DistributedDataParallel(self.module, device_ids=device_ids, process_group=ctx.group,
+                                                       init_sync=not staged, broadcast_buffers=not staged)
+        if staged:
+            self.ddp.register_comm_hook(ctx, _cpu_allreduce_hook)  # gradients reduced through host memory
+
+    @property
+    def model(self) -> nn.Module:
+        return self.ddp
+
+    def epoch_batches(self, epoch: int) -> Iterator[torch.Tensor]:
+        self.epoch = epoch
+        shard = static_partition(self.num_samples, self.seed, epoch, self.rank, self.world)
+        size = self._static_batch()
+        for start in range(0, len(shard), size):
+            yield shard[start:start + size]
+
+    def end_epoch(self) -> None:
+        # DDP broadcasts rank 0's buffers before each forward; do it once more so replicas end identical.
+        buffers = [b for b in self.module.buffers()]
+        comm = self.ctx.comm_device
+        for buffer in buffers:
+            staged = buffer.detach().to(comm)
+            dist.broadcast(staged, src=0, group=self.ctx.group)
+            with torch.no_grad():
+                buffer.copy_(staged.to(buffer.device))
+        self._gather_epoch_row(self.epoch)
+        self.epoch += 1
+
+
+def _cpu_allreduce_hook(ctx: WorkerContext, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook for gloo with a GPU worker: average the bucket through host memory."""
+    tensor = bucket.buffer()
+    staged = tensor.detach().cpu().div_(ctx.world_size)
+    work = dist.all_reduce(staged, group=ctx.group, async_op=True)
+
+    def done(future: torch.futures.Future) -> torch.Tensor:
+        tensor.copy_(future.value()[0].to(tensor.device))
+        return tensor
+
+    return work.get_future().then(done)
+
+
+class LocalSGDStrategy(Strategy):
+    """Static equal partition; uniform model averaging every H local steps (parallel restarted SGD),
+    BatchNorm statistics included; a final average at the end of each epoch."""
+
+    name = "local_sgd"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.period = int(_get(self.cfg, "average_every", 8))
+        if self.period < 1:
+            raise ValueError(f"trainer.average_every must be >= 1, got {self.period}")
+        params = list(self.module.parameters())
+        fits = bool(params) and params[0].device == self.ctx.comm_device
+        self.use_torch_averager = fits and self.period > 1 and bool(_get(self.cfg, "torch_averager", True))
+        self._since_average = 0
+        self._merge_s = 0.0
+        self._averages = 0
+        self._averager = None
+
+    def epoch_batches(self, epoch: int) -> Iterator[torch.Tensor]:
+        self.epoch = epoch
+        self._since_average = 0
+        if self.use_torch_averager:
+            from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+            # warmup H−1: it averages after local steps H, 2H, ... of this epoch.
+            self._averager = PeriodicModelAverager(period=self.period, warmup_steps=self.period - 1,
+                                                   process_group=self.ctx.group)
+        shard = static_partition(self.num_samples, self.seed, epoch, self.rank, self.world)
+        size = self._static_batch()
+        for start in range(0, len(shard), size):
+            yield shard[start:start + size]
+
+    def lr_scale(self) -> float:
+        return self._static_batch() / self.ref_batch
+
+    def after_step(self, batch_size: int, seconds: float) -> None:
+        super().after_step(batch_size, seconds)
+        self._since_average += 1
+        if self._averager is not None:
+            started = time.perf_counter()
+            self._averager.average_parameters(p for p in self.module.parameters() if p.requires_grad)
+            if self._since_average == self.period:
+                average_buffers(self.module.buffers(), group=self.ctx.group, comm_device=self.ctx.comm_device)
+                self._since_average = 0
+                self._averages += 1
+                self._merge_s += time.perf_counter() - started
+        elif self._since_average == self.period:
+            self._average()
+
+    def _average(self) -> None:
+        result = normalized_merge(self.module, 1.0, group=self.ctx.group, comm_device=self.ctx.comm_device)
+        self._merge_s += result.merge_s
+        self._averages += 1
+        self._since_average = 0
+
+    def end_epoch(self) -> None:
+        if self._since_average > 0:
+            self._average()
+        self._gather_epoch_row(self.epoch, {"averages": self._averages, "merge_time": self._merge_s})
+        self._averages, self._merge_s = 0, 0.0
+        self.epoch += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "average_every": self.period}
+
+
+class AdaptiveStrategy(Strategy):
+    """Dynamic scheduling + adaptive batch sizes + normalized merging (DESIGN.md §4)."""
+
+    name = "adaptive"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        self.merge_interval = int(_get(cfg, "merge_interval", 512))
+        self.b_min = int(_get(cfg, "batch_min", 8))
+        self.multiple = int(_get(cfg, "batch_multiple", 8))
+        self.b_max_limit = int(_get(cfg, "batch_max", 1024))
+        self.damping = float(_get(cfg, "damping", 0.5))
+        self.deadband = float(_get(cfg, "deadband", 0.05))
+        self.speed_ema = float(_get(cfg, "speed_ema", 0.5))
+        self.warmup_intervals = int(_get(cfg, "warmup_intervals", 1))
+        self.log_intervals = bool(_get(cfg, "log_intervals", True))
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
+        if not 0 < self.speed_ema <= 1:
+            raise ValueError(f"trainer.speed_ema must be in (0, 1], got {self.speed_ema}")
+        if self.b_min < 1 or self.b_max_limit < self.b_min:
+            raise ValueError(f"need 1 <= batch_min <= batch_max, got {self.b_min}, {self.b_max_limit}")
+        self.sizes = initial_batch_sizes(self.total_batch, self.world, self.b_min, self.b_max_limit, self.multiple)
+        self.b_max = self.b_max_limit
+        self.speeds = [0.0] * self.world
+        self.speed = 0.0
+        self.intervals_done = 0
+        self._timing_keys: list[tuple[int, int]] = []  # (row index, interval) whose idle/merge times are pending
+        self._epoch_complete = True
+
+    @property
+    def batch_size(self) -> int:
+        """This worker's current batch size b_i."""
+        return self.sizes[self.rank]
+
+    def lr_scale(self) -> float:
+        return self.batch_size / self.ref_batch
+
+    def on_out_of_memory(self) -> int:
+        """Halve this worker's batch cap (and its batch); returns the new batch size.
+
+        The cap travels with the next merge, so the controller gives the freed share to the others.
+        """
+        if self.batch_size <= 1:
+            raise RuntimeError(f"worker {self.rank} ({self.ctx.device}) runs out of memory at batch size 1")
+        self.b_max = max(1, self.batch_size // 2)
+        self.sizes[self.rank] = self.b_max
+        log.warning("worker %d (%s): out of memory, batch size capped at %d", self.rank, self.ctx.device, self.b_max)
+        return self.b_max
+
+    def epoch_batches(self, epoch: int) -> Iterator[torch.Tensor]:
+        self.epoch = epoch
+        self._epoch_complete = False
+        order = epoch_permutation(self.num_samples, self.seed, epoch)
+        for index, (low, high) in enumerate(interval_bounds(self.num_samples, self.merge_interval)):
+            claimer = IntervalClaimer(self.ctx.store, f"{self.prefix}/e{epoch}/i{index}", high - low)
+            self._reset_counters()
+            while (claim := claimer.claim(self.batch_size)) is not None:
+                yield order[low + claim[0]:low + claim[1]]
+            self._merge(epoch)
+        self._epoch_complete = True
+
+    def end_epoch(self) -> None:
+        """The iterator merged at the last interval boundary, so the replicas are already identical."""
+        if not self._epoch_complete:
+            raise RuntimeError("adaptive strategy: end_epoch() before epoch_batches() was exhausted; every "
+                               "worker must walk every interval (the merges are collectives)")
+        self.epoch += 1
+
+    def _merge(self, epoch: int) -> None:
+        if self._n > 0 and self._compute > 0:
+            measured = self._n / self._compute
+            self.speed = measured if self.speed <= 0 else (self.speed_ema * measured
+                                                           + (1 - self.speed_ema) * self.speed)
+        k = len(_META_FIELDS)
+        meta = torch.zeros(self.world * k, dtype=torch.float64)
+        mine = (self._n, self.speed, self.batch_size, self._updates, self._compute, self.b_max)
+        meta[self.rank * k:(self.rank + 1) * k] = torch.tensor(mine, dtype=torch.float64)
+        result = normalized_merge(self.module, float(self._n), meta=meta, group=self.ctx.group,
+                                  comm_device=self.ctx.comm_device)
+        table = result.meta.view(self.world, k)
+        used = [int(v) for v in table[:, 2]]
+        self.speeds = [float(v) for v in table[:, 1]]
+        caps = [int(v) for v in table[:, 5]]
+        self.intervals_done += 1
+        if self.intervals_done > self.warmup_intervals:
+            self.sizes = next_batch_sizes(used, self.speeds, self.total_batch, self.b_min, caps,
+                                          self.multiple, self.damping, self.deadband)
+        else:
+            self.sizes = [min(b, c) for b, c in zip(used, caps)]
+        total = result.total_weight or 1.0
+        row: dict[str, float] = {"epoch": epoch, "interval": self.intervals_done,
+                                 "merge_time": result.merge_s, "idle": result.idle_s}
+        for rank in range(self.world):
+            for j, key in enumerate(_META_FIELDS):
+                row[f"{key}/{rank}"] = float(table[rank, j])
+            row[f"p/{rank}"] = float(table[rank, 0]) / total
+            row[f"b_next/{rank}"] = float(self.sizes[rank])
+        # This worker's own idle and merge time go through the store so rank 0 can report everyone's.
+        self.ctx.store.set(f"{self.prefix}/t/{self.intervals_done}/{self.rank}",
+                           f"{result.idle_s:.6f},{result.merge_s:.6f}")
+        self._rows.append(row)
+        self._timing_keys.append((len(self._rows) - 1, self.intervals_done))
+        if self.log_intervals and self.ctx.is_primary:
+            log.info("merge %d (epoch %d): %s", self.intervals_done, epoch, format_row(row, self.world))
+        self._reset_counters()
+
+    def _complete_rows(self) -> list[dict[str, float]]:
+        """Fill in every worker's idle/merge time (rank 0 only; read from the store)."""
+        if self.ctx.is_primary:
+            for row_index, interval in self._timing_keys:
+                row = self._rows[row_index]
+                for rank in range(self.world):
+                    raw = self.ctx.store.get(f"{self.prefix}/t/{interval}/{rank}").decode()
+                    idle, merge = (float(v) for v in raw.split(","))
+                    row[f"idle/{rank}"], row[f"merge_time/{rank}"] = idle, merge
+                row.pop("idle", None)
+                row["merge_time"] = max(row[f"merge_time/{rank}"] for rank in range(self.world))
+            self._timing_keys = []
+        return self._rows
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "batch_sizes": list(self.sizes), "speeds": list(self.speeds),
+                "speed": self.speed, "b_max": self.b_max, "intervals_done": self.intervals_done}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("name") != self.name:
+            return
+        self.intervals_done = int(state.get("intervals_done", 0))
+        if int(state.get("world_size", -1)) != self.world:
+            log.warning("adaptive: checkpoint has %s workers, this run %d: batch sizes start from an equal split",
+                        state.get("world_size"), self.world)
+            return
+        self.sizes = [int(b) for b in state["batch_sizes"]]
+        self.speeds = [float(s) for s in state["speeds"]]
+        self.speed = self.speeds[self.rank]
+        # Only rank 0's cap is in the checkpoint (rank 0 saves it); others keep the configured limit.
+        if self.rank == 0:
+            self.b_max = int(state.get("b_max", self.b_max_limit))
+
+
+def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, optimizer: Any, num_samples: int,
+                   batch_size: int, seed: int) -> Strategy:
+    """The strategy named by ``trainer_cfg.name`` (adaptive | sync | local_sgd)."""
+    name = str(_get(trainer_cfg, "name", "adaptive"))
+    classes = {"adaptive": AdaptiveStrategy, "sync": SyncStrategy, "local_sgd": LocalSGDStrategy}
+    if name not in classes:
+        raise ValueError(f"unknown trainer.name {name!r}; valid: {', '.join(STRATEGIES)}")
+    if batch_size < ctx.world_size and name != "adaptive":
+        raise ValueError(f"batch_size {batch_size} is smaller than the number of workers {ctx.world_size}")
+    if name == "sync" and ctx.world_size > 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                                     for m in model.modules()):
+        warnings.warn("trainer=sync: BatchNorm statistics are per replica (DDP broadcasts rank 0's buffers)",
+                      stacklevel=2)
+    return classes[name](trainer_cfg, ctx, model, optimizer, num_samples, batch_size, seed)
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+def format_row(row: Mapping[str, float], world: int) -> str:
+    """One merge interval on one line: per worker b, s, n, p, updates (and idle when known)."""
+    parts = []
+    for rank in range(world):
+        text = (f"w{rank}: b={row.get(f'b/{rank}', 0):.0f} s={row.get(f's/{rank}', 0):.1f}/s "
+                f"n={row.get(f'n/{rank}', 0):.0f} p={row.get(f'p/{rank}', 0):.2f} "
+                f"u={row.get(f'updates/{rank}', 0):.0f}")
+        if f"idle/{rank}" in row:
+            text += f" idle={row[f'idle/{rank}'] * 1000:.0f}ms"
+        parts.append(text)
+    merge = row.get("merge_time")
+    return " | ".join(parts) + (f" | merge {merge * 1000:.0f}ms" if merge is not None else "")
+
+
+def summarize(rows: list[Mapping[str, float]], world: int, name: str = "adaptive", note: str = "") -> str:
+    """End-of-run table per worker: samples, share, updates, mean batch, last speed, idle and merge time."""
+    if not rows:
+        return f"{name}: no scheduling rows recorded"
+    lines = [f"scheduler {name}: {len(rows)} rows, {world} workers" + (f" ({note})" if note else ""),
+             f"{'worker':>6} {'samples':>9} {'share':>6} {'updates':>8} {'mean b':>7} {'last b':>7} "
+             f"{'speed/s':>9} {'idle s':>8} {'merge s':>8}"]
+    total = sum(row.get(f"n/{r}", 0.0) for row in rows for r in range(world)) or 1.0
+    for rank in range(world):
+        n = sum(row.get(f"n/{rank}", 0.0) for row in rows)
+        updates = sum(row.get(f"updates/{rank}", 0.0) for row in rows)
+        idle = sum(row.get(f"idle/{rank}", 0.0) for row in rows)
+        merge = sum(row.get(f"merge_time/{rank}", row.get("merge_time", 0.0)) for row in rows)
+        last = rows[-1]
+        lines.append(f"{rank:>6} {n:>9.0f} {n / total:>6.2f} {updates:>8.0f} {n / max(updates, 1):>7.1f} "
+                     f"{last.get(f'b_next/{rank}', last.get(f'b/{rank}', 0)):>7.0f} "
+                     f"{last.get(f's/{rank}', 0):>9.1f} {idle:>8.2f} {merge:>8.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""The pure parts of the scheduler: batch-size controller, intervals, partitions (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rsnet.parallel.schedule import (
+    IntervalClaimer,
+    epoch_permutation,
+    initial_batch_sizes,
+    interval_bounds,
+    next_batch_sizes,
+    proportional_targets,
+    static_partition,
+)
+
+
+def _run_controller(speeds, total=48, b_min=8, b_max=1024, steps=20, start=None, **kw):
+    sizes = start or initial_batch_sizes(total, len(speeds), b_min, b_max)
+    history = [list(sizes)]
+    for _ in range(steps):
+        sizes = next_batch_sizes(sizes, speeds, total, b_min, b_max, **kw)
+        history.append(list(sizes))
+    return history
+
+
+def test_controller_converges_to_proportional_sizes() -> None:
+    history = _run_controller([2.0, 1.0], total=48)
+    assert history[0] == [24, 24]
+    assert history[-1] == [32, 16]
+    history = _run_controller([3.0, 1.0], total=256, deadband=0.0)
+    assert history[-1] == [192, 64]
+    history = _run_controller([4.0, 2.0, 1.0, 1.0], total=512, deadband=0.0)
+    assert history[-1] == [256, 128, 64, 64]
+    # With the default 5 % deadband the sizes stop within 5 % (or half a multiple) of the target.
+    history = _run_controller([4.0, 2.0, 1.0, 1.0], total=512)
+    for size, target in zip(history[-1], [256, 128, 64, 64]):
+        assert abs(size - target) <= max(0.05 * size, 4) + 8
+
+
+def test_controller_monotone_no_oscillation_and_multiples_of_8() -> None:
+    for speeds in ([2.0, 1.0], [1.0, 5.0], [1.3, 1.0, 0.7], [10.0, 1.0]):
+        history = _run_controller(speeds, total=400, steps=30)
+        for worker in range(len(speeds)):
+            sizes = [h[worker] for h in history]
+            steps = [b - a for a, b in zip(sizes, sizes[1:])]
+            assert all(s >= 0 for s in steps) or all(s <= 0 for s in steps), sizes  # one direction only
+            assert all(b % 8 == 0 for b in sizes)
+        assert history[-1] == history[-2]  # settled
+
+
+def test_controller_is_stable_under_speed_noise() -> None:
+    generator = torch.Generator().manual_seed(0)
+    sizes = [32, 16]
+    changes = 0
+    for _ in range(50):
+        noise = 1 + 0.03 * (torch.rand(2, generator=generator) - 0.5)
+        new = next_batch_sizes(sizes, [2.0 * float(noise[0]), 1.0 * float(noise[1])], 48, 8, 1024)
+        changes += new != sizes
+        sizes = new
+    assert changes == 0 and sizes == [32, 16]
+
+
+def test_controller_respects_bounds_and_memory_cap() -> None:
+    history = _run_controller([100.0, 1.0], total=256, b_min=16, b_max=128)
+    assert history[-1] == [128, 128]  # fast worker capped; the slow one takes the rest, never below b_min
+    history = _run_controller([100.0, 1.0], total=256, b_min=32, b_max=1024)
+    assert min(history[-1]) >= 32
+    # A per-worker cap (after an out-of-memory) below b_min wins, and its share goes to the others.
+    sizes = next_batch_sizes([64, 64], [1.0, 1.0], 128, 32, [16, 1024], damping=1.0)
+    assert sizes[0] == 16 and sizes[1] == 112
+    targets = proportional_targets([1.0, 1.0, 1.0], 300, 8, [50, 1000, 1000])
+    assert targets == pytest.approx([50.0, 125.0, 125.0])
+
+
+def test_controller_holds_when_a_speed_is_unknown() -> None:
+    assert next_batch_sizes([24, 24], [2.0, 0.0], 48, 8, 1024) == [24, 24]
+
+
+def test_intervals_and_static_partition() -> None:
+    assert interval_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert interval_bounds(10, 0) == [(0, 10)]
+    assert interval_bounds(10, 50) == [(0, 10)]
+    order = epoch_permutation(11, seed=3, epoch=2)
+    assert torch.equal(order, epoch_permutation(11, seed=3, epoch=2))
+    assert not torch.equal(order, epoch_permutation(11, seed=3, epoch=3))
+    shards = [static_partition(11, 3, 2, r, 3) for r in range(3)]
+    assert all(len(s) == 4 for s in shards)
+    assert set(torch.cat(shards).tolist()) == set(range(11))
+
+
+class _DictStore:
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
+
+def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
+    store = _DictStore()
+    a, b = IntervalClaimer(store, "k", 20), IntervalClaimer(store, "k", 20)
+    claims = [a.claim(8), b.claim(4), a.claim(8), b.claim(4), a.claim(8)]
+    assert claims == [(0, 8), (8, 12), (12, 20), None, None]
