@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import albumentations as A
 import numpy as np
 import torch
+from albumentations.pytorch import ToTensorV2
 from torch.utils.data import Dataset
 
 from .cache import ImageStore, build_store
@@ -241,6 +243,7 @@ class SceneDataset(Dataset):
         self.transform = transform
         self.name = name
         self._seeded_worker: int | None = None
+        self._plan: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -264,8 +267,25 @@ class SceneDataset(Dataset):
 
     def set_seed(self, seed: int) -> None:
         """Seed the augmentation RNG (albumentations keeps its own generator)."""
-        if hasattr(self.transform, "set_random_seed"):
-            self.transform.set_random_seed(int(seed) % 2**32)
+        for t in (self.transform, self._batch_plan()[0]):
+            if hasattr(t, "set_random_seed"):
+                t.set_random_seed(int(seed) % 2**32)
+
+    def _batch_plan(self) -> tuple[Callable | None, torch.Tensor | None, torch.Tensor | None]:
+        """(uint8 part of the transform, mean·255, std·255) when the transform ends with
+        Normalize + ToTensorV2: get_batch then normalises the whole batch at once (same result)."""
+        if self._plan is None:
+            plan: tuple = (None, None, None)
+            ts = list(getattr(self.transform, "transforms", []))
+            if (isinstance(self.transform, A.Compose) and len(ts) >= 2 and isinstance(ts[-1], ToTensorV2)
+                    and isinstance(ts[-2], A.Normalize) and getattr(ts[-2], "normalization", "standard") == "standard"):
+                norm = ts[-2]
+                scale = float(norm.max_pixel_value)
+                mean = torch.tensor(np.asarray(norm.mean, np.float32).reshape(-1) * scale).view(1, -1, 1, 1)
+                std = torch.tensor(np.asarray(norm.std, np.float32).reshape(-1) * scale).view(1, -1, 1, 1)
+                plan = (A.Compose(ts[:-2]), mean, std)
+            self._plan = plan
+        return self._plan
 
     def _reseed_in_worker(self) -> None:
         # forked DataLoader workers inherit the same albumentations RNG state; give each its own
@@ -289,8 +309,14 @@ class SceneDataset(Dataset):
             indices = indices.cpu().numpy()
         idx = np.asarray(indices, np.int64).reshape(-1)
         self._reseed_in_worker()
-        x = torch.stack([self._apply(self.raw(i)) for i in idx])
-        return x, torch.from_numpy(self.labels[idx].copy())
+        labels = torch.from_numpy(self.labels[idx].copy())
+        pre, mean, std = self._batch_plan()
+        if pre is None or len(idx) == 0:
+            return torch.stack([self._apply(self.raw(i)) for i in idx]) if len(idx) else torch.empty(0), labels
+        # uint8 augmentations per image, then one vectorised normalisation for the whole batch
+        u8 = np.stack([pre(image=np.asarray(self.raw(i)))["image"] for i in idx])
+        x = torch.from_numpy(u8).permute(0, 3, 1, 2).float()
+        return x.sub_(mean).div_(std).contiguous(), labels
 
 
 @dataclass
