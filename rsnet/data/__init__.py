@@ -20,6 +20,7 @@ from .errors import (
     DatasetValidationError,
     SplitMismatchError,
 )
+from .loader import prefetch_batches
 from .specs import DATASETS, DatasetSpec
 from .splits import Split, check_train_ratio, stratified_split
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
@@ -50,6 +51,7 @@ __all__ = [
     "eval_transform",
     "find_class_root",
     "get_spec",
+    "prefetch_batches",
     "scan_dataset",
     "stratified_split",
     "train_transform",
