@@ -2,7 +2,7 @@
 
     python scripts/predict.py model=outputs/run/checkpoints/best.pt images=my_scenes/ \
         [out=preds.csv] [topk=3] [attention_dir=attn/] [head=main|ensemble] [device=cpu] \
-        [batch_size=32] [recursive=false]
+        [batch_size=32] [recursive=false] [skip_corrupt=false]
 
 ``model`` is a checkpoint written by scripts/train.py (the full model: every head and attention maps)
 or what scripts/export_main_branch.py wrote (its folder, ``model.ts``/``model.onnx``/``model.pt`` or
@@ -10,6 +10,8 @@ or what scripts/export_main_branch.py wrote (its folder, ``model.ts``/``model.on
 datasets decode them) and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV):
 the predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only)
 every image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
+An unreadable image stops the run with its path, unless ``skip_corrupt=true`` (then it is skipped
+with a warning and counted).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from rsnet.cli import user_errors
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
 KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
-        "device": "cpu", "batch_size": "32", "recursive": "false"}
+        "device": "cpu", "batch_size": "32", "recursive": "false",
+        "skip_corrupt": "false"}
 EXPORTED_SUFFIXES = (".ts", ".onnx", ".json")
 
 
@@ -178,9 +181,21 @@ def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
           f"{len(files)} images", file=sys.stderr)
     k = min(topk, len(predictor.class_names))
     rows: list[dict[str, Any]] = []
+    skip_corrupt, skipped = _bool(args["skip_corrupt"]), 0
     for start in range(0, len(files), batch_size):
-        batch_files = files[start:start + batch_size]
-        images = np.stack([read_image(path, predictor.image_size) for path in batch_files])
+        batch_files, decoded = [], []
+        for path in files[start:start + batch_size]:
+            try:
+                decoded.append(read_image(path, predictor.image_size))
+                batch_files.append(path)
+            except ValueError as error:
+                if not skip_corrupt:
+                    raise
+                skipped += 1
+                print(f"warning: skipped {error}", file=sys.stderr)
+        if not batch_files:
+            continue
+        images = np.stack(decoded)
         inputs = _normalise(images, predictor.mean, predictor.std).to(device)
         with torch.no_grad():
             probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
@@ -192,6 +207,10 @@ def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
             print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
         if attention_dir is not None:
             _save_attention(predictor.full_model, images, inputs, batch_files, Path(args["images"]), attention_dir)
+    if skipped:
+        print(f"skipped {skipped} unreadable image(s)", file=sys.stderr)
+    if not rows:
+        raise ValueError(f"none of the {len(files)} images in {args['images']} could be read")
     if args["out"]:
         out = Path(args["out"])
         out.parent.mkdir(parents=True, exist_ok=True)

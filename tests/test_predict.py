@@ -136,8 +136,57 @@ def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     result = _run(f"model={ckpt}", f"images={empty}")
     assert result.returncode == 2 and "no images" in result.stderr and str(empty) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_path: Path, capsys) -> None:
     (image_dir / "zz_broken.png").write_bytes(b"garbage")
-    result = _run(f"model={ckpt}", f"images={image_dir}")
-    assert result.returncode == 2 and "zz_broken.png" in result.stderr
-    result = _run(f"model={tmp_path / 'nope.pt'}", f"images={image_dir}")
-    assert result.returncode == 2 and "nope.pt" in result.stderr
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, {}))
+    for argv, needle in [([f"model={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
+                         ([f"model={ckpt}", f"images={image_dir}", "colour=red"], "colour=red")]:
+        with pytest.raises(SystemExit) as stop:
+            predict_mod.main(argv)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err
+    with pytest.raises(ValueError, match="zz_broken.png"):
+        predict_mod.read_image(image_dir / "zz_broken.png", 32)
+
+
+def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    import rsnet.engine.checkpoint as checkpoint
+
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    monkeypatch.setattr(checkpoint, "model_from_checkpoint", lambda ckpt: model)
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    (image_dir / "b2_broken.png").write_bytes(b"garbage")
+    args = [f"model={ckpt}", f"images={image_dir}", "batch_size=2"]
+    with pytest.raises(ValueError, match="b2_broken.png"):
+        predict_mod.predict(predict_mod.parse_args(args))
+    rows = predict_mod.predict(predict_mod.parse_args([*args, "skip_corrupt=true"]))
+    assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
+    assert "skipped 1 unreadable" in capsys.readouterr().err
+
+
+def test_predict_exported_model_and_attention_refused(image_dir: Path, tmp_path: Path, predict_mod) -> None:
+    pytest.importorskip("rsnet.models")
+    export = pytest.importorskip("rsnet.export")
+    if not (ROOT / "scripts" / "export_main_branch.py").is_file():
+        pytest.skip("scripts/export_main_branch.py not written yet")
+    from rsnet.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES))
+    ckpt = save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
+    out_dir = tmp_path / "exported"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_main_branch.py"), f"checkpoint={ckpt}",
+                           "format=torchscript", f"out={out_dir}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert export.load_exported(out_dir).metadata["class_names"] == CLASSES
+    exported_rows = predict_mod.predict(predict_mod.parse_args([f"model={out_dir}", f"images={image_dir}"]))
+    full_rows = predict_mod.predict(predict_mod.parse_args([f"model={ckpt}", f"images={image_dir}", "head=main"]))
+    assert [r["class"] for r in exported_rows] == [r["class"] for r in full_rows]
+    for a, b in zip(exported_rows, full_rows):
+        assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
+    with pytest.raises(ValueError, match="not available for an exported model"):
+        predict_mod.predict(predict_mod.parse_args([f"model={out_dir}", f"images={image_dir}",
+                                                    f"attention_dir={tmp_path / 'attn'}"]))
