@@ -116,11 +116,18 @@ def load_predictor(path: str | Path, device: torch.device, head: str | None = No
                          mean=list(meta["mean"]), std=list(meta["std"]), full_model=None,
                          description=f"exported {meta.get('format', '?')} model ({meta.get('head', 'main')} head)")
     model = model_from_checkpoint(checkpoint).to(device).eval()
+    with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
+        size = int(checkpoint["image_size"])
+        probe = model(torch.zeros(1, 3, size, size, device=device))
+    heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
+    if head is not None and head not in heads:
+        raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")
+    head_name = head or ("main" if isinstance(probe, Tensor) else probe.ensemble or probe.main)
     return Predictor(forward=_head_logits(model, head), class_names=list(checkpoint["class_names"]),
                      image_size=int(checkpoint["image_size"]), mean=list(checkpoint["mean"]),
                      std=list(checkpoint["std"]), full_model=model,
                      description=f"checkpoint {model.model_config.get('arch', '?')} "
-                                 f"({head or 'scored'} head, epoch {checkpoint.get('epoch', '?')})")
+                                 f"({head_name} head, epoch {checkpoint.get('epoch', '?')})")
 
 
 def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
