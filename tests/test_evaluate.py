@@ -158,3 +158,10 @@ def test_evaluate_real_model_when_available() -> None:
     assert {"main", result.reported_head} <= set(result.predictions)
     metrics = compute_metrics(result, list("abcd"))
     assert set(metrics["oa"]) == set(result.predictions) and metrics["num_samples"] == 6
+
+
+def test_evaluate_list_of_batches() -> None:
+    data = TensorDataset(n=6)
+    batches = [(data.x[:4], torch.as_tensor(data.labels[:4])), (data.x[4:], torch.as_tensor(data.labels[4:]))]
+    result = evaluate(PlainClassifier(), batches, "cpu")
+    np.testing.assert_array_equal(result.targets, data.labels)

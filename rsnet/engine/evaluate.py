@@ -54,7 +54,8 @@ def _as_output(raw: Any) -> MultiBranchOutput:
 def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
     if isinstance(data, DataLoader):
         return data
-    if isinstance(data, Dataset) or hasattr(data, "__getitem__"):
+    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                     and not isinstance(data, (list, tuple))):
         return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0)  # type: ignore[arg-type]
     return data  # any iterable of (images, labels) batches
 
