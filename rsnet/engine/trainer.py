@@ -184,7 +184,7 @@ def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, sc
         meter.last_lr = lr
         strategy.after_step(len(indices), finished - compute_started)
         bar.update(len(indices))
-        bar.set_postfix(loss=f"{float(losses.total):.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
+        bar.set_postfix(loss=f"{losses.total.item():.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
                         img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}", lr=f"{lr:.2g}")
         data_started = time.perf_counter()
     bar.close()
