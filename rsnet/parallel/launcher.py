@@ -20,6 +20,7 @@ import datetime
 import logging
 import multiprocessing.connection as mpc
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -222,10 +223,11 @@ def _child_main(rank: int, world: int, devices: list[str], port: int, backend: s
         _init_group(backend, store, rank, world, timeout_s, device)
         ctx = _make_context(rank, world, device_name, store, backend, timeout_s, slowdowns, devices, rank)
         result = worker_fn(ctx, *args, **kwargs)
-        conn.send(("ok", result if rank == 0 else None))
+        # Plain pickle (tensors by value): torch's shared-memory reductions die with the sending process.
+        conn.send_bytes(pickle.dumps(("ok", result if rank == 0 else None)))
     except BaseException as error:  # noqa: BLE001 - report everything to the parent
         try:
-            conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
+            conn.send_bytes(pickle.dumps(("error", f"{type(error).__name__}: {error}", traceback.format_exc())))
         except Exception:  # noqa: BLE001
             pass
         conn.close()
@@ -257,17 +259,17 @@ def _spawn_local(worker_fn, devices, args, kwargs, timeout_s, slowdowns, backend
                           wait_for_workers=False)
     context = mp.get_context("spawn")
     processes, readers = [], []
-    for rank in range(world):
-        reader, writer = context.Pipe(duplex=False)
-        process = context.Process(target=_child_main, name=f"rsnet-worker-{rank}",
-                                  args=(rank, world, devices, store.port, backend, timeout_s, slowdowns, threads,
-                                        worker_fn, args, kwargs, writer), daemon=False)
-        process.start()
-        writer.close()
-        processes.append(process)
-        readers.append(reader)
-    log.info("launched %d workers on %s (backend %s, store port %d)", world, devices, backend, store.port)
     try:
+        for rank in range(world):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_child_main, name=f"rsnet-worker-{rank}",
+                                      args=(rank, world, devices, store.port, backend, timeout_s, slowdowns,
+                                            threads, worker_fn, args, kwargs, writer), daemon=False)
+            process.start()
+            writer.close()
+            processes.append(process)
+            readers.append(reader)
+        log.info("launched %d workers on %s (backend %s, store port %d)", world, devices, backend, store.port)
         return _watch(processes, readers, devices)
     finally:
         _terminate(processes)
@@ -287,14 +289,23 @@ def _watch(processes, readers, devices) -> Any:
             break
         wait_s = 1.0 if first_failure_at is None else _ROOT_CAUSE_GRACE_S
         ready = mpc.wait(list(open_readers) + list(alive), timeout=wait_s)
+        log.debug("watch: %d ready, failures %s", len(ready), [(f.rank, f.reason[:40]) for f in failures])
         for item in ready:
             if item in open_readers:
                 rank = open_readers[item]
                 try:
-                    message = item.recv()
+                    message = pickle.loads(item.recv_bytes())
                 except (EOFError, OSError):
+                    # The worker closed its end without a word: it died (or is dying) without a result.
                     del open_readers[item]
+                    processes[rank].join(0.5)
+                    if not processes[rank].is_alive():
+                        alive.pop(processes[rank].sentinel, None)
+                        _record_death(failures, rank, processes[rank].exitcode)
                     continue
+                except Exception as error:  # noqa: BLE001 - e.g. a result that cannot be unpickled here
+                    message = ("error", f"result could not be received: {type(error).__name__}: {error}",
+                               traceback.format_exc())
                 del open_readers[item]
                 if message[0] == "ok":
                     results[rank] = message[1]
@@ -312,10 +323,7 @@ def _watch(processes, readers, devices) -> Any:
                 if reader in open_readers and reader.poll(0.2):
                     continue  # handled on the next round (the process is gone, its message is not)
                 open_readers.pop(reader, None)
-                if not any(f.rank == rank for f in failures):
-                    how = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else (
-                        f"exited with code {code} without a result")
-                    failures.append(_Failure(rank, how, "", time.monotonic(), 0))
+                _record_death(failures, rank, code)
         if failures and first_failure_at is None:
             first_failure_at = time.monotonic()
         if not alive and not open_readers and len(results) < world and not failures:
@@ -327,6 +335,16 @@ def _watch(processes, readers, devices) -> Any:
         others = "\n".join(f"worker rank {f.rank} ({devices[f.rank]}): {f.reason}" for f in failures[1:])
         raise WorkerError(root.rank, devices[root.rank], root.reason, root.details, others)
     return results.get(0)
+
+
+def _record_death(failures: list[_Failure], rank: int, code: int | None) -> None:
+    if any(f.rank == rank for f in failures):
+        return
+    if code is not None and code < 0:
+        how = f"killed by signal {signal.Signals(-code).name}"
+    else:
+        how = f"exited with code {code} without a result"
+    failures.append(_Failure(rank, how, "", time.monotonic(), 0))
 
 
 def _terminate(processes) -> None:

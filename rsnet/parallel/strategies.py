@@ -145,7 +145,10 @@ class Strategy:
         return self._rows
 
     def _slowdowns_text(self) -> str:
-        return f"worker {self.rank}: slowdown x{self.slowdown:g} (simulated)" if self.slowdown != 1.0 else ""
+        factors = [float(f) for f in (_get(self.cfg, "slowdown", None) or [])] or [self.slowdown]
+        if all(f == 1.0 for f in factors):
+            return ""
+        return "simulated heterogeneity: slowdown per worker " + ", ".join(f"x{f:g}" for f in factors)
 
     def _gather_epoch_row(self, epoch: int, extra: Mapping[str, float] | None = None) -> None:
         """Static strategies: one row per epoch with every worker's counters (a collective)."""

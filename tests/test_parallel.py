@@ -1,0 +1,290 @@
+"""The scheduler end to end on two CPU processes over gloo: claiming, adaptation, merging, baselines, faults.
+
+Worker functions live at module level so the spawned processes can unpickle them. Each test runs a
+tiny model on random tensors through a loop that mirrors the trainer's (contracts §5).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rsnet.parallel import WorkerError, build_strategy, launch
+from rsnet.parallel.merge import normalized_merge, replicas_identical
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 30.0
+
+
+def _model(seed: int = 0, batchnorm: bool = True) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(6, 8)]
+    if batchnorm:
+        layers.append(nn.BatchNorm1d(8))
+    layers += [nn.ReLU(), nn.Linear(8, 3)]
+    return nn.Sequential(*layers)
+
+
+def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(123)
+    return torch.randn(n, 6, generator=generator), torch.randint(0, 3, (n,), generator=generator)
+
+
+def _loop(strategy, optimizer, x, y, epochs: int, lr: float = 0.05, sample_s: float = 0.0) -> list[list[int]]:
+    """The trainer's loop in miniature; returns the indices this worker got, per epoch."""
+    seen = []
+    for epoch in range(epochs):
+        seen.append([])
+        for indices in strategy.epoch_batches(epoch):
+            started = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = lr * strategy.lr_scale()
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(strategy.model(x[indices]), y[indices])
+            loss.backward()
+            optimizer.step()
+            if sample_s:
+                time.sleep(sample_s * len(indices))  # a stand-in for real compute: time ∝ batch size
+            strategy.after_step(len(indices), time.perf_counter() - started)
+            seen[-1].extend(indices.tolist())
+        strategy.end_epoch()
+    return seen
+
+
+def _gather(obj):
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, obj)
+    return everyone
+
+
+# ----------------------------------------------------------------------------------- worker functions
+
+
+def _adaptive_worker(ctx, n: int, epochs: int, trainer: dict, sample_s: float):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    strategy = build_strategy(trainer, ctx, model, optimizer, n, 48, seed=7)
+    x, y = _data(n)
+    seen = _loop(strategy, optimizer, x, y, epochs, sample_s=sample_s)
+    identical = replicas_identical(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = strategy.stats(all_rows=True)
+    return {"seen": _gather(seen), "identical": identical, "rows": rows, "state": _gather(state),
+            "summary": strategy.summary(), "strategy_state": strategy.state_dict(), "lr_scale": strategy.lr_scale()}
+
+
+def _merge_worker(ctx, weights: list[float]):
+    model = _model(seed=10 + ctx.rank)  # a different replica per worker
+    model.train()
+    for _ in range(ctx.rank + 1):  # different BN statistics and num_batches_tracked
+        model(torch.randn(5, 6) * (ctx.rank + 1))
+    before = copy.deepcopy(model.state_dict())
+    result = normalized_merge(model, weights[ctx.rank], meta=torch.full((2,), float(ctx.rank + 1)))
+    return {"before": _gather(before), "after": _gather(copy.deepcopy(model.state_dict())),
+            "meta": result.meta, "total": result.total_weight}
+
+
+def _static_worker(ctx, name: str, n: int, batch: int, epochs: int, extra: dict):
+    model = _model(batchnorm=name == "local_sgd")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy({"name": name, **extra}, ctx, model, optimizer, n, batch, seed=5)
+    x, y = _data(n)
+    seen = _loop(strategy, optimizer, x, y, epochs, lr=0.1)
+    state = {k: v.clone() for k, v in strategy.module.state_dict().items()}
+    return {"seen": _gather(seen), "state": _gather(state), "rows": strategy.stats(),
+            "lr_scale": strategy.lr_scale()}
+
+
+def _crash_worker(ctx, how: str):
+    tensor = torch.ones(1)
+    for step in range(10_000):
+        if ctx.rank == 1 and step == 3:
+            if how == "exit":
+                os._exit(3)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("boom in worker one")
+        dist.all_reduce(tensor)
+        time.sleep(0.01)
+    return "unreachable"
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
+    n, epochs = 960, 3
+    trainer = {"name": "adaptive", "merge_interval": 192, "slowdown": [1.0, 2.0], "warmup_intervals": 1}
+    out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, timeout_s=TIMEOUT)
+    # Dynamic claiming: each epoch's indices are covered exactly once across the two workers.
+    for epoch in range(epochs):
+        claimed = out["seen"][0][epoch] + out["seen"][1][epoch]
+        assert sorted(claimed) == list(range(n))
+    # After every merge the replicas are identical.
+    assert out["identical"]
+    assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
+    rows = out["rows"]
+    assert len(rows) == epochs * n // 192
+    late = rows[len(rows) // 2:]
+    # The fast worker ends up with about twice the batch of the slow one, and claims about twice the samples.
+    b0, b1 = rows[-1]["b_next/0"], rows[-1]["b_next/1"]
+    assert 1.5 <= b0 / b1 <= 2.7, (b0, b1)
+    n0 = sum(r["n/0"] for r in late)
+    n1 = sum(r["n/1"] for r in late)
+    assert 1.4 <= n0 / n1 <= 2.8, (n0, n1)
+    # Equal update counts per interval in steady state (tolerance: one or two batches).
+    for row in late:
+        assert abs(row["updates/0"] - row["updates/1"]) <= 2, row
+        assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
+        assert row["b/0"] % 8 == 0 and row["b/1"] % 8 == 0
+        assert row["idle/0"] >= 0 and row["merge_time"] > 0
+    # Sizes move one way (no oscillation).
+    sizes0 = [r["b/0"] for r in rows]
+    assert all(b >= a for a, b in zip(sizes0, sizes0[1:])), sizes0
+    assert "simulated" in out["summary"] or "slowdown" in out["summary"]
+    assert out["strategy_state"]["batch_sizes"] == [int(b0), int(b1)]
+    assert out["lr_scale"] == pytest.approx(b0 / 48)
+
+
+def test_normalized_merge_equals_weighted_average_by_hand() -> None:
+    weights = [3.0, 1.0]
+    out = launch(_merge_worker, ["cpu", "cpu"], weights, timeout_s=TIMEOUT)
+    before, after = out["before"], out["after"]
+    p = [w / sum(weights) for w in weights]
+    for key, value in before[0].items():
+        if value.is_floating_point():
+            expected = p[0] * before[0][key] + p[1] * before[1][key]
+            assert torch.allclose(after[0][key], expected, atol=1e-6), key
+        else:  # num_batches_tracked: rank 0's
+            assert torch.equal(after[0][key], before[0][key]), key
+        assert torch.equal(after[0][key], after[1][key])
+    assert any("running_var" in key for key in before[0])
+    assert before[0]["1.num_batches_tracked"] != before[1]["1.num_batches_tracked"]
+    assert out["total"] == pytest.approx(4.0)
+    assert out["meta"].tolist() == [3.0, 3.0]
+
+
+def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> None:
+    n, batch = 16, 16  # one step: each worker gets 8 samples
+    out = launch(_static_worker, ["cpu", "cpu"], "sync", n, batch, 1, {}, timeout_s=TIMEOUT)
+    seen = out["seen"]
+    assert len(seen[0][0]) == len(seen[1][0]) == 8
+    for key in out["state"][0]:
+        assert torch.equal(out["state"][0][key], out["state"][1][key])
+    model = _model(batchnorm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(n)
+    indices = torch.tensor(seen[0][0] + seen[1][0])
+    nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
+    optimizer.step()
+    for key, value in model.state_dict().items():
+        assert torch.allclose(out["state"][0][key], value, atol=1e-6), key
+    assert out["lr_scale"] == 1.0
+    assert out["rows"][0]["n/0"] == 8 and out["rows"][0]["updates/1"] == 1
+
+
+def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
+    n, batch, period = 24, 8, 2  # shards of 12, batches of 4: 3 local steps, averages after step 2 and at the end
+    out = launch(_static_worker, ["cpu", "cpu"], "local_sgd", n, batch, 1, {"average_every": period},
+                 timeout_s=TIMEOUT)
+    seen = out["seen"]
+    for key in out["state"][0]:
+        assert torch.equal(out["state"][0][key], out["state"][1][key])
+    x, y = _data(n)
+    replicas = [_model(batchnorm=True) for _ in range(2)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1 * 4 / 8) for m in replicas]
+
+    def average() -> None:
+        states = [m.state_dict() for m in replicas]
+        mean = {k: (states[0][k] + states[1][k]) / 2 if states[0][k].is_floating_point() else states[0][k]
+                for k in states[0]}
+        for m in replicas:
+            m.load_state_dict(mean)
+
+    for step in range(3):
+        for rank in range(2):
+            indices = torch.tensor(seen[rank][0][step * 4:(step + 1) * 4])
+            optimizers[rank].zero_grad()
+            nn.functional.cross_entropy(replicas[rank](x[indices]), y[indices]).backward()
+            optimizers[rank].step()
+        if step == period - 1:
+            average()
+    average()
+    for key, value in replicas[0].state_dict().items():
+        assert torch.allclose(out["state"][0][key].float(), value.float(), atol=1e-6), key
+    assert out["lr_scale"] == pytest.approx(0.5)
+    assert out["rows"][0]["averages/0"] == 2
+
+
+def test_one_worker_runs_in_process() -> None:
+    trainer = {"name": "adaptive", "merge_interval": 64}
+    out = launch(_adaptive_worker, ["cpu"], 128, 2, trainer, 0.0, timeout_s=TIMEOUT)
+    assert sorted(out["seen"][0][0]) == list(range(128))
+    assert out["lr_scale"] == 1.0
+    assert len(out["rows"]) == 4 and all(r["p/0"] == 1.0 for r in out["rows"])
+    assert not dist.is_initialized()
+
+
+def test_strategy_state_round_trip() -> None:
+    class Ctx:
+        rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
+            None, True, 1.0, "gloo"
+
+    model = _model()
+    strategy = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    strategy.sizes, strategy.speeds, strategy.intervals_done, strategy.epoch = [32, 16], [2.0, 1.0], 7, 3
+    state = strategy.state_dict()
+    fresh = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    fresh.load_state_dict(state)
+    assert fresh.sizes == [32, 16] and fresh.speeds == [2.0, 1.0] and fresh.epoch == 3
+    assert fresh.on_out_of_memory() == 16 and fresh.b_max == 16
+    with pytest.raises(ValueError, match="unknown trainer.name"):
+        build_strategy({"name": "nope"}, Ctx(), model, None, 100, 48, 0)
+
+
+_CRASH_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from rsnet.parallel import launch, WorkerError
+    from test_parallel import _crash_worker
+    if __name__ == "__main__":
+        for how in ("kill", "exit", "raise"):
+            started = time.monotonic()
+            try:
+                launch(_crash_worker, ["cpu", "cpu"], how, timeout_s=20)
+                print(how, "NO ERROR")
+            except WorkerError as error:
+                print(how, "RANK", error.rank, "DEVICE", error.device, "SECONDS", round(time.monotonic() - started, 1))
+                print(error)
+""")
+
+
+def test_failed_worker_stops_the_others_and_is_named(tmp_path: Path) -> None:
+    """SIGKILL, os._exit and an exception in worker 1: launch returns (no hang) with an error naming it."""
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH_SCRIPT.format(tests=str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for how in ("kill", "exit", "raise"):
+        assert f"{how} RANK 1 DEVICE cpu" in done.stdout, done.stdout
+    assert "worker rank 1 (cpu) failed: killed by signal SIGKILL" in done.stdout
+    assert "worker rank 1 (cpu) failed: exited with code 3" in done.stdout
+    assert "worker rank 1 (cpu) failed: ValueError: boom in worker one" in done.stdout
+
+
+def test_launch_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        launch(_crash_worker, [], "raise")
+    with pytest.raises(ValueError):
+        launch(_crash_worker, ["cpu", "cpu"], "raise", slowdown=[0.5, 1.0])
