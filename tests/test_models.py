@@ -1,0 +1,121 @@
+"""Models: heads and shapes, CAM consistency, gradients, main-branch extraction, backbone errors."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from rsnet.losses import MultiBranchLoss
+from rsnet.models import MODELS, BackboneError, build_model, validate_image_size
+from rsnet.models.prune import extract_main_branch
+
+NUM_CLASSES = 5
+SIZE = 64
+HEADS = {
+    "baseline": {"main"},
+    "esd_mbenet": {"main", "aux1", "aux2", "gate_ensemble", "feature_ensemble", "ensemble"},
+    "mgml_fenet": {"main", "ffb", "fem", "ensemble"} | {f"fem_s{l}_g{g}" for l in (2, 3, 4) for g in (1, 2, 4)},
+}
+# every arch on the tiny test model and on resnet50; the other papers' backbones on ESD-MBENet
+CASES = [(arch, "test_resnet") for arch in MODELS] + [(arch, "resnet50") for arch in MODELS] + [
+    ("esd_mbenet", "densenet121"), ("esd_mbenet", "vgg16")]
+
+
+def batch(n: int = 2, size: int = SIZE) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize(("arch", "backbone"), CASES)
+def test_model(arch: str, backbone: str) -> None:
+    """Heads and shapes, finite differentiable losses, CAM contract, pruned main branch == main logits."""
+    torch.manual_seed(0)
+    model = build_model(arch, backbone, NUM_CLASSES).train()
+    x = batch()
+    out = model(x)
+    assert set(out.logits) == HEADS[arch]
+    assert all(z.shape == (2, NUM_CLASSES) and torch.isfinite(z).all() for z in out.logits.values())
+    assert out.ensemble == (None if arch == "baseline" else "ensemble")
+    terms = MultiBranchLoss(rampup_epochs=2)(out, torch.tensor([0, 3]), epoch=1.0)
+    assert {f"ce/{h}" for h in HEADS[arch]} <= set(terms.terms)
+    assert torch.isfinite(terms.total) and all(torch.isfinite(v) for v in terms.terms.values())
+    terms.total.backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    heads = model.cam_classifiers()  # CAM contract: logits[k] == linear(GAP(features[k]))
+    assert "main" in heads
+    for head, linear in heads.items():
+        assert torch.allclose(linear(out.features[head].mean(dim=(2, 3))), out.logits[head], atol=1e-5)
+    plain = extract_main_branch(model)  # a plain timm classifier giving the main logits
+    with torch.no_grad():
+        assert (plain(x) - out.main_logits).abs().max() <= 1e-5
+    if backbone == "test_resnet":  # cheap enough to also check the strict reload and the config round trip
+        assert type(plain) is type(timm.create_model(backbone))
+        timm.create_model(backbone, num_classes=NUM_CLASSES).load_state_dict(plain.state_dict())
+        build_model(**model.model_config).load_state_dict(model.state_dict())
+
+
+def test_copy_branches_and_options() -> None:
+    model = build_model("esd_mbenet", "test_resnet", 3, aux_branch="copy", num_branches=4)
+    out = model(batch())
+    assert {"aux1", "aux2", "aux3"} <= set(out.logits)
+    assert out.features["aux1"].shape == out.features["stage4"].shape
+    assert model.model_config["dilations"] == [2, 3, 4]
+    with pytest.raises(ValueError, match="aux_branch"):
+        build_model("esd_mbenet", "test_resnet", 3, aux_branch="nope")
+    with pytest.raises(ValueError, match="unknown option"):
+        build_model("baseline", "test_resnet", 3, grids=[1])
+    with pytest.raises(ValueError, match="unknown arch"):
+        build_model("resnet", "test_resnet", 3)
+
+
+def test_unknown_backbone_suggests_names() -> None:
+    with pytest.raises(ValueError, match="resnet50"):
+        build_model("baseline", "resnet5O", 3)
+
+
+def test_validate_image_size() -> None:
+    validate_image_size("resnet50", 224)
+    validate_image_size("vgg16", 32)
+    with pytest.raises(ValueError, match="too small"):
+        validate_image_size("densenet121", 16)
+
+
+def test_pretrained_local_file(tmp_path) -> None:
+    torch.manual_seed(3)
+    source = timm.create_model("test_resnet")  # an ImageNet-style classifier: 1000 classes
+    path = tmp_path / "test_resnet.pth"
+    torch.save(source.state_dict(), path)
+    model = build_model("esd_mbenet", "test_resnet", 4, pretrained=str(path))
+    assert torch.equal(model.backbone.net.layer4[0].conv1.weight, source.layer4[0].conv1.weight)
+    assert model.backbone.net.fc.out_features == 4
+    assert model.model_config["pretrained"] == str(path)
+
+
+def test_pretrained_file_that_does_not_fit(tmp_path) -> None:
+    path = tmp_path / "resnet18.pth"
+    torch.save(timm.create_model("resnet18").state_dict(), path)
+    with pytest.raises(BackboneError, match="resnet18.pth.*does not fit.*conv1.weight"):
+        build_model("baseline", "test_resnet", 4, pretrained=str(path))
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a state dict")
+    with pytest.raises(BackboneError, match="junk.pth"):
+        build_model("baseline", "test_resnet", 4, pretrained=str(junk))
+    with pytest.raises(BackboneError, match="does not exist"):
+        build_model("baseline", "test_resnet", 4, pretrained=str(tmp_path / "missing.pth"))
+
+
+def test_pretrained_true_offline_suggests_a_local_file(monkeypatch) -> None:
+    real = timm.create_model
+
+    def offline(name, pretrained=False, **kwargs):
+        if pretrained:
+            raise OSError("Name or service not known")
+        return real(name, pretrained=False, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(BackboneError, match="pretrained=/path/to/test_resnet.pth"):
+        build_model("baseline", "test_resnet", 4, pretrained=True)
