@@ -213,9 +213,12 @@ def _run_torchrun_worker(worker_fn, devices, args, kwargs, timeout_s, slowdowns,
 
 
 def _child_main(rank: int, world: int, devices: list[str], port: int, backend: str, timeout_s: float,
-                slowdowns: list[float], threads: int, worker_fn, args, kwargs, conn) -> None:
+                slowdowns: list[float], threads: int, worker_fn, args, kwargs, conn, log_level: int) -> None:
     """Entry point of a spawned worker: join the store and group, run, send the result or the traceback."""
     device_name = devices[rank]
+    if not logging.getLogger().handlers:  # spawned: the parent's logging setup (e.g. Hydra's) is not inherited
+        logging.basicConfig(level=log_level,
+                            format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")
     try:
         device = torch.device(device_name)
         _setup_device(device, threads)
@@ -264,7 +267,8 @@ def _spawn_local(worker_fn, devices, args, kwargs, timeout_s, slowdowns, backend
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(target=_child_main, name=f"rsnet-worker-{rank}",
                                       args=(rank, world, devices, store.port, backend, timeout_s, slowdowns,
-                                            threads, worker_fn, args, kwargs, writer), daemon=False)
+                                            threads, worker_fn, args, kwargs, writer,
+                                            logging.getLogger().getEffectiveLevel()), daemon=False)
             process.start()
             writer.close()
             processes.append(process)

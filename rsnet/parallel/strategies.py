@@ -79,6 +79,9 @@ class Strategy:
         self.slowdown = float(slowdowns[self.rank]) if slowdowns and self.rank < len(slowdowns) else ctx.slowdown
         if self.slowdown < 1.0:
             raise ValueError(f"trainer.slowdown must be >= 1.0, got {self.slowdown} for worker {self.rank}")
+        if self.slowdown != 1.0 and self.slowdown != ctx.slowdown:  # launch already said so otherwise
+            log.warning("worker %d (%s): SIMULATED slowdown x%g (sleeps %g x its step time after every step)",
+                        self.rank, ctx.device, self.slowdown, self.slowdown - 1.0)
         self.epoch = 0
         self._rows: list[dict[str, float]] = []
         self._reported = 0
