@@ -185,3 +185,14 @@ def test_corrupt_file_is_named_or_skipped(fake_archive, name):
     assert len(bundle.train) + len(bundle.test) == 3 * spec.num_classes - 1
     assert key not in bundle.split.train + bundle.split.test
     assert str(bad) not in bundle.train.files + bundle.test.files
+
+
+def test_prefers_the_archive_folder_when_two_datasets_share_class_names(fake_archive, tmp_path):
+    mini = fake_archive("ucmerced_mini", per_class=1)
+    full = fake_archive("ucmerced", per_class=1)
+    both = tmp_path / "datasets"
+    both.mkdir()
+    (both / "a").symlink_to(mini.parent)
+    (both / "b").symlink_to(full.parent)
+    assert find_class_root("ucmerced", both) == both / "b" / "UCMerced_LandUse" / "Images"
+    assert find_class_root("ucmerced_mini", both) == both / "a" / "ucmerced-mini" / "Images"

@@ -110,7 +110,7 @@ def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
     if not any(root.iterdir()):
         raise _not_found(spec, root, "the root folder is empty")
     classes = set(spec.classes)
-    best: tuple[int, Path] | None = None
+    best: tuple[tuple[int, bool, int], Path] | None = None
     queue: deque[tuple[Path, int]] = deque([(root, 0)])
     seen = 0
     while queue and seen < _MAX_DIRS:
@@ -118,9 +118,14 @@ def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
         seen += 1
         subs = _subdirs(d)
         hits = sum(p.name in classes for p in subs)
-        if hits and (best is None or hits > best[0]):
-            best = (hits, d)
-            if hits == len(classes):
+        if hits:
+            # most class folders first; then prefer a folder inside the archive's own top folder
+            # (e.g. UCMerced_LandUse over the bundled ucmerced-mini, which has the same classes)
+            in_archive = spec.base_dir in d.resolve().parts
+            score = (hits, in_archive, -depth)
+            if best is None or score > best[0]:
+                best = (score, d)
+            if hits == len(classes) and in_archive:
                 break
         if depth < _MAX_DEPTH:
             queue.extend((p, depth + 1) for p in subs if p.name not in classes)
