@@ -176,8 +176,8 @@ def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
     batch_size = int(args["batch_size"])
     if topk < 1 or batch_size < 1:
         raise ValueError("topk and batch_size must be at least 1")
+    files = list_images(args["images"], _bool(args["recursive"]))  # cheap checks before loading the model
     predictor = load_predictor(args["model"], device, args["head"])
-    files = list_images(args["images"], _bool(args["recursive"]))
     attention_dir = Path(args["attention_dir"]) if args["attention_dir"] else None
     if attention_dir is not None:
         if predictor.full_model is None:

@@ -131,17 +131,15 @@ def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     assert {p.name for p in attn.iterdir()} == {f"{s}_{t}.png" for s in "abc"
                                                 for t in [*(f"cam_{h}" for h in heads), "gradcam_main"]}
 
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    result = _run(f"model={ckpt}", f"images={empty}")
-    assert result.returncode == 2 and "no images" in result.stderr and str(empty) in result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_path: Path, capsys) -> None:
     (image_dir / "zz_broken.png").write_bytes(b"garbage")
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, {}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
     for argv, needle in [([f"model={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
+                         ([f"model={ckpt}", f"images={empty}"], f"no images (.jpg, .jpeg, .png, .tif, .tiff) found in {empty}"),
                          ([f"model={ckpt}", f"images={image_dir}", "colour=red"], "colour=red")]:
         with pytest.raises(SystemExit) as stop:
             predict_mod.main(argv)
