@@ -135,6 +135,10 @@ def test_real_ucm_tif_sample(tif_sample_root):
     img = bundle.train.raw(0)
     assert img.shape == (256, 256, 3) and img.dtype == np.uint8 and img.std() > 5
     assert bundle.train.files[0].endswith(".tif")
+    from PIL import Image
+
+    with Image.open(bundle.train.files[0]) as im:  # stored pixels are the file's, unchanged at 256 px
+        assert np.array_equal(img, np.asarray(im.convert("RGB")))
     x, y = bundle.train.get_batch([0, 5])
     assert x.shape == (2, 3, 256, 256) and y.tolist() == [0, 5]
 
