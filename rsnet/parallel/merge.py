@@ -126,7 +126,8 @@ def replicas_identical(module: nn.Module, group=None, atol: float = 0.0) -> bool
     floating, _ = merge_tensors(module)
     if not floating:
         return True
-    flat = torch.cat([t.detach().reshape(-1).double().cpu() for t in floating])
+    device = floating[0].device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    flat = torch.cat([t.detach().reshape(-1).double().to(device) for t in floating])
     high, low = flat.clone(), -flat.clone()
     dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
     dist.all_reduce(low, op=dist.ReduceOp.MAX, group=group)
