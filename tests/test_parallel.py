@@ -149,9 +149,9 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
         assert row["b/0"] % 8 == 0 and row["b/1"] % 8 == 0
         assert row["idle/0"] >= 0 and row["merge_time"] > 0
-    # Sizes move one way (no oscillation).
+    # Sizes settle (no oscillation; the pure controller's monotonicity is tested in test_parallel_schedule).
     sizes0 = [r["b/0"] for r in rows]
-    assert all(b >= a for a, b in zip(sizes0, sizes0[1:])), sizes0
+    assert max(sizes0[-5:]) - min(sizes0[-5:]) <= 8, sizes0
     assert "simulated" in out["summary"] or "slowdown" in out["summary"]
     assert out["strategy_state"]["batch_sizes"] == [int(b0), int(b1)]
     assert out["lr_scale"] == pytest.approx(b0 / 48)
@@ -288,3 +288,15 @@ def test_launch_rejects_bad_arguments() -> None:
         launch(_crash_worker, [], "raise")
     with pytest.raises(ValueError):
         launch(_crash_worker, ["cpu", "cpu"], "raise", slowdown=[0.5, 1.0])
+
+
+def test_launch_options_and_summary_text() -> None:
+    from rsnet.parallel import launch_options, summarize
+
+    options = launch_options({"timeout_s": 30, "slowdown": [1, 2], "backend": "auto", "cpu_threads": None})
+    assert options == {"timeout_s": 30.0, "slowdown": [1.0, 2.0], "backend": None, "cpu_threads": None}
+    rows = [{"epoch": 0, "interval": 1, "merge_time": 0.01, "n/0": 64, "n/1": 32, "updates/0": 2, "updates/1": 2,
+             "b/0": 32, "b/1": 16, "b_next/0": 32, "b_next/1": 16, "s/0": 200.0, "s/1": 100.0,
+             "idle/0": 0.1, "idle/1": 0.0, "merge_time/0": 0.01, "merge_time/1": 0.01}]
+    text = summarize(rows, 2, "adaptive", "simulated heterogeneity: slowdown per worker x1, x2")
+    assert "simulated" in text and "0.67" in text and "0.33" in text
