@@ -12,6 +12,7 @@ from rsnet.models.baseline import Baseline, RSNetModel
 from rsnet.models.esd_mbenet import ESDMBENet
 from rsnet.models.mgml_fenet import MGMLFENet
 from rsnet.models.output import MultiBranchOutput
+from rsnet.models.prune import extract_main_branch
 
 MODELS: dict[str, Callable[..., RSNetModel]] = {
     "baseline": Baseline,
@@ -41,4 +42,5 @@ def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | s
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
-           "TimmBackbone", "backbone_layout", "build_model", "model_options", "validate_image_size"]
+           "TimmBackbone", "backbone_layout", "build_model", "extract_main_branch", "model_options",
+           "validate_image_size"]
