@@ -7,13 +7,15 @@ checkpoints/, metrics.json, split.json, tensorboard/. ``trainer.resume=true`` co
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
-from rsnet.engine.trainer import train
+from rsnet.engine.trainer import NonFiniteLossError, train
+from rsnet.parallel.launcher import WorkerError
 
 log = logging.getLogger("rsnet.train")
 
@@ -23,7 +25,11 @@ def main(cfg: DictConfig) -> float:
     """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps)."""
     config = OmegaConf.to_container(cfg, resolve=True)
     with user_errors():
-        summary = train(config)
+        try:
+            summary = train(config)
+        except (NonFiniteLossError, WorkerError) as error:
+            print(f"error: the run stopped: {error}", file=sys.stderr)
+            sys.exit(1)
     print(f"run dir: {config['run_dir']}")
     print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
           f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "

@@ -37,7 +37,7 @@ def test_step_schedule_decays_at_milestones() -> None:
 
 
 def test_valid_config_passes() -> None:
-    check_training_config(copy.deepcopy(CONFIG))
+    check_training_config(copy.deepcopy(CONFIG), num_workers=2)
 
 
 @pytest.mark.parametrize("path, value, needle", [
@@ -56,7 +56,7 @@ def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, nee
         target = target[key]
     target[path[-1]] = value
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
-        check_training_config(config)
+        check_training_config(config, num_workers=2)
 
 
 def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the setting and what to do."""
 
 
-def check_training_config(config: dict[str, Any]) -> None:
+def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
     from rsnet.models import MODELS, validate_image_size
 
@@ -31,9 +31,8 @@ def check_training_config(config: dict[str, Any]) -> None:
     except ValueError as error:
         raise ConfigError(f"dataset.image_size={dataset['image_size']} / backbone.name="
                           f"{config['backbone']['name']!r}: {error}") from error
-    workers = len(config["trainer"].get("devices") or [None])
-    if config["batch_size"] < workers:
-        raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({workers}); "
+    if config["batch_size"] < num_workers:
+        raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({num_workers}); "
                           "every worker needs at least one sample per step")
     if config["lr_schedule"]["name"] not in ("cosine", "step"):
         raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")

@@ -23,7 +23,7 @@ from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
-from rsnet.parallel import WorkerContext, build_strategy, launch
+from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
@@ -35,14 +35,13 @@ class NonFiniteLossError(RuntimeError):
 
 def train(config: dict[str, Any]) -> dict[str, Any]:
     """Run a whole training job from a resolved config (a plain dict); return the final metrics."""
-    check_training_config(config)
-    run_dir = Path(config["run_dir"])
     trainer = config["trainer"]
+    devices = resolve_devices(trainer.get("devices"))
+    check_training_config(config, num_workers=len(devices))
+    run_dir = Path(config["run_dir"])
     resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
     run_dir.mkdir(parents=True, exist_ok=True)
-    devices = resolve_devices(trainer.get("devices"))
-    return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
-                  timeout_s=float(trainer.get("timeout_s", 600)))
+    return launch(run_worker, devices, config, str(resume_from) if resume_from else None, **launch_options(trainer))
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
