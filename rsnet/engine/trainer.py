@@ -120,6 +120,8 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
                 final = finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids)
             if ctx.world_size > 1:
                 dist.barrier()  # no worker claims the next epoch's samples while the primary evaluates
+        if ctx.is_primary and ctx.world_size > 1:
+            log.info("%s", strategy.summary())
     finally:
         tb.close()
     return final
