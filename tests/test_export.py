@@ -80,6 +80,14 @@ def test_onnx_main_branch(checkpoint: Path, tmp_path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(result.path)))
 
 
+def test_onnx_runs_and_matches_the_main_branch(checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    result = export_checkpoint(checkpoint, tmp_path, format="onnx", head="main")
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-4
+    exported = load_exported(tmp_path)
+    assert exported(torch.zeros(3, 3, exported.image_size, exported.image_size)).shape == (3, len(exported.class_names))
+
+
 def test_export_script_end_to_end(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "exported"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_main_branch.py"), f"checkpoint={checkpoint}",
