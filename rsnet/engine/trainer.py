@@ -106,7 +106,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
         strategy.load_state_dict(checkpoint["strategy_state"])
         state = {key: checkpoint[key] for key in state}
         log.info("resumed from %s after epoch %d", resume_from, state["epoch"])
-    _seed_augmentation(seed, ctx.rank, state["epoch"])
+    _seed_augmentation(data, seed, ctx.rank, state["epoch"])
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     scaler = torch.amp.GradScaler("cuda", enabled=_use_amp(config, ctx.device))
@@ -261,9 +261,10 @@ def _use_amp(config: dict[str, Any], device: torch.device) -> bool:
     return bool(config.get("amp")) and device.type == "cuda"
 
 
-def _seed_augmentation(seed: int, rank: int, epoch: int) -> None:
+def _seed_augmentation(data: DataBundle, seed: int, rank: int, epoch: int) -> None:
     """Different augmentation streams per worker (and per resumed epoch), reproducible from the seed."""
     mixed = seed * 1000 + rank * 100 + epoch
+    data.train.set_seed(mixed)
     random.seed(mixed)
     np.random.seed(mixed % (2**32))
     torch.manual_seed(mixed)
