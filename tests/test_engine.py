@@ -83,3 +83,78 @@ def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "other.pt")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+class _ChunkedStrategy:
+    """A one-worker strategy double: one claimed batch of 8, halves the batch on out-of-memory."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.steps: list[int] = []
+        self.out_of_memory_calls = 0
+
+    def epoch_batches(self, epoch: int):
+        yield torch.arange(8)
+
+    def lr_scale(self) -> float:
+        return 1.0
+
+    def on_out_of_memory(self) -> int:
+        self.out_of_memory_calls += 1
+        return 4
+
+    def after_step(self, batch_size: int, seconds: float) -> None:
+        self.steps.append(batch_size)
+
+    def end_epoch(self) -> None:
+        pass
+
+
+class _MemoryBoundModel(torch.nn.Module):
+    """Raises CUDA's out-of-memory error for batches larger than 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, images: torch.Tensor):
+        from rsnet.models.output import MultiBranchOutput
+
+        if images.shape[0] > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return MultiBranchOutput(logits={"main": self.fc(images.mean(dim=(2, 3)))})
+
+
+def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
+    from types import SimpleNamespace
+
+    from rsnet.engine.trainer import train_one_epoch
+    from rsnet.losses import MultiBranchLoss
+
+    model = _MemoryBoundModel()
+    strategy = _ChunkedStrategy(model)
+    data = SimpleNamespace(train=_RandomImages(8))
+    ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
+    config = {"epochs": 1, "optimizer": {"lr": 0.1}, "run_dir": ".", "log": {"progress_bar": False},
+              "lr_schedule": {"name": "cosine", "warmup_epochs": 0, "milestones": [0.5], "gamma": 0.1,
+                              "min_lr_ratio": 0.0}}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.fc.weight.detach().clone()
+    meter = train_one_epoch(ctx, config, 0, data, strategy, MultiBranchLoss(), optimizer,
+                            torch.amp.GradScaler("cuda", enabled=False))
+    assert strategy.out_of_memory_calls == 1
+    assert strategy.steps == [4, 4] and meter.samples == 8 and meter.steps == 2
+    assert not torch.equal(before, model.fc.weight)
+
+
+class _RandomImages:
+    """A train set double: ``size`` random 8 px images of class 0."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def get_batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.rand(len(indices), 3, 8, 8), torch.zeros(len(indices), dtype=torch.long)

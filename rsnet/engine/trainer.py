@@ -143,7 +143,11 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
 
 
 def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, scaler) -> EpochMeter:
-    """Train one epoch on the batches the strategy hands this worker."""
+    """Train one epoch on the batches the strategy hands this worker.
+
+    A batch that runs out of CUDA memory is retried in the smaller size the strategy returns from
+    ``on_out_of_memory()`` (the adaptive strategy halves this worker's batch cap; static strategies stop).
+    """
     model = strategy.model
     model.train()
     meter = EpochMeter()
@@ -152,45 +156,63 @@ def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, sc
     bar = tqdm(total=num_samples if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     data_started = time.perf_counter()
-    for indices in strategy.epoch_batches(epoch):
-        images, labels = data.train.get_batch(indices.tolist())
-        images = images.to(ctx.device, non_blocking=True)
-        labels = labels.to(ctx.device, non_blocking=True)
-        compute_started = time.perf_counter()
-        progress = epoch + min(meter.samples * ctx.world_size / num_samples, 0.999)
-        lr = _lr(config, progress) * strategy.lr_scale()
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with amp_context:
-            output = model(images)
-            losses = criterion(output, labels, epoch=progress)
-        if not torch.isfinite(losses.total):
-            raise NonFiniteLossError(
-                f"the loss became {float(losses.total)} at epoch {epoch + 1}, step {meter.steps + 1} "
-                f"(terms: {', '.join(f'{k}={float(v):.4g}' for k, v in losses.terms.items())}); the run stops and "
-                f"keeps its last good checkpoint in {Path(config['run_dir']) / 'checkpoints'}. Try a lower "
-                "optimizer.lr or max_grad_norm=5")
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(losses.total).backward()
-        if config.get("max_grad_norm"):
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config["max_grad_norm"])
-        scaler.step(optimizer)
-        scaler.update()
-        correct = int((output.main_logits.argmax(1) == labels).sum())
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        finished = time.perf_counter()
-        meter.update(losses.terms, correct, len(indices), compute_started - data_started, finished - compute_started)
-        meter.last_lr = lr
-        strategy.after_step(len(indices), finished - compute_started)
-        bar.update(len(indices))
-        bar.set_postfix(loss=f"{losses.total.item():.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
-                        img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}", lr=f"{lr:.2g}")
-        data_started = time.perf_counter()
+    for claimed in strategy.epoch_batches(epoch):
+        pending = [claimed]
+        while pending:
+            indices = pending.pop(0)
+            images, labels = data.train.get_batch(indices.tolist())
+            images = images.to(ctx.device, non_blocking=True)
+            labels = labels.to(ctx.device, non_blocking=True)
+            compute_started = time.perf_counter()
+            progress = epoch + min(meter.samples * ctx.world_size / num_samples, 0.999)
+            lr = _lr(config, progress) * strategy.lr_scale()
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            try:
+                with amp_context:
+                    output = model(images)
+                    losses = criterion(output, labels, epoch=progress)
+                _check_finite(losses, config, epoch, meter.steps + 1)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(losses.total).backward()
+            except torch.cuda.OutOfMemoryError:
+                optimizer.zero_grad(set_to_none=True)
+                del images, labels
+                if ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                pending[:0] = list(indices.split(strategy.on_out_of_memory()))
+                continue
+            if config.get("max_grad_norm"):
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config["max_grad_norm"])
+            scaler.step(optimizer)
+            scaler.update()
+            correct = int((output.main_logits.argmax(1) == labels).sum())
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            finished = time.perf_counter()
+            meter.update(losses.terms, correct, len(indices), compute_started - data_started, finished - compute_started)
+            meter.last_lr = lr
+            strategy.after_step(len(indices), finished - compute_started)
+            bar.update(len(indices))
+            bar.set_postfix(loss=f"{losses.total.item():.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
+                            img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}",
+                            lr=f"{lr:.2g}")
+            data_started = time.perf_counter()
     bar.close()
     strategy.end_epoch()
     return meter
+
+
+def _check_finite(losses, config: dict[str, Any], epoch: int, step: int) -> None:
+    """Stop the run on a NaN or infinite loss, saying where the last good checkpoint is."""
+    if torch.isfinite(losses.total):
+        return
+    terms = ", ".join(f"{name}={float(value):.4g}" for name, value in losses.terms.items())
+    raise NonFiniteLossError(
+        f"the loss became {float(losses.total)} at epoch {epoch + 1}, step {step} (terms: {terms}); the run stops "
+        f"and keeps its last good checkpoint in {Path(config['run_dir']) / 'checkpoints'}. Try a lower "
+        "optimizer.lr or max_grad_norm=5")
 
 
 def finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids) -> dict[str, Any]:
