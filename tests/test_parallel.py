@@ -154,7 +154,7 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     assert max(sizes0[-5:]) - min(sizes0[-5:]) <= 8, sizes0
     assert "simulated" in out["summary"] or "slowdown" in out["summary"]
     assert out["strategy_state"]["batch_sizes"] == [int(b0), int(b1)]
-    assert out["lr_scale"] == pytest.approx(b0 / 48)
+    assert out["lr_scale"] == 1.0  # the sample-weighted merge does the batch weighting (see lr_scale)
 
 
 def test_normalized_merge_equals_weighted_average_by_hand() -> None:
@@ -196,7 +196,7 @@ def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> Non
 
 def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
     n, batch, period = 24, 8, 2  # shards of 12, batches of 4: 3 local steps, averages after step 2 and at the end
-    out = launch(_static_worker, ["cpu", "cpu"], "local_sgd", n, batch, 1, {"average_every": period},
+    out = launch(_static_worker, ["cpu", "cpu"], "local_sgd", n, batch, 1, {"average_every": period, "ref_batch": 8},
                  timeout_s=TIMEOUT)
     seen = out["seen"]
     for key in out["state"][0]:
@@ -225,6 +225,52 @@ def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
         assert torch.allclose(out["state"][0][key].float(), value.float(), atol=1e-6), key
     assert out["lr_scale"] == pytest.approx(0.5)
     assert out["rows"][0]["averages/0"] == 2
+
+
+def _sync_wait_worker(ctx, steps: int, delay: float):
+    """sync with slowdown [1, 2] where rank 0 (not slowed) computes ``delay`` s longer per step: rank 1 waits for
+    it in the all-reduce, and that wait must not count as rank 1's compute time."""
+    model = _model(batchnorm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy({"name": "sync", "slowdown": [1.0, 2.0]}, ctx, model, optimizer, 8 * steps, 8, seed=5)
+    x, y = _data(8 * steps)
+    step_seconds = []
+    for indices in strategy.epoch_batches(0):
+        started = time.perf_counter()
+        if ctx.rank == 0:
+            time.sleep(delay)  # stands in for slower compute before the backward's all-reduce
+        loss = nn.functional.cross_entropy(strategy.model(x[indices]), y[indices])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step_seconds.append(time.perf_counter() - started)
+        strategy.after_step(len(indices), step_seconds[-1])
+    slept = strategy._sleep  # the epoch's simulated-slowdown sleep (end_epoch resets the counters)
+    strategy.end_epoch()
+    return _gather({"sleep": slept, "steps": step_seconds})
+
+
+def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
+    steps, delay = 6, 0.1
+    out = launch(_sync_wait_worker, ["cpu", "cpu"], steps, delay, timeout_s=TIMEOUT)
+    slow = out[1]
+    assert sum(slow["steps"]) > 0.5 * steps * delay  # rank 1's steps did include waiting for rank 0 ...
+    assert slow["sleep"] < 0.25 * steps * delay, slow  # ... but it slept only for its own (tiny) compute
+    assert out[0]["sleep"] == 0.0
+
+
+def test_lr_scale_defaults_to_one_and_ref_batch_opts_into_linear_scaling() -> None:
+    class Ctx:
+        rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
+            None, True, 1.0, "gloo"
+
+    model = _model()
+    adaptive = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    adaptive.sizes = [32, 16]
+    assert adaptive.lr_scale() == 1.0
+    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, Ctx(), model, None, 100, 48, 0)
+    adaptive.sizes = [32, 16]
+    assert adaptive.lr_scale() == pytest.approx(32 / 48)
 
 
 def test_one_worker_runs_in_process() -> None:

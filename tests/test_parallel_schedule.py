@@ -13,6 +13,7 @@ from rsnet.parallel.schedule import (
     next_batch_sizes,
     proportional_targets,
     static_partition,
+    tail_claim_size,
 )
 
 
@@ -37,6 +38,14 @@ def test_controller_converges_to_proportional_sizes() -> None:
     history = _run_controller([4.0, 2.0, 1.0, 1.0], total=512)
     for size, target in zip(history[-1], [256, 128, 64, 64]):
         assert abs(size - target) <= max(0.05 * size, 4) + 8
+
+
+def test_controller_closes_a_gap_smaller_than_one_multiple() -> None:
+    # B = 32, speeds 2:1: targets 21.3 / 10.7 are less than one multiple (8) from 16 / 16; the sizes move to
+    # the nearest multiples 24 / 8 and stay there.
+    history = _run_controller([2.0, 1.0], total=32)
+    assert history[0] == [16, 16] and history[1] == [24, 8] and history[-1] == [24, 8]
+    assert _run_controller([1.2, 1.0], total=32)[-1] == [16, 16]  # 17.5 / 14.5: within the hold band
 
 
 def test_controller_monotone_no_oscillation_and_multiples_of_8() -> None:
@@ -104,3 +113,18 @@ def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
     a, b = IntervalClaimer(store, "k", 20), IntervalClaimer(store, "k", 20)
     claims = [a.claim(8), b.claim(4), a.claim(8), b.claim(4), a.claim(8)]
     assert claims == [(0, 8), (8, 12), (12, 20), None, None]
+
+
+def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
+    assert tail_claim_size(16, 41, [1.0, 1.0], 0) == 16  # 20.5 each: a full batch still fits
+    assert tail_claim_size(16, 25, [1.0, 1.0], 1) == 13  # ceil(12.5)
+    assert tail_claim_size(24, 30, [2.0, 1.0], 0) == 20 and tail_claim_size(8, 30, [2.0, 1.0], 1) == 8
+    assert tail_claim_size(8, 9, [2.0, 1.0], 1) == 3
+    assert tail_claim_size(16, 1, [1.0, 1.0], 0) == 1  # never zero while something is left
+    assert tail_claim_size(16, 0, [1.0, 1.0], 0) == 16 and tail_claim_size(16, 5, [0.0, 0.0], 0) == 16
+    # With a minimum (b_min): no claim below it, and no scrap below it left behind.
+    assert tail_claim_size(16, 12, [1.0, 1.0], 0, minimum=8) == 12  # 6 -> 8 would leave 4: take all 12
+    assert tail_claim_size(16, 20, [1.0, 1.0], 0, minimum=8) == 10
+    assert tail_claim_size(16, 20, [3.0, 1.0], 1, minimum=8) == 8
+    assert tail_claim_size(16, 20, [3.0, 1.0], 0, minimum=8) == 12  # 15 would leave 5: leave exactly 8
+    assert tail_claim_size(4, 5, [1.0, 1.0], 0, minimum=8) == 4  # batch below the minimum: the batch

@@ -44,14 +44,39 @@ class IntervalClaimer:
 
     def __init__(self, store, key: str, size: int) -> None:
         self.store, self.key, self.size = store, key, int(size)
+        self.seen = 0  # the counter as of this claimer's last store call (a lower bound of the current one)
 
     def claim(self, count: int) -> tuple[int, int] | None:
         """Own the next ``count`` positions: (start, end) with end ≤ size, or None once the interval is used up."""
         end = int(self.store.add(self.key, int(count)))
+        self.seen = end
         start = end - int(count)
         if start >= self.size:
             return None
         return start, min(end, self.size)
+
+    def remaining(self) -> int:
+        """Positions not yet claimed by anyone (one store round trip)."""
+        self.seen = int(self.store.add(self.key, 0))
+        return max(self.size - self.seen, 0)
+
+
+def tail_claim_size(batch: int, remaining: int, weights: Sequence[float], rank: int, minimum: int = 1) -> int:
+    """Batch to claim when only ``remaining`` positions of the interval are left: this worker's share of them
+    by ``weights`` (speeds), rounded up, within [minimum, batch], so that the workers finish the interval
+    together instead of one computing a last full batch while the others wait in the merge. A claim never
+    leaves fewer than ``minimum`` positions behind (no batch of 1 for BatchNorm) unless it cannot help it."""
+    total = sum(max(w, 0.0) for w in weights)
+    if remaining <= 0 or total <= 0:
+        return batch
+    low = max(1, min(minimum, batch))
+    count = max(low, min(batch, math.ceil(remaining * max(weights[rank], 0.0) / total)))
+    if 0 < remaining - count < low:  # do not leave a scrap: take all of it, or leave exactly ``low``
+        if remaining <= batch:
+            count = remaining
+        elif remaining - low >= low:
+            count = remaining - low
+    return count
 
 
 def round_to_multiple(value: float, multiple: int) -> int:
@@ -95,9 +120,9 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
     rounded to a multiple of ``multiple`` (when the bounds allow it) and clipped to [b_min, b_max_i].
     A worker within ``deadband`` (relative) or half a multiple of its target keeps its size.
 
-    Stability: for fixed speeds the step never overshoots the target (γ ≤ 1 and the rounding moves at
-    most to the nearest multiple on the target's side), so the sizes approach the proportional split
-    monotonically and then stay put: no oscillation.
+    Stability: for fixed speeds a step moves toward the target and never past the multiple nearest to it
+    (γ ≤ 1; at most half a multiple beyond the target, inside the hold band), so the sizes approach the
+    proportional split monotonically and then stay put: no oscillation.
     """
     n = len(current)
     caps = [int(b_max)] * n if isinstance(b_max, (int, float)) else [int(c) for c in b_max]
@@ -114,10 +139,13 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
             proposed = b
         else:
             step = gap * damping
-            # Never overshoot: move toward the target, by at least one multiple, at most the whole gap.
+            # Move toward the target by at least one multiple, at most to the multiple nearest the target
+            # (past it by at most half a multiple, which the deadband of at least half a multiple then holds).
+            # Stopping short of the target instead would leave any gap below one multiple unclosed: with
+            # B = 32 and a 2:1 speed ratio the sizes would stay at 16/16 (targets 21.3/10.7) for ever.
             unit = multiple if multiple > 1 else 1
             moved = round_to_multiple(abs(step), unit)
-            moved = min(moved, int(abs(gap) // unit) * unit) if abs(gap) >= unit else 0
+            moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
             proposed = b + int(math.copysign(moved, gap))
         sizes.append(_clip(proposed, lows[i], caps[i], multiple))
     return sizes

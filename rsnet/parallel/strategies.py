@@ -36,6 +36,7 @@ from rsnet.parallel.schedule import (
     interval_bounds,
     next_batch_sizes,
     static_partition,
+    tail_claim_size,
 )
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class Strategy:
         self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
         self.world, self.rank = ctx.world_size, ctx.rank
         self.prefix = f"rsnet/{self.name}{_instances}"
-        self.ref_batch = int(_get(trainer_cfg, "ref_batch", batch_size))
+        # None: every worker uses the lr tuned for the total batch B (see lr_scale); else lr x b_i / ref_batch.
+        ref_batch = _get(trainer_cfg, "ref_batch", None)
+        self.ref_batch = int(ref_batch) if ref_batch else None
         slowdowns = _get(trainer_cfg, "slowdown", None)
         self.slowdown = float(slowdowns[self.rank]) if slowdowns and self.rank < len(slowdowns) else ctx.slowdown
         if self.slowdown < 1.0:
@@ -97,8 +100,9 @@ class Strategy:
         raise NotImplementedError
 
     def after_step(self, batch_size: int, seconds: float) -> None:
-        """Count the step; a simulated slow worker sleeps (slowdown − 1)·seconds."""
-        extra = (self.slowdown - 1.0) * max(float(seconds), 0.0)
+        """Count the step; a simulated slow worker sleeps (slowdown − 1) × its own compute time of the step
+        (``seconds`` less any time the step spent waiting for other workers, see :meth:`_own_seconds`)."""
+        extra = (self.slowdown - 1.0) * max(self._own_seconds(float(seconds)), 0.0)
         if extra > 0:
             time.sleep(extra)
         self._n += int(batch_size)
@@ -110,8 +114,13 @@ class Strategy:
         raise NotImplementedError
 
     def lr_scale(self) -> float:
-        """Linear scaling rule: this worker's batch over the reference batch (default: the total batch B)."""
+        """Factor on ``optimizer.lr`` for this worker's steps. 1.0 for sync (DDP averages the gradients of the
+        total batch B, which is what ``optimizer.lr`` is tuned for)."""
         return 1.0
+
+    def _own_seconds(self, seconds: float) -> float:
+        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait)."""
+        return seconds
 
     def on_out_of_memory(self) -> int:
         """Called after a CUDA out-of-memory error; returns the batch size to retry with."""
@@ -190,12 +199,21 @@ class SyncStrategy(Strategy):
                 tensor.copy_(host.to(tensor.device))
         self.ddp = nn.parallel.DistributedDataParallel(self.module, device_ids=device_ids, process_group=ctx.group,
                                                        init_sync=not staged, broadcast_buffers=not staged)
-        if staged:
-            self.ddp.register_comm_hook(ctx, _cpu_allreduce_hook)  # gradients reduced through host memory
+        # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
+        # last bucket is handed to the backend and when the last reduction completes: the time in between is
+        # spent communicating or waiting for the other workers, not computing (see _own_seconds).
+        self._comm = _CommTimer(ctx, staged)
+        self.ddp.register_comm_hook(self._comm, _timed_allreduce_hook)
 
     @property
     def model(self) -> nn.Module:
         return self.ddp
+
+    def _own_seconds(self, seconds: float) -> float:
+        """The step time less the un-overlapped tail of the gradient all-reduce (waiting for the slowest worker
+        and the last bucket's transfer), so a simulated slowdown scales compute only."""
+        waited = self._comm.pop_wait()
+        return max(seconds - waited, 0.0)
 
     def epoch_batches(self, epoch: int) -> Iterator[torch.Tensor]:
         self.epoch = epoch
@@ -217,14 +235,38 @@ class SyncStrategy(Strategy):
         self.epoch += 1
 
 
-def _cpu_allreduce_hook(ctx: WorkerContext, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook for gloo with a GPU worker: average the bucket through host memory."""
+class _CommTimer:
+    """State of :func:`_timed_allreduce_hook`: when the step's last bucket was launched and its last reduction
+    completed (perf_counter seconds)."""
+
+    def __init__(self, ctx: WorkerContext, staged: bool) -> None:
+        self.ctx, self.staged = ctx, staged
+        self.last_launch = self.last_done = None
+
+    def pop_wait(self) -> float:
+        """Seconds from the last bucket's launch to the last completion in the step just done; resets."""
+        launch, done = self.last_launch, self.last_done
+        self.last_launch = self.last_done = None
+        if launch is None or done is None:
+            return 0.0
+        return max(done - launch, 0.0)
+
+
+def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, and they are strings here
+    """DDP comm hook: average the bucket (through host memory when ``timer.staged``: a GPU worker in a gloo
+    group), recording launch and completion times for :meth:`SyncStrategy._own_seconds`."""
+    ctx = timer.ctx
     tensor = bucket.buffer()
-    staged = tensor.detach().cpu().div_(ctx.world_size)
+    staged = tensor.detach().cpu() if timer.staged else tensor
+    staged.div_(ctx.world_size)
+    timer.last_launch = time.perf_counter()
     work = dist.all_reduce(staged, group=ctx.group, async_op=True)
 
     def done(future: torch.futures.Future) -> torch.Tensor:
-        tensor.copy_(future.value()[0].to(tensor.device))
+        if timer.staged:
+            tensor.copy_(future.value()[0].to(tensor.device))
+        now = time.perf_counter()
+        timer.last_done = now if timer.last_done is None else max(timer.last_done, now)
         return tensor
 
     return work.get_future().then(done)
@@ -264,7 +306,11 @@ class LocalSGDStrategy(Strategy):
             yield shard[start:start + size]
 
     def lr_scale(self) -> float:
-        return self._static_batch() / self.ref_batch
+        """1.0 by default: averaging W replicas that each stepped with lr on their own batch B/W moves the
+        model like one sync step with lr on the union batch B (the two are identical for H = 1 without
+        momentum). Scaling each worker by (B/W)/B would divide the effective lr by W. With ``ref_batch``
+        set: (B/W) / ref_batch."""
+        return self._static_batch() / self.ref_batch if self.ref_batch else 1.0
 
     def after_step(self, batch_size: int, seconds: float) -> None:
         super().after_step(batch_size, seconds)
@@ -334,7 +380,11 @@ class AdaptiveStrategy(Strategy):
         return self.sizes[self.rank]
 
     def lr_scale(self) -> float:
-        return self.batch_size / self.ref_batch
+        """1.0 by default: the merge weights p_i = n_i / Σ n_j already weight each worker by its batch, so with
+        one update each the merged change is lr · Σ_i (b_i / B) g_i, exactly a sync step on the union batch.
+        Scaling each worker's lr by b_i / B on top would shrink the effective lr to lr · Σ (b_i / B)²
+        (lr / W for an equal split). With ``ref_batch`` set: b_i / ref_batch (per-worker linear scaling)."""
+        return self.batch_size / self.ref_batch if self.ref_batch else 1.0
 
     def on_out_of_memory(self) -> int:
         """Halve this worker's batch cap (and its batch); returns the new batch size.
@@ -355,10 +405,18 @@ class AdaptiveStrategy(Strategy):
         for index, (low, high) in enumerate(interval_bounds(self.num_samples, self.merge_interval)):
             claimer = IntervalClaimer(self.ctx.store, f"{self.prefix}/e{epoch}/i{index}", high - low)
             self._reset_counters()
-            while (claim := claimer.claim(self.batch_size)) is not None:
+            while (claim := claimer.claim(self._claim_size(claimer))) is not None:
                 yield order[low + claim[0]:low + claim[1]]
             self._merge(epoch)
         self._epoch_complete = True
+
+    def _claim_size(self, claimer: IntervalClaimer) -> int:
+        """b_i, except near the end of the interval (fewer than two rounds of everyone's batches left, and only
+        then an extra store read): this worker's speed share of what is left (``tail_claim_size``)."""
+        if self.world == 1 or claimer.size - claimer.seen > 2 * sum(self.sizes):
+            return self.batch_size
+        weights = self.speeds if all(s > 0 for s in self.speeds) else [float(b) for b in self.sizes]
+        return tail_claim_size(self.batch_size, claimer.remaining(), weights, self.rank, self.b_min)
 
     def end_epoch(self) -> None:
         """The iterator merged at the last interval boundary, so the replicas are already identical."""
