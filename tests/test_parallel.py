@@ -154,7 +154,7 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     assert max(sizes0[-5:]) - min(sizes0[-5:]) <= 8, sizes0
     assert "simulated" in out["summary"] or "slowdown" in out["summary"]
     assert out["strategy_state"]["batch_sizes"] == [int(b0), int(b1)]
-    assert out["lr_scale"] == 1.0  # the sample-weighted merge does the batch weighting (see lr_scale)
+    assert out["lr_scale"] == pytest.approx(b0 / 24)  # b_i / (B / W), B = 48, W = 2
 
 
 def test_normalized_merge_equals_weighted_average_by_hand() -> None:
@@ -259,15 +259,16 @@ def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
     assert out[0]["sleep"] == 0.0
 
 
-def test_lr_scale_defaults_to_one_and_ref_batch_opts_into_linear_scaling() -> None:
+def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
     class Ctx:
         rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
             None, True, 1.0, "gloo"
 
     model = _model()
     adaptive = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    assert adaptive.lr_scale() == 1.0  # equal split 24 / 24
     adaptive.sizes = [32, 16]
-    assert adaptive.lr_scale() == 1.0
+    assert adaptive.lr_scale() == pytest.approx(32 / 24)
     adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, Ctx(), model, None, 100, 48, 0)
     adaptive.sizes = [32, 16]
     assert adaptive.lr_scale() == pytest.approx(32 / 48)

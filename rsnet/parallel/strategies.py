@@ -75,9 +75,9 @@ class Strategy:
         self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
         self.world, self.rank = ctx.world_size, ctx.rank
         self.prefix = f"rsnet/{self.name}{_instances}"
-        # None: every worker uses the lr tuned for the total batch B (see lr_scale); else lr x b_i / ref_batch.
+        # lr_i = lr x b_i / ref_batch; default ref_batch = B / world, the batch of an equal split (see lr_scale).
         ref_batch = _get(trainer_cfg, "ref_batch", None)
-        self.ref_batch = int(ref_batch) if ref_batch else None
+        self.ref_batch = float(ref_batch) if ref_batch else max(int(batch_size), 1) / max(ctx.world_size, 1)
         slowdowns = _get(trainer_cfg, "slowdown", None)
         self.slowdown = float(slowdowns[self.rank]) if slowdowns and self.rank < len(slowdowns) else ctx.slowdown
         if self.slowdown < 1.0:
@@ -306,11 +306,10 @@ class LocalSGDStrategy(Strategy):
             yield shard[start:start + size]
 
     def lr_scale(self) -> float:
-        """1.0 by default: averaging W replicas that each stepped with lr on their own batch B/W moves the
-        model like one sync step with lr on the union batch B (the two are identical for H = 1 without
-        momentum). Scaling each worker by (B/W)/B would divide the effective lr by W. With ``ref_batch``
-        set: (B/W) / ref_batch."""
-        return self._static_batch() / self.ref_batch if self.ref_batch else 1.0
+        """(B/W) / ref_batch: 1.0 by default (ref_batch = B/W). Averaging W replicas that each stepped with lr
+        on their own batch B/W moves the model like one sync step with lr on the union batch B (identical for
+        H = 1 without momentum); scaling each worker by (B/W)/B would divide the effective lr by W."""
+        return self._static_batch() / self.ref_batch
 
     def after_step(self, batch_size: int, seconds: float) -> None:
         super().after_step(batch_size, seconds)
@@ -380,11 +379,11 @@ class AdaptiveStrategy(Strategy):
         return self.sizes[self.rank]
 
     def lr_scale(self) -> float:
-        """1.0 by default: the merge weights p_i = n_i / Σ n_j already weight each worker by its batch, so with
-        one update each the merged change is lr · Σ_i (b_i / B) g_i, exactly a sync step on the union batch.
-        Scaling each worker's lr by b_i / B on top would shrink the effective lr to lr · Σ (b_i / B)²
-        (lr / W for an equal split). With ``ref_batch`` set: b_i / ref_batch (per-worker linear scaling)."""
-        return self.batch_size / self.ref_batch if self.ref_batch else 1.0
+        """b_i / ref_batch, by default b_i / (B / W): the linear scaling rule relative to an equal split, so an
+        equal split steps with ``optimizer.lr`` like sync and local_sgd (the merge of W replicas that each took
+        lr on B/W samples is one step of lr on B). With ref_batch = B each worker would get lr / W on average.
+        See docs/scheduler.md (Learning rate) for the measurements behind the choice."""
+        return self.batch_size / self.ref_batch
 
     def on_out_of_memory(self) -> int:
         """Halve this worker's batch cap (and its batch); returns the new batch size.
