@@ -41,8 +41,8 @@ def flops(model: torch.nn.Module, size: int) -> int:
 
 
 def table(backbones: list[str], size: int) -> None:
-    print(f"| model | backbone | full params (M) | full GFLOPs | pruned params (M) | pruned GFLOPs | "
-          f"bare params (M) | bare GFLOPs |")
+    print("| model | backbone | full params (M) | full GFLOPs | pruned params (M) | pruned GFLOPs | "
+          "bare params (M) | bare GFLOPs |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for backbone in backbones:
         bare = timm.create_model(backbone, num_classes=NUM_CLASSES).eval()

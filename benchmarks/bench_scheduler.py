@@ -80,7 +80,7 @@ def report(label: str, key: str, slowdown: str, results: dict[str, list[dict]], 
     print(f"\n{label}: slowdown [{slowdown or '1.0,1.0'}]"
           f"{' (SIMULATED)' if slowdown and set(slowdown.split(',')) != {'1.0'} else ''}, {len(args.seed_list)} seed(s) "
           f"{args.seed_list}")
-    print(f"| strategy | wall s | samples/s | accuracy % (mean ± std) | samples/s ÷ sync | accuracy − sync |")
+    print("| strategy | wall s | samples/s | accuracy % (mean ± std) | samples/s ÷ sync | accuracy − sync |")
     print("|---|---|---|---|---|---|")
     for name in STRATEGIES:
         row = rows[name]

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rsnet.parallel import WorkerError, build_strategy, launch
+from rsnet.parallel import build_strategy, launch
 from rsnet.parallel.merge import normalized_merge, replicas_identical
 
 ROOT = Path(__file__).resolve().parents[1]

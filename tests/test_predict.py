@@ -102,19 +102,10 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     assert [r["class"] for r in rows_main] == [CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
 
 
-def _build_model_available() -> bool:
-    try:
-        from rsnet.models import build_model  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
-@pytest.mark.skipif(not _build_model_available(), reason="rsnet.models.build_model not written yet")
 def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     from rsnet.models import build_model
 

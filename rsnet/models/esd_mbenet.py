@@ -9,7 +9,7 @@ F_ens = mean_i F_i (main included) -> GAP -> FC_ens; "ensemble" = (z_gate + z_fe
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -9,7 +9,7 @@ Levels S2, S3, S4 (``levels``); grids {1, 2, 4} (``grids``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
