@@ -95,6 +95,15 @@ def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path) -> Non
     assert "test accuracy" in result.stdout
 
 
+def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "finished"
+    shutil.copytree(esd_run, run_dir)
+    before = json.loads((run_dir / "metrics.json").read_text())
+    result = train(run_dir, "model=esd_mbenet", "epochs=2", "trainer.resume=true")
+    assert f"test accuracy (ensemble): {before['accuracy']:.2f} %" in result.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
+
+
 def test_rerun_without_resume_refuses_to_overwrite(esd_run: Path) -> None:
     result = train(esd_run, "model=esd_mbenet", "epochs=2", expect_ok=False)
     assert result.returncode == 2

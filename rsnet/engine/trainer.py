@@ -21,9 +21,10 @@ from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
-from rsnet.losses import MultiBranchLoss
+from rsnet.losses import LossTerms, MultiBranchLoss
 from rsnet.models import build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
+from rsnet.parallel.strategies import Strategy
 from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
             log.info("%s", strategy.summary())
     finally:
         tb.close()
+    if ctx.is_primary and final is None:  # resumed a run that had already finished all its epochs
+        final = json.loads((run_dir / "metrics.json").read_text())
     return final
 
 
@@ -142,7 +145,9 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
     return data
 
 
-def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, scaler) -> EpochMeter:
+def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
+                    criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer,
+                    scaler: torch.amp.GradScaler) -> EpochMeter:
     """Train one epoch on the batches the strategy hands this worker.
 
     A batch that runs out of CUDA memory is retried in the smaller size the strategy returns from
@@ -204,7 +209,7 @@ def train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, sc
     return meter
 
 
-def _check_finite(losses, config: dict[str, Any], epoch: int, step: int) -> None:
+def _check_finite(losses: LossTerms, config: dict[str, Any], epoch: int, step: int) -> None:
     """Stop the run on a NaN or infinite loss, saying where the last good checkpoint is."""
     if torch.isfinite(losses.total):
         return
@@ -215,7 +220,9 @@ def _check_finite(losses, config: dict[str, Any], epoch: int, step: int) -> None
         "optimizer.lr or max_grad_norm=5")
 
 
-def finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids) -> dict[str, Any]:
+def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, strategy: Strategy, meter: EpochMeter, state: dict[str, Any],
+                 tb: TensorBoardLogger, attention_ids: list[int]) -> dict[str, Any]:
     """Primary only: evaluate, log to TensorBoard, write checkpoints and metrics.json."""
     run_dir = Path(config["run_dir"])
     device = next(model.parameters()).device
