@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
-from rsnet.data import build_datasets
+from rsnet.data import build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.export import load_exported
@@ -53,10 +53,8 @@ def main(cfg: DictConfig) -> None:
         seed = cfg.seed if cfg.seed is not None else (train_config or {}).get("seed", 0)
         run_split = path.resolve().parent.parent / "split.json"
         same_run = train_config is not None and cfg.get("dataset") is None and cfg.seed is None
-        data = build_datasets(dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
-                              image_size=meta["image_size"], cache=dataset.get("cache", "memory"),
-                              cache_dir=dataset.get("cache_dir"), skip_corrupt=dataset.get("skip_corrupt", False),
-                              split_file=run_split if same_run and run_split.is_file() else None)
+        data = build_datasets_from_config(dataset, seed, image_size=meta["image_size"],
+                                          split_file=run_split if same_run and run_split.is_file() else None)
         if list(data.class_names) != list(meta["class_names"]):
             raise ValueError(f"{path} was trained on {len(meta['class_names'])} classes "
                              f"({', '.join(meta['class_names'][:4])}, ...) which differ from dataset "

@@ -200,3 +200,12 @@ def test_prefers_the_archive_folder_when_two_datasets_share_class_names(fake_arc
     (both / "b").symlink_to(full.parent)
     assert find_class_root("ucmerced", both) == both / "b" / "UCMerced_LandUse" / "Images"
     assert find_class_root("ucmerced_mini", both) == both / "a" / "ucmerced-mini" / "Images"
+
+
+def test_build_from_a_dataset_config_honours_its_settings_and_the_size_override() -> None:
+    from rsnet.data import build_datasets_from_config
+
+    config = {"name": "ucmerced_mini", "root": None, "train_ratio": 0.25, "image_size": 64, "cache": "memory"}
+    bundle = build_datasets_from_config(config, seed=3, image_size=32)
+    assert bundle.image_size == 32 and bundle.train.raw(0).shape == (32, 32, 3)
+    assert len(bundle.class_names) == 21 and len(bundle.train) == 21 * 5

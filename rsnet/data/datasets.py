@@ -16,7 +16,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import albumentations as A
 import cv2
@@ -468,3 +468,13 @@ def build_datasets(
              spec.name, len(train), len(test), len(classes), image_size, cache)
     return DataBundle(train, test, classes, mean_t, std_t, image_size, split, skipped,
                       scan.class_root, spec)
+
+
+def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size: int | None = None,
+                               split_file: str | os.PathLike | None = None) -> DataBundle:
+    """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's)."""
+    return build_datasets(
+        dataset["name"], dataset.get("root"), train_ratio=dataset["train_ratio"], seed=seed,
+        image_size=int(image_size or dataset["image_size"]), cache=dataset.get("cache", "memory"),
+        cache_dir=dataset.get("cache_dir"), skip_corrupt=bool(dataset.get("skip_corrupt", False)),
+        split_file=split_file)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rsnet.data import DataBundle, build_datasets
+from rsnet.data import DataBundle, build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
@@ -132,14 +132,9 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
 
 def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataBundle:
     """Build the train/test sets of the config; reuse the run's saved split when resuming."""
-    dataset = config["dataset"]
     split_file = run_dir / "split.json"
-    data = build_datasets(
-        dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=config["seed"],
-        image_size=dataset["image_size"], cache=dataset.get("cache", "memory"), cache_dir=dataset.get("cache_dir"),
-        skip_corrupt=dataset.get("skip_corrupt", False),
-        split_file=split_file if split_file.is_file() and config["trainer"].get("resume") else None,
-    )
+    reuse_split = split_file.is_file() and config["trainer"].get("resume")
+    data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None)
     if write_split:
         data.split.save(split_file)
     return data
