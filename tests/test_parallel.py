@@ -259,17 +259,20 @@ def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
     assert out[0]["sleep"] == 0.0
 
 
-def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
-    class Ctx:
-        rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
-            None, True, 1.0, "gloo"
+class _OfflineContext:
+    """Rank 0 of two CPU workers, without a process group: enough to build a strategy offline."""
 
+    rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
+        None, True, 1.0, "gloo"
+
+
+def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
     model = _model()
-    adaptive = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    adaptive = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
     assert adaptive.lr_scale() == 1.0  # equal split 24 / 24
     adaptive.sizes = [32, 16]
     assert adaptive.lr_scale() == pytest.approx(32 / 24)
-    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, Ctx(), model, None, 100, 48, 0)
+    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, _OfflineContext(), model, None, 100, 48, 0)
     adaptive.sizes = [32, 16]
     assert adaptive.lr_scale() == pytest.approx(32 / 48)
 
@@ -284,20 +287,16 @@ def test_one_worker_runs_in_process() -> None:
 
 
 def test_strategy_state_round_trip() -> None:
-    class Ctx:
-        rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
-            None, True, 1.0, "gloo"
-
     model = _model()
-    strategy = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    strategy = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
     strategy.sizes, strategy.speeds, strategy.intervals_done, strategy.epoch = [32, 16], [2.0, 1.0], 7, 3
     state = strategy.state_dict()
-    fresh = build_strategy({"name": "adaptive"}, Ctx(), model, None, 100, 48, 0)
+    fresh = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
     fresh.load_state_dict(state)
     assert fresh.sizes == [32, 16] and fresh.speeds == [2.0, 1.0] and fresh.epoch == 3
     assert fresh.on_out_of_memory() == 16 and fresh.b_max == 16
     with pytest.raises(ValueError, match="unknown trainer.name"):
-        build_strategy({"name": "nope"}, Ctx(), model, None, 100, 48, 0)
+        build_strategy({"name": "nope"}, _OfflineContext(), model, None, 100, 48, 0)
 
 
 _CRASH_SCRIPT = textwrap.dedent("""
