@@ -23,7 +23,7 @@ import timm
 import torch
 from torch import Tensor, nn
 
-from rsnet.engine.checkpoint import load_checkpoint
+from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.models import build_model
 from rsnet.models.prune import extract_main_branch
 
@@ -51,27 +51,10 @@ class EnsembleLogits(nn.Module):
 def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Load a checkpoint and rebuild its model (eval mode), with clear errors for files that don't fit."""
     checkpoint = load_checkpoint(path)
-    config = checkpoint["model_config"]
-    if not isinstance(config, dict) or not {"arch", "backbone", "num_classes"} <= set(config):
-        raise ExportError(f"{path}: model_config {config!r} lacks arch/backbone/num_classes; not an rsnet checkpoint")
-    classes = list(checkpoint["class_names"])
-    if len(classes) != config["num_classes"]:
-        raise ExportError(f"{path}: class-count mismatch: {len(classes)} class names but the model has "
-                          f"num_classes={config['num_classes']}")
-    model = build_model(**{**config, "pretrained": False})
-    state = checkpoint["model_state"]
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    mismatched = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                        for k in set(own) & set(state) if own[k].shape != state[k].shape)
-    if missing or unexpected or mismatched:
-        raise ExportError(
-            f"{path}: the weights do not fit the model it names (arch={config['arch']}, backbone={config['backbone']}, "
-            f"num_classes={config['num_classes']}); missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"shape mismatches {mismatched[:5]} — is it a checkpoint of another model?")
-    model.load_state_dict(state)
-    return model.eval(), checkpoint
+    try:
+        return model_from_checkpoint(checkpoint, source=path), checkpoint
+    except ValueError as error:
+        raise ExportError(str(error)) from error
 
 
 @dataclass

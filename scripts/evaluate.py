@@ -25,7 +25,7 @@ def load_any_model(path: Path, device: torch.device) -> tuple[Any, dict[str, Any
     """A training checkpoint (full model) or an exported model, with its metadata and training config."""
     if path.suffix == ".pt" and not (path.parent / "model.json").is_file():
         checkpoint = load_checkpoint(path, map_location=device)
-        model = model_from_checkpoint(checkpoint).to(device)
+        model = model_from_checkpoint(checkpoint, source=path).to(device)
         meta = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
         return model, meta, checkpoint.get("config")
     exported = load_exported(path)

@@ -48,11 +48,32 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return payload
 
 
-def model_from_checkpoint(checkpoint: dict[str, Any]) -> nn.Module:
-    """Rebuild the trained model from a loaded checkpoint (no pretrained download)."""
+def model_from_checkpoint(checkpoint: dict[str, Any], source: str | Path = "the checkpoint") -> nn.Module:
+    """Rebuild the trained model from a loaded checkpoint (eval mode, no pretrained download).
+
+    Raises ``ValueError`` naming ``source`` when the model config is incomplete, the class names do not match
+    ``num_classes``, or the weights do not fit the model the config names.
+    """
     from rsnet.models import build_model
 
-    config = {**checkpoint["model_config"], "pretrained": False}
-    model = build_model(**config)
-    model.load_state_dict(checkpoint["model_state"])
-    return model
+    config = checkpoint["model_config"]
+    if not isinstance(config, dict) or not {"arch", "backbone", "num_classes"} <= set(config):
+        raise ValueError(f"{source}: model_config {config!r} lacks arch/backbone/num_classes; not an rsnet checkpoint")
+    classes = list(checkpoint["class_names"])
+    if len(classes) != config["num_classes"]:
+        raise ValueError(f"{source}: class-count mismatch: {len(classes)} class names but the model has "
+                         f"num_classes={config['num_classes']}")
+    model = build_model(**{**config, "pretrained": False})
+    state = checkpoint["model_state"]
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                        for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"{source}: the weights do not fit the model it names (arch={config['arch']}, "
+            f"backbone={config['backbone']}, num_classes={config['num_classes']}); missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}, shape mismatches {mismatched[:5]} — is it a checkpoint of another model?")
+    model.load_state_dict(state)
+    return model.eval()
