@@ -48,6 +48,13 @@ class EnsembleLogits(nn.Module):
         return self.model(x).prediction_logits
 
 
+def is_exported_model(path: str | Path) -> bool:
+    """True for what export wrote (its folder, model.ts/.onnx/.json, or a model.pt beside model.json);
+    False for a training checkpoint."""
+    path = Path(path)
+    return path.is_dir() or path.suffix in (".ts", ".onnx", ".json") or (path.parent / METADATA_FILE).is_file()
+
+
 def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Load a checkpoint and rebuild its model (eval mode), with clear errors for files that don't fit."""
     checkpoint = load_checkpoint(path)

@@ -18,12 +18,12 @@ from rsnet.cli import user_errors
 from rsnet.data import build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.engine.evaluate import compute_metrics, evaluate
-from rsnet.export import load_exported
+from rsnet.export import is_exported_model, load_exported
 
 
 def load_any_model(path: Path, device: torch.device) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:
     """A training checkpoint (full model) or an exported model, with its metadata and training config."""
-    if path.suffix == ".pt" and not (path.parent / "model.json").is_file():
+    if not is_exported_model(path):
         checkpoint = load_checkpoint(path, map_location=device)
         model = model_from_checkpoint(checkpoint, source=path).to(device)
         meta = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}

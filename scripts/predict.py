@@ -29,12 +29,13 @@ from PIL import Image
 from torch import Tensor, nn
 
 from rsnet.cli import user_errors
+from rsnet.engine import checkpoint as checkpoints
+from rsnet.export import is_exported_model, load_exported
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
 KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
         "device": "cpu", "batch_size": "32", "recursive": "false",
         "skip_corrupt": "false"}
-EXPORTED_SUFFIXES = (".ts", ".onnx", ".json")
 
 
 def parse_args(argv: Sequence[str]) -> dict[str, str | None]:
@@ -90,21 +91,7 @@ def load_predictor(path: str | Path, device: torch.device, head: str | None = No
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model {path} does not exist; pass a checkpoint (.pt) or an exported model folder")
-    exported = path.is_dir() or path.suffix in EXPORTED_SUFFIXES
-    if not exported:
-        from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
-
-        try:
-            checkpoint = load_checkpoint(path, map_location="cpu")
-        except ValueError:
-            if not (path.parent / "model.json").is_file():
-                raise
-            exported = True  # a state-dict export: model.pt beside model.json
-    if exported:
-        try:
-            from rsnet.export import load_exported
-        except ImportError as error:
-            raise ValueError(f"{path} looks like an exported model but rsnet.export is unavailable ({error})") from error
+    if is_exported_model(path):
         model = load_exported(path)
         meta = model.metadata
         if head is not None and head != meta.get("head", head):
@@ -115,7 +102,8 @@ def load_predictor(path: str | Path, device: torch.device, head: str | None = No
         return Predictor(forward=model, class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
                          mean=list(meta["mean"]), std=list(meta["std"]), full_model=None,
                          description=f"exported {meta.get('format', '?')} model ({meta.get('head', 'main')} head)")
-    model = model_from_checkpoint(checkpoint).to(device).eval()
+    checkpoint = checkpoints.load_checkpoint(path, map_location="cpu")
+    model = checkpoints.model_from_checkpoint(checkpoint).to(device).eval()
     with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
         size = int(checkpoint["image_size"])
         probe = model(torch.zeros(1, 3, size, size, device=device))

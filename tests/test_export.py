@@ -119,3 +119,12 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
         export_checkpoint(checkpoint, tmp_path / "d", format="tflite")
     with pytest.raises(ExportError, match="model.json"):
         load_exported(tmp_path)
+
+
+def test_exported_models_are_told_apart_from_training_checkpoints(checkpoint: Path, tmp_path: Path) -> None:
+    from rsnet.export import is_exported_model
+
+    export_checkpoint(checkpoint, tmp_path / "sd", format="state_dict", head="main")
+    assert is_exported_model(tmp_path / "sd") and is_exported_model(tmp_path / "sd" / "model.pt")
+    assert is_exported_model(tmp_path / "sd" / "model.json")
+    assert not is_exported_model(checkpoint)
