@@ -7,6 +7,7 @@ checkpoints/, metrics.json, split.json, tensorboard/. ``trainer.resume=true`` co
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +22,11 @@ log = logging.getLogger("rsnet.train")
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps)."""
+def main(cfg: DictConfig) -> float | None:
+    """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps).
+
+    Under torchrun only rank 0 gets the figures; the other ranks return None without printing.
+    """
     config = OmegaConf.to_container(cfg, resolve=True)
     with user_errors():
         try:
@@ -30,6 +34,8 @@ def main(cfg: DictConfig) -> float:
         except (NonFiniteLossError, WorkerError) as error:
             print(f"error: the run stopped: {error}", file=sys.stderr)
             sys.exit(1)
+    if summary is None:
+        return None
     print(f"run dir: {config['run_dir']}")
     print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
           f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "
@@ -37,5 +43,18 @@ def main(cfg: DictConfig) -> float:
     return float(summary["accuracy"])
 
 
+def argv_for_this_rank(argv: list[str]) -> list[str]:
+    """``argv`` plus, on a torchrun rank other than 0, overrides that keep Hydra out of the run dir.
+
+    Every rank runs Hydra, so without them all would write ``.hydra/`` and append to ``train.log``
+    in the shared run dir at once. Appended last, they win over the user's: no ``.hydra/`` and
+    console-only logging (the ``stdout`` job logging evaluate.py uses too). Rank 0 keeps both files.
+    """
+    if os.environ.get("RANK", "0") == "0":
+        return argv
+    return [*argv, "hydra.output_subdir=null", "hydra/job_logging=stdout"]
+
+
 if __name__ == "__main__":
+    sys.argv = argv_for_this_rank(sys.argv)
     main()

@@ -13,7 +13,7 @@ from rsnet.engine.config_checks import ConfigError, check_run_dir, check_trainin
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = {
-    "epochs": 2, "batch_size": 8, "eval_batch_size": 8,
+    "epochs": 2, "batch_size": 16, "eval_batch_size": 8,
     "dataset": {"name": "ucmerced_mini", "train_ratio": 0.8, "image_size": 64},
     "model": {"arch": "baseline"}, "backbone": {"name": "test_resnet"},
     "trainer": {"devices": ["cpu", "cpu"]}, "lr_schedule": {"name": "cosine"},
@@ -48,6 +48,9 @@ def test_valid_config_passes() -> None:
     (("model", "arch"), "resnet_ensemble", "esd_mbenet"),
     (("dataset", "image_size"), 8, "dataset.image_size=8"),
     (("lr_schedule", "name"), "linear", "lr_schedule.name"),
+    (("batch_size",), 12, "trainer.batch_min"),  # 2 workers x batch_min 8 > 12
+    (("trainer", "batch_max"), 4, "trainer.batch_m"),
+    (("trainer", "batch_min"), 12, "trainer.batch_multiple"),
 ])
 def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, needle: str) -> None:
     config = copy.deepcopy(CONFIG)
@@ -88,23 +91,34 @@ def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:
 class _ChunkedStrategy:
     """A one-worker strategy double: one claimed batch of 8, halves the batch on out-of-memory."""
 
+    needs_step_seconds = False
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.steps: list[int] = []
         self.out_of_memory_calls = 0
+        self.intervals_ended = 0
 
-    def epoch_batches(self, epoch: int):
-        yield torch.arange(8)
+    def start_epoch(self, epoch: int) -> int:
+        return 1
 
-    def lr_scale(self) -> float:
+    def claims(self, interval: int):
+        from rsnet.parallel.strategies import Claim
+
+        yield Claim(torch.arange(8), 0.0)
+
+    def lr_scale(self, batch_size: int) -> float:
         return 1.0
 
     def on_out_of_memory(self) -> int:
         self.out_of_memory_calls += 1
         return 4
 
-    def after_step(self, batch_size: int, seconds: float) -> None:
+    def after_step(self, batch_size: int, seconds: float | None) -> None:
         self.steps.append(batch_size)
+
+    def end_interval(self, compute_seconds: float) -> None:
+        self.intervals_ended += 1
 
     def end_epoch(self) -> None:
         pass
@@ -140,9 +154,8 @@ def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
                               "min_lr_ratio": 0.0}}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = model.fc.weight.detach().clone()
-    meter = train_one_epoch(ctx, config, 0, data, strategy, MultiBranchLoss(), optimizer,
-                            torch.amp.GradScaler("cuda", enabled=False))
-    assert strategy.out_of_memory_calls == 1
+    meter = train_one_epoch(ctx, config, 0, data, strategy, MultiBranchLoss(), optimizer)
+    assert strategy.out_of_memory_calls == 1 and strategy.intervals_ended == 1
     assert strategy.steps == [4, 4] and meter.samples == 8 and meter.steps == 2
     assert not torch.equal(before, model.fc.weight)
 

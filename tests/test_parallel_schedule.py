@@ -7,11 +7,14 @@ import torch
 
 from rsnet.parallel.schedule import (
     IntervalClaimer,
+    check_batch_settings,
+    claim_span,
     epoch_permutation,
     initial_batch_sizes,
     interval_bounds,
     next_batch_sizes,
     proportional_targets,
+    static_batches,
     static_partition,
     tail_claim_size,
 )
@@ -91,12 +94,17 @@ def test_intervals_and_static_partition() -> None:
     assert interval_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert interval_bounds(10, 0) == [(0, 10)]
     assert interval_bounds(10, 50) == [(0, 10)]
+    assert interval_bounds(210, 64, minimum=32) == [(0, 64), (64, 128), (128, 210)]  # 18 left: joins the last
     order = epoch_permutation(11, seed=3, epoch=2)
     assert torch.equal(order, epoch_permutation(11, seed=3, epoch=2))
     assert not torch.equal(order, epoch_permutation(11, seed=3, epoch=3))
     shards = [static_partition(11, 3, 2, r, 3) for r in range(3)]
     assert all(len(s) == 4 for s in shards)
     assert set(torch.cat(shards).tolist()) == set(range(11))
+    # A static shard's last batch below the minimum joins the one before it.
+    assert [len(b) for b in static_batches(torch.arange(105), 16, 8)] == [16] * 6 + [9]
+    assert [len(b) for b in static_batches(torch.arange(97), 16, 8)] == [16] * 5 + [17]
+    assert [len(b) for b in static_batches(torch.arange(5), 16, 8)] == [5]
 
 
 class _DictStore:
@@ -115,6 +123,29 @@ def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
     assert claims == [(0, 8), (8, 12), (12, 20), None, None]
 
 
+def test_no_claim_below_the_minimum_whatever_the_order() -> None:
+    """Defect: 'remaining 9, batch 8 -> 1 left' — the scrap trained as a batch of 1 and crashed BatchNorm."""
+    store = _DictStore()
+    a, b = IntervalClaimer(store, "k", 17, minimum=8), IntervalClaimer(store, "k", 17, minimum=8)
+    assert a.claim(8) == (0, 8)
+    assert b.claim(8) == (8, 17)  # would leave 1: takes it
+    assert a.claim(8) is None
+    # A full-size claim truncated by a stale view never yields a scrap: the claim before it took the scrap.
+    assert claim_span(60, 8, 64, 8) is None and claim_span(56, 8, 64, 8) == (56, 64)
+    assert claim_span(50, 8, 64, 8) == (50, 64)  # 58 would leave 6
+    assert claim_span(0, 8, 5, 8) == (0, 5)  # an interval smaller than the minimum goes whole to the first claim
+    # Every position is owned exactly once for any sequence of claim sizes.
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        size = int(torch.randint(1, 120, (1,), generator=generator))
+        counter, owned = 0, []
+        while (span := claim_span(counter, (count := int(torch.randint(1, 40, (1,), generator=generator))), size, 8)):
+            owned.extend(range(*span))
+            assert span[1] - span[0] >= min(count, 8, size)
+            counter += count
+        assert sorted(owned) == list(range(size))
+
+
 def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
     assert tail_claim_size(16, 41, [1.0, 1.0], 0) == 16  # 20.5 each: a full batch still fits
     assert tail_claim_size(16, 25, [1.0, 1.0], 1) == 13  # ceil(12.5)
@@ -122,9 +153,27 @@ def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
     assert tail_claim_size(8, 9, [2.0, 1.0], 1) == 3
     assert tail_claim_size(16, 1, [1.0, 1.0], 0) == 1  # never zero while something is left
     assert tail_claim_size(16, 0, [1.0, 1.0], 0) == 16 and tail_claim_size(16, 5, [0.0, 0.0], 0) == 16
-    # With a minimum (b_min): no claim below it, and no scrap below it left behind.
-    assert tail_claim_size(16, 12, [1.0, 1.0], 0, minimum=8) == 12  # 6 -> 8 would leave 4: take all 12
+    # With a minimum (b_min): no claim below it (claim_span adds a remainder below it to the claim).
+    assert tail_claim_size(16, 12, [1.0, 1.0], 0, minimum=8) == 8 and claim_span(0, 8, 12, 8) == (0, 12)
     assert tail_claim_size(16, 20, [1.0, 1.0], 0, minimum=8) == 10
     assert tail_claim_size(16, 20, [3.0, 1.0], 1, minimum=8) == 8
-    assert tail_claim_size(16, 20, [3.0, 1.0], 0, minimum=8) == 12  # 15 would leave 5: leave exactly 8
     assert tail_claim_size(4, 5, [1.0, 1.0], 0, minimum=8) == 4  # batch below the minimum: the batch
+
+
+def test_total_batch_is_kept_or_the_config_refused() -> None:
+    """Defect: with B / W not a multiple of batch_multiple, or bounds that cannot add up to B, the sum drifted."""
+    assert initial_batch_sizes(100, 3, 8, 1024) == [36, 32, 32]
+    assert initial_batch_sizes(32, 3, 8, 1024) == [16, 8, 8]
+    assert initial_batch_sizes(30, 2, 8, 1024, multiple=1) == [15, 15]
+    for speeds in ([10.0, 3.0, 1.0], [1.0, 1.0, 1.0], [1.0, 10.0]):
+        sizes = initial_batch_sizes(100, len(speeds), 8, 1024)
+        for _ in range(20):
+            sizes = next_batch_sizes(sizes, speeds, 100, 8, 1024)
+            assert sum(sizes) == 100 and min(sizes) >= 8
+    with pytest.raises(ValueError, match=r"batch_size=32 is too small for 8 workers .*trainer\.batch_min"):
+        check_batch_settings(32, 8, 8, 1024, 8)  # 8 x 8 = 64 > 32
+    with pytest.raises(ValueError, match=r"trainer\.batch_max"):
+        check_batch_settings(256, 2, 8, 64, 8)
+    with pytest.raises(ValueError, match=r"trainer\.batch_multiple"):
+        check_batch_settings(64, 2, 12, 1024, 8)
+    check_batch_settings(100, 3, 8, 40, 8)  # 36 + 32 + 32 fits under 40

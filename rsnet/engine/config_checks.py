@@ -13,6 +13,7 @@ class ConfigError(ValueError):
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
     from rsnet.models import MODELS, validate_image_size
+    from rsnet.parallel.schedule import check_batch_settings
 
     for key in ("epochs", "batch_size", "eval_batch_size"):
         value = config[key]
@@ -34,6 +35,13 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     if config["batch_size"] < num_workers:
         raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({num_workers}); "
                           "every worker needs at least one sample per step")
+    trainer = config["trainer"]
+    if trainer.get("name", "adaptive") == "adaptive":
+        try:
+            check_batch_settings(config["batch_size"], num_workers, int(trainer.get("batch_min", 8)),
+                                 int(trainer.get("batch_max", 1024)), int(trainer.get("batch_multiple", 8)))
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
     if config["lr_schedule"]["name"] not in ("cosine", "step"):
         raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")
 

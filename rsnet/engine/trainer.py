@@ -21,7 +21,9 @@ from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
-from rsnet.losses import LossTerms, MultiBranchLoss
+from rsnet.engine.prefetch import BatchPrefetcher, PreparedBatch
+from rsnet.engine.step_timer import StepTimer
+from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.strategies import Strategy
@@ -55,30 +57,31 @@ def resolve_devices(devices: list[str] | str | None) -> list[str]:
 
 @dataclass
 class EpochMeter:
-    """Running sums of one worker's epoch: losses, main-branch accuracy, data and compute time."""
+    """Running sums of one worker's epoch. Losses and correct counts stay on the device (no host sync per
+    step); :meth:`summary` reads them."""
 
     samples: int = 0
-    correct: int = 0
     steps: int = 0
     data_seconds: float = 0.0
     compute_seconds: float = 0.0
     last_lr: float = 0.0
-    loss_sums: dict[str, float] = field(default_factory=dict)
+    correct: torch.Tensor | int = 0
+    loss_sums: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def update(self, terms: dict[str, torch.Tensor], correct: int, size: int, data_s: float, compute_s: float) -> None:
+    def update(self, terms: dict[str, torch.Tensor], logits: torch.Tensor, labels: torch.Tensor, lr: float) -> None:
+        size = len(labels)
         self.samples += size
-        self.correct += correct
         self.steps += 1
-        self.data_seconds += data_s
-        self.compute_seconds += compute_s
+        self.last_lr = lr
+        self.correct = self.correct + (logits.detach().argmax(1) == labels).sum()
         for name, value in terms.items():
-            self.loss_sums[name] = self.loss_sums.get(name, 0.0) + float(value) * size
+            self.loss_sums[name] = self.loss_sums.get(name, 0.0) + value.detach().float() * size
 
     def summary(self) -> dict[str, float]:
         """Mean loss terms, main-branch accuracy, throughput and data-stall fraction."""
         busy = self.data_seconds + self.compute_seconds
-        scalars = {f"train/loss/{name}": total / max(self.samples, 1) for name, total in self.loss_sums.items()}
-        scalars["train/oa_main"] = 100.0 * self.correct / max(self.samples, 1)
+        scalars = {f"train/loss/{name}": float(total) / max(self.samples, 1) for name, total in self.loss_sums.items()}
+        scalars["train/oa_main"] = 100.0 * float(self.correct) / max(self.samples, 1)
         scalars["train/images_per_s"] = self.samples / busy if busy else 0.0
         scalars["train/data_stall"] = self.data_seconds / busy if busy else 0.0
         scalars["train/lr"] = self.last_lr
@@ -110,12 +113,11 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     _seed_augmentation(data, seed, ctx.rank, state["epoch"])
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
-    scaler = torch.amp.GradScaler("cuda", enabled=_use_amp(config, ctx.device))
     final: dict[str, Any] | None = None
     try:
         for epoch in range(state["epoch"], config["epochs"]):
             started = time.perf_counter()
-            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, scaler)
+            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
             state["wall_time_s"] += time.perf_counter() - started
             if ctx.is_primary:
                 final = finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids)
@@ -141,78 +143,102 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
 
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
-                    criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler) -> EpochMeter:
-    """Train one epoch on the batches the strategy hands this worker.
+                    criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer) -> EpochMeter:
+    """Train one epoch on the batches the strategy hands this worker, interval by interval.
 
-    A batch that runs out of CUDA memory is retried in the smaller size the strategy returns from
-    ``on_out_of_memory()`` (the adaptive strategy halves this worker's batch cap; static strategies stop).
+    The next batch is prepared on a background thread while the current one computes (``prefetch``). The
+    host waits for the device once per interval, where the loss is checked for NaN/inf and the strategy
+    communicates (:meth:`Strategy.end_interval`). A batch that runs out of CUDA memory is retried in the
+    smaller size the strategy returns from ``on_out_of_memory()`` (the adaptive strategy halves this
+    worker's batch cap; static strategies stop).
     """
     model = strategy.model
     model.train()
     meter = EpochMeter()
-    num_samples = len(data.train)
-    amp_context = (torch.autocast("cuda", dtype=torch.bfloat16) if _use_amp(config, ctx.device) else nullcontext())
-    bar = tqdm(total=num_samples if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
+    step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
+    prefetcher = BatchPrefetcher(data.train.get_batch, ctx.device, enabled=bool(config.get("prefetch", True)))
+    bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
-    data_started = time.perf_counter()
-    for claimed in strategy.epoch_batches(epoch):
-        pending = [claimed]
-        while pending:
-            indices = pending.pop(0)
-            images, labels = data.train.get_batch(indices.tolist())
-            images = images.to(ctx.device, non_blocking=True)
-            labels = labels.to(ctx.device, non_blocking=True)
-            compute_started = time.perf_counter()
-            progress = epoch + min(meter.samples * ctx.world_size / num_samples, 0.999)
-            lr = _lr(config, progress) * strategy.lr_scale()
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            try:
-                with amp_context:
-                    output = model(images)
-                    losses = criterion(output, labels, epoch=progress)
-                _check_finite(losses, config, epoch, meter.steps + 1)
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(losses.total).backward()
-            except torch.cuda.OutOfMemoryError:
-                optimizer.zero_grad(set_to_none=True)
-                del images, labels
-                if ctx.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                pending[:0] = list(indices.split(strategy.on_out_of_memory()))
-                continue
-            if config.get("max_grad_norm"):
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config["max_grad_norm"])
-            scaler.step(optimizer)
-            scaler.update()
-            correct = int((output.main_logits.argmax(1) == labels).sum())
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            finished = time.perf_counter()
-            meter.update(losses.terms, correct, len(indices), compute_started - data_started, finished - compute_started)
-            meter.last_lr = lr
-            strategy.after_step(len(indices), finished - compute_started)
-            bar.update(len(indices))
-            bar.set_postfix(loss=f"{losses.total.item():.3f}", acc=f"{100 * meter.correct / meter.samples:.1f}",
+    try:
+        for interval in range(strategy.start_epoch(epoch)):
+            for batch in prefetcher.batches(strategy.claims(interval)):
+                step.run(batch)
+                bar.update(len(batch))
+            step.check_finite(epoch)  # the interval's one wait for the device
+            meter.compute_seconds += (compute := step.timer.pop_total())
+            meter.data_seconds = prefetcher.wait_s
+            strategy.end_interval(compute)
+            bar.set_postfix(loss=f"{float(meter.loss_sums.get('total', 0.0)) / max(meter.samples, 1):.3f}",
+                            acc=f"{100 * float(meter.correct) / max(meter.samples, 1):.1f}",
                             img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}",
-                            lr=f"{lr:.2g}")
-            data_started = time.perf_counter()
-    bar.close()
+                            lr=f"{meter.last_lr:.2g}")
+    finally:
+        prefetcher.close()
+        bar.close()
     strategy.end_epoch()
     return meter
 
 
-def _check_finite(losses: LossTerms, config: dict[str, Any], epoch: int, step: int) -> None:
-    """Stop the run on a NaN or infinite loss, saying where the last good checkpoint is."""
-    if torch.isfinite(losses.total):
-        return
-    terms = ", ".join(f"{name}={float(value):.4g}" for name, value in losses.terms.items())
-    raise NonFiniteLossError(
-        f"the loss became {float(losses.total)} at epoch {epoch + 1}, step {step} (terms: {terms}); the run stops "
-        f"and keeps its last good checkpoint in {Path(config['run_dir']) / 'checkpoints'}. Try a lower "
-        "optimizer.lr or max_grad_norm=5")
+class _StepRunner:
+    """One optimizer step on a prepared batch, with the out-of-memory retry and a running NaN/inf flag."""
+
+    def __init__(self, ctx: WorkerContext, config: dict[str, Any], strategy: Strategy, criterion: MultiBranchLoss,
+                 optimizer: torch.optim.Optimizer, meter: EpochMeter) -> None:
+        self.ctx, self.config, self.strategy, self.criterion, self.optimizer = ctx, config, strategy, criterion, optimizer
+        self.meter = meter
+        self.timer = StepTimer(ctx.device, every_step=strategy.needs_step_seconds)
+        self.amp = _use_amp(config, ctx.device)
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=ctx.device)
+        self.last_terms: dict[str, torch.Tensor] = {}
+        self.first_unchecked = 1
+
+    def run(self, batch: PreparedBatch) -> None:
+        """Train on ``batch`` (in smaller pieces after an out-of-memory error)."""
+        pending = [(batch.images, batch.labels)]
+        while pending:
+            images, labels = pending.pop(0)
+            try:
+                self._step(images, labels, batch.claim.position)
+            except torch.cuda.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                size = self.strategy.on_out_of_memory()
+                pending[:0] = list(zip(images.split(size), labels.split(size)))
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor, position: float) -> None:
+        lr = _lr(self.config, position) * self.strategy.lr_scale(len(labels))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        model = self.strategy.model
+        self.timer.start()
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext():
+                output = model(images)
+                losses = self.criterion(output, labels, epoch=position)
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.total.backward()
+            if self.config.get("max_grad_norm"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.config["max_grad_norm"])
+            self.optimizer.step()
+        finally:
+            seconds = self.timer.stop()
+        self.nonfinite |= ~torch.isfinite(losses.total.detach())
+        self.last_terms = losses.terms
+        self.meter.update(losses.terms, output.main_logits, labels, lr)
+        self.strategy.after_step(len(labels), seconds)
+
+    def check_finite(self, epoch: int) -> None:
+        """Stop the run if a loss since the last check was NaN or infinite, saying where the last good
+        checkpoint is (one host sync)."""
+        first, self.first_unchecked = self.first_unchecked, self.meter.steps + 1
+        if not bool(self.nonfinite):
+            return
+        terms = ", ".join(f"{name}={float(value):.4g}" for name, value in self.last_terms.items())
+        raise NonFiniteLossError(
+            f"the loss became NaN or infinite at epoch {epoch + 1}, within steps {first}-{self.meter.steps} (last "
+            f"step: {terms}); the run stops and keeps its last good checkpoint in "
+            f"{Path(self.config['run_dir']) / 'checkpoints'}. Try a lower optimizer.lr or max_grad_norm=5")
 
 
 def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: torch.nn.Module,
@@ -253,15 +279,16 @@ def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: to
     save_checkpoint(checkpoints / "last.pt", payload)
     if improved:
         save_checkpoint(checkpoints / "best.pt", payload)
-    summary = run_summary(config, data, metrics, state)
+    summary = run_summary(config, data, metrics, state, strategy.report())
     _write_json(run_dir / "metrics.json", summary)
     log.info("epoch %d/%d: test accuracy %.2f %% (best %.2f %%), %s", state["epoch"], config["epochs"], accuracy,
              state["best_accuracy"], ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
     return summary
 
 
-def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json document: test metrics of the last epoch plus the run's facts."""
+def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any], state: dict[str, Any],
+                scheduler: dict[str, Any]) -> dict[str, Any]:
+    """The metrics.json document: test metrics of the last epoch plus the run's facts and scheduling figures."""
     epochs_done = state["epoch"]
     wall = state["wall_time_s"]
     return {
@@ -270,7 +297,7 @@ def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any
         "epochs": epochs_done, "epochs_planned": config["epochs"],
         "train_samples": len(data.train), "test_samples": len(data.test),
         "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
-        "best_accuracy": state["best_accuracy"], **metrics, "history": state["history"],
+        "best_accuracy": state["best_accuracy"], **metrics, "scheduler": scheduler, "history": state["history"],
     }
 
 

@@ -7,7 +7,8 @@ Three ways in, one worker function:
   ``TCPStore`` on a free port of 127.0.0.1 and watches the children: when one dies or raises, the
   others are terminated and :class:`WorkerError` names the worker (rank and device);
 * started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment): this process *is*
-  the worker; it takes ``devices[LOCAL_RANK]`` and joins the group torchrun set up.
+  the worker; it takes ``devices[LOCAL_RANK]`` and joins the group through the c10d store on the
+  rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``.
 
 The backend is gloo when any worker is on a CPU and NCCL when all are GPUs (override with
 ``backend=``). Collectives and store waits time out after ``timeout_s``, so a dead peer never makes
@@ -201,15 +202,42 @@ def _run_torchrun_worker(worker_fn, devices, args, kwargs, timeout_s, slowdowns,
     device = torch.device(device_name)
     backend = backend or os.environ.get("RSNET_BACKEND") or choose_backend(devices)
     _setup_device(device, cpu_threads or cpu_threads_for(devices))
-    options: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s), **options)
+    store = _rendezvous_store(rank, world, timeout_s)
+    _init_group(backend, store, rank, world, timeout_s, device)
     try:
-        store = dist.distributed_c10d._get_default_store()  # the store torchrun's rendezvous created
         ctx = _make_context(rank, world, device_name, store, backend, timeout_s, slowdowns, devices, local_rank)
         return worker_fn(ctx, *args, **kwargs)
     finally:
         _destroy_group()
+
+
+def _rendezvous_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, keyed by run id and restart.
+
+    torchrun's agent hosts a TCPStore there when ``TORCHELASTIC_USE_AGENT_STORE=True``; otherwise
+    (RANK, WORLD_SIZE, MASTER_* set by hand or by SLURM) rank 0 hosts it. The prefix keeps the keys of
+    a restarted attempt apart from those the failed attempt left behind.
+    """
+    host, port = _master_endpoint()
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world, is_master=not agent_hosts and rank == 0,
+                          timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=not agent_hosts)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"rsnet/{run_id}/{restart}", store)
+
+
+def _master_endpoint() -> tuple[str, int]:
+    """``MASTER_ADDR`` and ``MASTER_PORT``, which torchrun (or whoever set RANK and WORLD_SIZE) must set."""
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(key)]
+    if missing:
+        raise ValueError(f"RANK, WORLD_SIZE and LOCAL_RANK are set (a torchrun-style start), but there is no "
+                         f"{' or '.join(missing)} in the environment: set MASTER_ADDR and MASTER_PORT to rank 0's "
+                         f"address and a free port (torchrun sets them)")
+    port = os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 2**16:
+        raise ValueError(f"MASTER_PORT={port!r} is not a port number (1..65535)")
+    return os.environ["MASTER_ADDR"], int(port)
 
 
 def _child_main(rank: int, world: int, devices: list[str], port: int, backend: str, timeout_s: float,

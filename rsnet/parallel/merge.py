@@ -9,6 +9,7 @@ the same collectives in the same order, whatever its weight (a weight of 0 is fi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -54,6 +55,17 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.
     return buckets
 
 
+def pack_header(weight: float, meta: torch.Tensor, integer: list[torch.Tensor], primary: bool,
+                device: torch.device) -> torch.Tensor:
+    """The merge's first all-reduce as one float64 vector built on ``device`` (the backend's): [w_i, 1, meta...,
+    integer buffers — the primary's values, zeros elsewhere, so the sum is the primary's]. Every part is moved
+    to ``device`` before it is joined: the weight and meta are made on the host while integer buffers such as
+    ``num_batches_tracked`` live with the model (on a GPU)."""
+    parts = [torch.tensor([weight, 1.0], dtype=torch.float64, device=device), meta.to(device=device, dtype=torch.float64)]
+    parts += [t.detach().reshape(-1).to(device=device, dtype=torch.float64) * (1.0 if primary else 0.0) for t in integer]
+    return torch.cat(parts)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -73,16 +85,12 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
 
     If Σ_j w_j = 0 the replicas are averaged uniformly.
     """
-    import time
-
     started = time.perf_counter()
     floating, integer = merge_tensors(module)
     params_device = floating[0].device if floating else torch.device("cpu")
     comm = torch.device(comm_device) if comm_device is not None else params_device
     extra = meta.detach().to(torch.float64).flatten() if meta is not None else torch.zeros(0, dtype=torch.float64)
-    rank = dist.get_rank(group)
-    ints = [t.detach().reshape(-1).to(torch.float64) * (1.0 if rank == 0 else 0.0) for t in integer]
-    header = torch.cat([torch.tensor([float(weight), 1.0], dtype=torch.float64), extra] + ints).to(comm)
+    header = pack_header(float(weight), extra, integer, dist.get_rank(group) == 0, comm)
     _synchronize(params_device)
     wait_started = time.perf_counter()
     dist.all_reduce(header, group=group)

@@ -1,10 +1,12 @@
 """Dynamic scheduling and batch-size control: pure functions plus the store-backed claimer.
 
 * :func:`epoch_permutation` — the shared, seeded order of an epoch (every worker computes the same one).
+* :func:`interval_bounds` / :func:`static_batches` — how an epoch is cut, never leaving a piece below ``b_min``.
 * :class:`IntervalClaimer` — workers claim the next ``b_i`` positions of a merge interval through an
-  atomic counter in the c10d store (``store.add`` returns the counter after the increment, so each call
-  owns ``[new - b_i, new)``); once the counter passes the interval's size the interval is exhausted.
-* :func:`next_batch_sizes` — the controller: b_i ← clip(round_8(b_i + γ(B·s_i/Σs_j − b_i)), b_min, b_max_i).
+  atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
+  so that no claim is smaller than ``b_min`` (a remainder below it joins the claim before it).
+* :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
+* :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_samples, generator=generator)
 
 
-def interval_bounds(num_samples: int, merge_interval: int) -> list[tuple[int, int]]:
-    """[start, end) positions of every merge interval of an epoch (the last may be shorter)."""
+def interval_bounds(num_samples: int, merge_interval: int, minimum: int = 1) -> list[tuple[int, int]]:
+    """[start, end) positions of every merge interval of an epoch; a last interval shorter than ``minimum``
+    joins the one before it (the adaptive strategy passes max(b_min, M / 2): no interval is too short for a
+    batch of b_min, and no merge is spent on a scrap of an epoch)."""
     if num_samples <= 0:
         return []
     size = merge_interval if 0 < merge_interval < num_samples else num_samples
-    return [(start, min(start + size, num_samples)) for start in range(0, num_samples, size)]
+    bounds = [(start, min(start + size, num_samples)) for start in range(0, num_samples, size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < minimum:
+        bounds[-2:] = [(bounds[-2][0], num_samples)]
+    return bounds
 
 
 def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_size: int) -> torch.Tensor:
@@ -39,21 +46,45 @@ def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_s
     return order[rank:total:world_size]
 
 
-class IntervalClaimer:
-    """Claim positions of one merge interval through an atomic counter in the store."""
+def static_batches(shard: torch.Tensor, size: int, minimum: int) -> list[torch.Tensor]:
+    """``shard`` cut into batches of ``size``; a last batch smaller than ``minimum`` joins the one before it.
+    Every worker of a static split has a shard of the same length, so all get the same number of batches."""
+    batches = list(shard.split(max(int(size), 1)))
+    if len(batches) > 1 and len(batches[-1]) < minimum:
+        batches[-2:] = [torch.cat(batches[-2:])]
+    return batches
 
-    def __init__(self, store, key: str, size: int) -> None:
-        self.store, self.key, self.size = store, key, int(size)
+
+def claim_span(start: int, count: int, size: int, minimum: int) -> tuple[int, int] | None:
+    """The positions [start, end) of an interval of ``size`` that a claim of ``count`` owns, given that the
+    shared counter stood at ``start`` before the claim; None when there is nothing for it.
+
+    Rule: no claim leaves fewer than ``minimum`` positions behind — it takes them too — so a claim that
+    starts within ``minimum`` of the end (and is not the first) finds its positions already taken by the
+    claim before it. Every position is owned by exactly one claim whatever the order and sizes of the claims,
+    and no claim is smaller than ``min(count, minimum)`` unless the whole interval is.
+    """
+    if start >= size or (start > 0 and size - start < minimum):
+        return None
+    end = min(start + count, size)
+    if 0 < size - end < minimum:
+        end = size
+    return start, end
+
+
+class IntervalClaimer:
+    """Claim positions of one merge interval through an atomic counter in the store (``store.add`` returns the
+    counter after the increment, so a claim of ``count`` found it at ``new − count``)."""
+
+    def __init__(self, store, key: str, size: int, minimum: int = 1) -> None:
+        self.store, self.key, self.size, self.minimum = store, key, int(size), int(minimum)
         self.seen = 0  # the counter as of this claimer's last store call (a lower bound of the current one)
 
     def claim(self, count: int) -> tuple[int, int] | None:
-        """Own the next ``count`` positions: (start, end) with end ≤ size, or None once the interval is used up."""
+        """Own the next positions (:func:`claim_span`), or None once the interval is used up."""
         end = int(self.store.add(self.key, int(count)))
         self.seen = end
-        start = end - int(count)
-        if start >= self.size:
-            return None
-        return start, min(end, self.size)
+        return claim_span(end - int(count), int(count), self.size, self.minimum)
 
     def remaining(self) -> int:
         """Positions not yet claimed by anyone (one store round trip)."""
@@ -64,26 +95,73 @@ class IntervalClaimer:
 def tail_claim_size(batch: int, remaining: int, weights: Sequence[float], rank: int, minimum: int = 1) -> int:
     """Batch to claim when only ``remaining`` positions of the interval are left: this worker's share of them
     by ``weights`` (speeds), rounded up, within [minimum, batch], so that the workers finish the interval
-    together instead of one computing a last full batch while the others wait in the merge. A claim never
-    leaves fewer than ``minimum`` positions behind (no batch of 1 for BatchNorm) unless it cannot help it."""
+    together instead of one computing a last full batch while the others wait in the merge. (A remainder
+    below ``minimum`` that a claim would leave is joined to it by :func:`claim_span`.)"""
     total = sum(max(w, 0.0) for w in weights)
     if remaining <= 0 or total <= 0:
         return batch
-    low = max(1, min(minimum, batch))
-    count = max(low, min(batch, math.ceil(remaining * max(weights[rank], 0.0) / total)))
-    if 0 < remaining - count < low:  # do not leave a scrap: take all of it, or leave exactly ``low``
-        if remaining <= batch:
-            count = remaining
-        elif remaining - low >= low:
-            count = remaining - low
-    return count
+    share = math.ceil(remaining * max(weights[rank], 0.0) / total)
+    return max(min(minimum, batch), min(batch, share))
 
 
-def round_to_multiple(value: float, multiple: int) -> int:
-    """Nearest multiple of ``multiple`` (at least one multiple); plain rounding when multiple ≤ 1."""
-    if multiple <= 1:
-        return max(1, int(round(value)))
-    return max(multiple, int(round(value / multiple)) * multiple)
+# --------------------------------------------------------------------------------------- batch sizes
+
+
+def check_batch_settings(total_batch: int, world: int, b_min: int, b_max: int, multiple: int) -> None:
+    """Raise ValueError, naming the setting to change, when ``world`` batches within [b_min, b_max] (multiples
+    of ``multiple``) cannot add up to ``total_batch``."""
+    if b_min < 1 or b_max < b_min:
+        raise ValueError(f"trainer.batch_min={b_min}, trainer.batch_max={b_max}: need 1 <= batch_min <= batch_max")
+    if multiple > 1 and b_min % multiple:
+        raise ValueError(f"trainer.batch_min={b_min} is not a multiple of trainer.batch_multiple={multiple}: "
+                         f"use batch_min={max(multiple, b_min // multiple * multiple)} or batch_multiple=1")
+    if world * b_min > total_batch:
+        raise ValueError(f"batch_size={total_batch} is too small for {world} workers with trainer.batch_min={b_min} "
+                         f"(every worker needs at least batch_min, {world} x {b_min} = {world * b_min}): raise "
+                         f"batch_size to >= {world * b_min} or lower trainer.batch_min")
+    if sum(initial_batch_sizes(total_batch, world, b_min, b_max, multiple)) != total_batch:
+        raise ValueError(f"batch_size={total_batch} does not fit {world} workers with trainer.batch_max={b_max} "
+                         f"(multiples of trainer.batch_multiple={multiple}): raise trainer.batch_max to >= "
+                         f"{math.ceil(total_batch / world / max(multiple, 1)) * max(multiple, 1)} or lower batch_size")
+
+
+def initial_batch_sizes(total_batch: int, world_size: int, b_min: int, b_max: int, multiple: int = 8) -> list[int]:
+    """The equal split of B: multiples of ``multiple`` within bounds that add up to B (the lowest ranks get the
+    extra multiples, rank 0 also B mod ``multiple``)."""
+    share = total_batch / world_size
+    caps = [int(b_max)] * world_size
+    return fit_total(total_batch, [0] * world_size, [share] * world_size, b_min, caps, multiple)
+
+
+def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], b_min: int, caps: Sequence[int],
+              multiple: int) -> list[int]:
+    """Sizes close to ``proposed`` that add up to ``total``: multiples of ``multiple`` within [b_min, cap_i],
+    plus total mod ``multiple`` on one worker. A cap at or below b_min (after an out-of-memory) is a fixed size.
+
+    Where the proposals add up to more (less) than ``total``, one multiple at a time is taken from (given to)
+    the worker whose proposal lies furthest above (below) what it ``wanted``; ties go to the lowest rank.
+    Where the bounds make ``total`` unreachable the closest reachable sizes are returned.
+    """
+    n = len(proposed)
+    unit = max(int(multiple), 1)
+    sizes = [int(caps[i]) if caps[i] <= b_min else 0 for i in range(n)]
+    free = [i for i in range(n) if caps[i] > b_min]
+    if not free:
+        return sizes
+    units_total, remainder = divmod(max(total - sum(sizes), 0), unit)
+    low = -(-b_min // unit)
+    high = {i: max(int(caps[i]) // unit, low) for i in free}
+    units = {i: min(max(int(proposed[i]) // unit, low), high[i]) for i in free}
+    while sum(units.values()) > units_total and (above := [i for i in free if units[i] > low]):
+        units[max(above, key=lambda i: (units[i] * unit - wanted[i], -i))] -= 1
+    while sum(units.values()) < units_total and (below := [i for i in free if units[i] < high[i]]):
+        units[max(below, key=lambda i: (wanted[i] - units[i] * unit, -i))] += 1
+    for i in free:
+        sizes[i] = units[i] * unit
+    holders = [i for i in free if sizes[i] + remainder <= caps[i]]
+    if remainder and holders:
+        sizes[max(holders, key=lambda i: (units[i], -i))] += remainder
+    return sizes
 
 
 def proportional_targets(speeds: Sequence[float], total_batch: int, b_min: int, b_max: Sequence[int]) -> list[float]:
@@ -114,58 +192,45 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, b_min: int, 
 def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batch: int, b_min: int,
                      b_max: Sequence[int] | int, multiple: int = 8, damping: float = 0.5,
                      deadband: float = 0.05) -> list[int]:
-    """One controller step: move every b_i part of the way toward its speed-proportional share.
+    """One controller step: move every b_i part of the way toward its speed-proportional share, keeping Σ b_i = B.
 
-    target_i = B·s_i/Σs_j (water-filled within [b_min, b_max_i]); b_i ← b_i + γ·(target_i − b_i),
-    rounded to a multiple of ``multiple`` (when the bounds allow it) and clipped to [b_min, b_max_i].
-    A worker within ``deadband`` (relative) or half a multiple of its target keeps its size.
+    target_i = B·s_i/Σs_j (water-filled within [b_min, b_max_i]); b_i moves by γ·(target_i − b_i) in whole
+    multiples of ``multiple`` — at least one, at most to the multiple nearest the target — unless it is within
+    ``deadband`` (relative) or half a multiple of its target; then :func:`fit_total` restores Σ b_i = B.
 
-    Stability: for fixed speeds a step moves toward the target and never past the multiple nearest to it
-    (γ ≤ 1; at most half a multiple beyond the target, inside the hold band), so the sizes approach the
-    proportional split monotonically and then stay put: no oscillation.
+    Stability: for fixed speeds every step moves a size toward its target and never further than half a
+    multiple past it, inside the hold band, so the sizes settle on the proportional split and stay there.
     """
     n = len(current)
     caps = [int(b_max)] * n if isinstance(b_max, (int, float)) else [int(c) for c in b_max]
     caps = [max(c, 1) for c in caps]
-    lows = [min(b_min, c) for c in caps]  # an out-of-memory cap below b_min wins over b_min
     if any(s <= 0 for s in speeds):
-        return [_clip(int(b), lows[i], caps[i], multiple) for i, b in enumerate(current)]
+        return fit_total(total_batch, current, [float(b) for b in current], b_min, caps, multiple)
     targets = proportional_targets(speeds, total_batch, b_min, caps)
-    sizes = []
-    for i in range(n):
-        b, target = int(current[i]), targets[i]
-        gap = target - b
-        if abs(gap) <= max(deadband * b, multiple / 2 if multiple > 1 else 0.5):
-            proposed = b
-        else:
-            step = gap * damping
-            # Move toward the target by at least one multiple, at most to the multiple nearest the target
-            # (past it by at most half a multiple, which the deadband of at least half a multiple then holds).
-            # Stopping short of the target instead would leave any gap below one multiple unclosed: with
-            # B = 32 and a 2:1 speed ratio the sizes would stay at 16/16 (targets 21.3/10.7) for ever.
-            unit = multiple if multiple > 1 else 1
-            moved = round_to_multiple(abs(step), unit)
-            moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
-            proposed = b + int(math.copysign(moved, gap))
-        sizes.append(_clip(proposed, lows[i], caps[i], multiple))
-    return sizes
+    unit = max(int(multiple), 1)
+    proposed = []
+    for b, target in zip(current, targets):
+        gap = target - int(b)
+        if abs(gap) <= max(deadband * int(b), unit / 2):
+            proposed.append(int(b))
+            continue
+        # Move toward the target by at least one multiple, at most to the multiple nearest the target (past it
+        # by at most half a multiple, which the hold band of at least half a multiple then keeps). Stopping short
+        # instead would never close a gap below one multiple: with B = 32 and speeds 2:1 the sizes would stay at
+        # 16/16 (targets 21.3/10.7) for ever; this way they go to 24/8.
+        moved = max(unit, round(abs(gap) * damping / unit) * unit)
+        moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
+        proposed.append(int(b) + int(math.copysign(moved, gap)))
+    return fit_total(total_batch, proposed, targets, b_min, caps, multiple)
 
 
-def _clip(value: int, low: int, high: int, multiple: int) -> int:
-    """Clip to [low, high], preferring a multiple of ``multiple`` inside the bounds when one exists."""
-    value = min(max(value, low), high)
-    if multiple > 1 and value % multiple:
-        down = (value // multiple) * multiple
-        up = down + multiple
-        if low <= down:
-            return down
-        if up <= high:
-            return up
-    return value
-
-
-def initial_batch_sizes(total_batch: int, world_size: int, b_min: int, b_max: int, multiple: int = 8) -> list[int]:
-    """Equal split of B, rounded to a multiple of ``multiple`` where the total allows it, within bounds."""
-    share = total_batch / world_size
-    size = round_to_multiple(share, multiple) if share >= multiple else max(1, int(round(share)))
-    return [_clip(size, b_min, b_max, multiple if share >= multiple else 1)] * world_size
+def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
+                    minimum: int) -> int:
+    """The size of worker ``rank``'s next claim: its batch b_i, except near the end of the interval (fewer than
+    two rounds of everyone's batches left as of the claimer's last store call; only then one more store read
+    for the exact remainder), where it is the worker's speed share of what is left (:func:`tail_claim_size`)."""
+    batch = int(sizes[rank])
+    if len(sizes) == 1 or claimer.size - claimer.seen > 2 * sum(sizes):
+        return batch
+    weights = list(speeds) if all(s > 0 for s in speeds) else [float(b) for b in sizes]
+    return tail_claim_size(batch, claimer.remaining(), weights, rank, minimum)

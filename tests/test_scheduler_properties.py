@@ -1,0 +1,133 @@
+"""Properties of the adaptive scheduler over many configurations, without processes.
+
+W real :class:`AdaptiveStrategy` objects share one in-memory store and claim batches as W devices of the
+given speeds would (the worker whose simulated clock is lowest claims next); after every interval each
+gets the same merged table through :meth:`AdaptiveStrategy.adapt`, as the merge gives it. There is no
+process group at all, so these runs also show that claiming never issues a collective: the only
+communication points are ``end_interval`` and ``end_epoch``, which the simulation replaces.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import rsnet.parallel.strategies as strategies_module
+from rsnet.parallel import WorkerContext, build_strategy
+from rsnet.parallel.schedule import epoch_permutation
+
+SEED = 3
+
+
+class _DictStore:
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
+
+def _context(rank: int, world: int, store: _DictStore) -> WorkerContext:
+    return WorkerContext(rank=rank, world_size=world, device=torch.device("cpu"), store=store, group=None,
+                         is_primary=rank == 0, devices=["cpu"] * world)
+
+
+def _build(trainer: dict, ctx: WorkerContext, num_samples: int, total_batch: int):
+    """A strategy as worker ``ctx.rank``'s process builds it: its store keys are numbered by how many strategies
+    the process built before (the same on every worker), so here every simulated worker counts from zero."""
+    strategies_module._instances = 0
+    return build_strategy(trainer, ctx, nn.Linear(1, 1), None, num_samples, total_batch, SEED)
+
+
+def simulate(speeds: list[float], total_batch: int, merge_interval: int, num_samples: int, epochs: int = 3):
+    """Run the adaptive scheduler's claiming and control as ``len(speeds)`` devices of those speeds (samples/s)
+    would; returns (claims as (epoch, rank, Claim) in store order, total batch after every merge, strategies)."""
+    world, store = len(speeds), _DictStore()
+    trainer = {"name": "adaptive", "merge_interval": merge_interval, "log_intervals": False}
+    strategies = [_build(trainer, _context(rank, world, store), num_samples, total_batch) for rank in range(world)]
+    claims, totals, known = [], [], [0.0] * world
+    for epoch in range(epochs):
+        intervals = {strategy.start_epoch(epoch) for strategy in strategies}
+        assert len(intervals) == 1
+        for interval in range(intervals.pop()):
+            streams = [strategy.claims(interval) for strategy in strategies]
+            clock, samples, updates, active = [0.0] * world, [0] * world, [0] * world, set(range(world))
+            while active:
+                rank = min(active, key=lambda r: (clock[r], r))
+                claim = next(streams[rank], None)
+                if claim is None:
+                    active.discard(rank)
+                    continue
+                claims.append((epoch, rank, claim))
+                clock[rank] += len(claim.indices) / speeds[rank]
+                samples[rank] += len(claim.indices)
+                updates[rank] += 1
+            known = [samples[r] / clock[r] if clock[r] else known[r] for r in range(world)]
+            table = {"n": samples, "s": known, "b": [s.batch_size for s in strategies], "updates": updates,
+                     "compute": clock, "b_max": [s.cap for s in strategies]}
+            for strategy in strategies:
+                strategy.adapt(table)
+            assert all(s.sizes == strategies[0].sizes for s in strategies)  # every worker computes the same sizes
+            totals.append(sum(strategies[0].sizes))
+    return claims, totals, strategies
+
+
+CASES = [(world, ratio, batch, interval)
+         for world, ratio, batch, interval in itertools.product((1, 2, 3, 4), (1.0, 2.0, 10.0), (8, 32, 100, 256),
+                                                                (40, 128, 1000))
+         if world * 8 <= batch]
+
+
+@pytest.mark.parametrize("world, ratio, total_batch, merge_interval", CASES)
+def test_every_sample_once_no_small_batch_total_kept_one_clock(world: int, ratio: float, total_batch: int,
+                                                               merge_interval: int) -> None:
+    num_samples, epochs = 300, 3
+    speeds = [1.0 + (ratio - 1.0) * r / max(world - 1, 1) for r in range(world)]  # 1 ... ratio
+    claims, totals, _ = simulate(speeds, total_batch, merge_interval, num_samples, epochs)
+    assert totals and all(total == total_batch for total in totals)
+    for epoch in range(epochs):
+        mine = [claim for e, _, claim in claims if e == epoch]
+        indices = [i for claim in mine for i in claim.indices.tolist()]
+        assert sorted(indices) == list(range(num_samples))  # every training sample exactly once
+        assert min(len(claim.indices) for claim in mine) >= 8  # no batch below batch_min
+        # One clock: a batch's lr position is where its first sample stands in the epoch's shared order,
+        # whichever worker trains it, so positions rise in claim order on every worker alike.
+        order = epoch_permutation(num_samples, SEED, epoch).tolist()
+        positions = [claim.position for claim in mine]
+        assert positions == [epoch + order.index(int(claim.indices[0])) / num_samples for claim in mine]
+        assert positions == sorted(positions) and epoch <= positions[0] and positions[-1] < epoch + 1
+
+
+@pytest.mark.parametrize("world, total_batch", [(8, 32), (3, 16), (4, 24)])
+def test_bounds_that_cannot_add_up_to_the_total_batch_are_refused(world: int, total_batch: int) -> None:
+    with pytest.raises(ValueError, match=f"batch_size={total_batch} is too small for {world} workers"):
+        simulate([1.0] * world, total_batch, 64, 100)
+
+
+def test_fast_worker_gets_the_larger_share_and_updates_balance() -> None:
+    claims, _, strategies = simulate([1.0, 10.0], 256, 1000, 3000, epochs=2)
+    sizes = strategies[0].sizes
+    assert sizes[1] > 4 * sizes[0] and sum(sizes) == 256
+    late = [(rank, claim) for epoch, rank, claim in claims if epoch == 1]
+    updates = [sum(1 for rank, _ in late if rank == r) for r in range(2)]
+    assert abs(updates[0] - updates[1]) <= max(updates) * 0.3, updates
+
+
+def test_static_strategies_share_one_clock() -> None:
+    """sync / local_sgd: step k of an epoch is at k·B / N_padded on every worker."""
+    for name in ("local_sgd",):  # sync wraps the model in DDP, which needs a process group
+        world, store = 3, _DictStore()
+        strategies = [_build({"name": name, "average_every": 2}, _context(r, world, store), 100, 24)
+                      for r in range(world)]
+        per_worker = []
+        for strategy in strategies:
+            positions = []
+            for interval in range(strategy.start_epoch(1)):
+                positions += [claim.position for claim in strategy.claims(interval)]
+            per_worker.append(positions)
+        assert per_worker[0] == per_worker[1] == per_worker[2]
+        assert per_worker[0][0] == 1.0 and all(1.0 <= p < 2.0 for p in per_worker[0])

@@ -1,0 +1,155 @@
+"""Started by torchrun: the worker's store on the rendezvous endpoint, and scripts/train.py end to end.
+
+The store tests run one worker in this process with the environment torchrun (or a user, or SLURM)
+would set; the end-to-end test runs ``torchrun --standalone --nproc-per-node=2`` on two CPU workers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rsnet.parallel import WorkerContext, launch
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1", "trainer.timeout_s=60", "backbone=test_resnet",
+        "model=baseline", "dataset.image_size=32", "epochs=1", "log.progress_bar=false"]
+RUN_TIMEOUT_S = 300
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+TORCHRUN_ENV = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+# ------------------------------------------------------------------------------ the store, in process
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _claim_and_read_raw_key(ctx: WorkerContext, raw_key: str) -> tuple[int, int]:
+    """Claim 3 through the worker's store; return the counter and ``raw_key`` read without any prefix."""
+    count = ctx.store.add("claims", 3)
+    raw = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                        timeout=datetime.timedelta(seconds=30))
+    return count, int(raw.get(raw_key))
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The environment of rank 0 in a world of 1 on a free MASTER_PORT (no TORCHELASTIC_* yet)."""
+    port = _free_port()
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    for key in TORCHRUN_ENV:
+        monkeypatch.delenv(key, raising=False)
+    return port
+
+
+def _launch_one(raw_key: str) -> tuple[int, int]:
+    return launch(_claim_and_read_raw_key, ["cpu"], raw_key, timeout_s=30, cpu_threads=torch.get_num_threads())
+
+
+def test_rank_zero_hosts_the_store_when_no_agent_does(torchrun_env: int) -> None:
+    """RANK etc. set by hand or by SLURM: rank 0 serves MASTER_PORT; keys go under the default run prefix."""
+    assert _launch_one("rsnet/none/0/claims") == (3, 3)
+    assert not dist.is_initialized()
+
+
+def test_workers_join_the_agent_store_under_run_id_and_restart(torchrun_env: int,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = dist.TCPStore("127.0.0.1", torchrun_env, 2, True, timeout=datetime.timedelta(seconds=30),
+                          wait_for_workers=False)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "aid-run")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    agent.set("rsnet/aid-run/2/claims", "10")  # what an earlier claim of this attempt left
+    agent.set("rsnet/aid-run/1/claims", "1000")  # the failed attempt's counter: not this one's
+    assert _launch_one("rsnet/aid-run/2/claims") == (13, 13)
+    assert not dist.is_initialized()
+
+
+def test_missing_master_endpoint_is_named(torchrun_env: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ValueError, match="no MASTER_PORT in the environment"):
+        _launch_one("claims")
+    monkeypatch.setenv("MASTER_PORT", "http")
+    with pytest.raises(ValueError, match="MASTER_PORT='http'"):
+        _launch_one("claims")
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+
+def _run(command: list[str], timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """Run ``command`` from the repository root in its own session; None (all of it killed) on timeout."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", *TORCHRUN_ENV)}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun's workers too, not only the agent
+        process.communicate()
+        return None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _skip_unless_torchrun_works() -> None:
+    """Skip when even a do-nothing ``torchrun --standalone`` fails here (e.g. no usable loopback)."""
+    probe = _run([*TORCHRUN, "--no-python", sys.executable, "-c", "pass"], timeout_s=120)
+    if probe is None or probe.returncode != 0:
+        reason = "timed out after 120 s" if probe is None else f"exit {probe.returncode}: {probe.stderr[-500:]}"
+        pytest.skip(f"torchrun --standalone does not work in this environment ({reason})")
+
+
+def _train(run_dir: Path, torchrun: bool) -> subprocess.CompletedProcess:
+    launcher = TORCHRUN if torchrun else [sys.executable]
+    command = [*launcher, str(REPO / "scripts" / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]
+    done = _run(command)
+    if done is None or done.returncode != 0:
+        if torchrun:
+            _skip_unless_torchrun_works()
+        output = "(timed out)" if done is None else f"{done.stdout}\n{done.stderr}"
+        pytest.fail(f"{' '.join(command)} failed:\n{output}")
+    return done
+
+
+def _key_tree(value: Any) -> Any:
+    """The keys of a JSON object and of the objects nested in it (values dropped)."""
+    if isinstance(value, dict):
+        return {key: _key_tree(item) for key, item in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [_key_tree(value[0])]
+    return None
+
+
+@pytest.mark.slow
+def test_torchrun_trains_like_the_spawn_launcher(tmp_path: Path) -> None:
+    """Exit 0 on every rank; the same outputs as a spawned run; only rank 0 writes Hydra's files."""
+    done = _train(tmp_path / "torchrun", torchrun=True)
+    output = done.stdout + done.stderr
+    assert "ChildFailedError" not in output and "Traceback" not in output, output
+    assert output.count("run dir: ") == 1, output  # only the primary prints the final figures
+    run_dir = tmp_path / "torchrun"
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "train.log").read_text().count("[rsnet.data.datasets]") == 1  # rank 0's line only
+    _train(tmp_path / "spawn", torchrun=False)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    spawned = json.loads((tmp_path / "spawn" / "metrics.json").read_text())
+    assert _key_tree(metrics) == _key_tree(spawned)
