@@ -187,3 +187,29 @@ def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path) ->
         accumulator.Reload()
         tags |= set(accumulator.Tags()["scalars"])
     assert {"scheduler/b/0", "scheduler/b/1", "scheduler/p/0", "scheduler/idle/1"} <= tags, tags
+
+
+def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path) -> None:
+    """Defect: this command crashed in epoch 1 on a batch of 1 ('Expected more than 1 value per channel')."""
+    run_dir = tmp_path / "three_workers"
+    run_script("train.py", "trainer.devices=[cpu,cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.0,3.0]",
+               "trainer.merge_interval=64", "backbone=test_resnet", "model=baseline", "dataset.image_size=32",
+               "epochs=2", "log.progress_bar=false", f"hydra.run.dir={run_dir}")
+    report = json.loads((run_dir / "metrics.json").read_text())["scheduler"]
+    assert report["strategy"] == "adaptive" and report["simulated_slowdown"] == [1.0, 1.0, 3.0]
+    workers = report["workers"]
+    assert [w["device"] for w in workers] == ["cpu"] * 3
+    assert sum(w["samples"] for w in workers) == 2 * 210  # every training sample once per epoch
+    assert report["merges"] == 2 * 3  # 210 = 64 + 64 + 82: the last 18 samples join the third interval
+    assert all(w["updates"] > 0 and w["mean_batch"] >= 8 for w in workers)
+
+
+def test_prefetch_changes_timing_only(tmp_path: Path) -> None:
+    """The background thread prepares the same batches in the same order: identical weights either way."""
+    states = []
+    for prefetch in ("true", "false"):
+        run_dir = tmp_path / f"prefetch_{prefetch}"
+        train(run_dir, "model=baseline", "epochs=1", f"prefetch={prefetch}", "dataset.image_size=32")
+        states.append(load_checkpoint(run_dir / "checkpoints" / "last.pt")["model_state"])
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
