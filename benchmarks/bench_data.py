@@ -9,8 +9,9 @@ Measures, in one run on the bundled data/ucmerced-mini (or --root) at 128 px:
    from other processes on the machine hits both paths alike.
 2. data stall while training a timm resnet18 (pretrained=False, 21 classes) on CPU at 128 px,
    batch 32, for ``--steps`` steps: the fraction of step time spent waiting for the next batch,
-   for the plain path, the cached path (synchronous ``get_batch``), and the cached path with
-   ``prefetch_batches`` (batch prepared by a background thread during the step).
+   for the plain path, the cached path (synchronous ``get_batch``), and the cached path through the
+   trainer's ``BatchPrefetcher`` (``prefetch=true``: the next batch prepared by a background thread
+   during the step). The three sources take turns, ``--repeats`` rounds; median and range per source.
 
     python benchmarks/bench_data.py [--size 128] [--batch 32] [--steps 10] [--repeats 5]
     python benchmarks/bench_data.py --dataset ucmerced --root tests/fixtures/ucmerced-tif-sample  # real .tif
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,7 +33,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rsnet.data import SceneDataset, build_datasets, eval_transform, prefetch_batches, train_transform  # noqa: E402
+from rsnet.data import BatchPrefetcher, SceneDataset, build_datasets, eval_transform, train_transform  # noqa: E402
 
 
 class PlainImageFolder(torch.utils.data.Dataset):
@@ -108,6 +110,36 @@ def stall(model, opt, source, steps):
         wait += t1 - t0
         total += t2 - t0
     return wait, total
+
+
+def prefetched(ds, batch):
+    """A source factory: ``ds.get_batch`` through the trainer's BatchPrefetcher (one batch ahead on a thread)."""
+
+    def make():
+        prefetcher = BatchPrefetcher(ds.get_batch, "cpu")
+        batches = prefetcher.batches(iter(endless(ds, batch)))
+        source = ((b.images, b.labels) for b in batches)
+
+        def close():
+            batches.close()
+            prefetcher.close()
+
+        return _Closing(source, close)
+
+    return make
+
+
+class _Closing:
+    """An iterator with a ``close`` that also releases what produced it."""
+
+    def __init__(self, iterator, close):
+        self.iterator, self.close = iterator, close
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.iterator)
 
 
 def endless(ds, batch):
@@ -190,18 +222,17 @@ def main():
     model = timm.create_model("resnet18", pretrained=False, num_classes=len(bundle.class_names))
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rows = []
     sources = {
         "plain (decode+augment per access)": lambda: (plain.get_batch(i) for i in endless(plain, args.batch)),
         "cached, get_batch in the loop": lambda: (cached.get_batch(i) for i in endless(cached, args.batch)),
-        "cached + prefetch_batches": lambda: prefetch_batches(cached, endless(cached, args.batch), depth=2),
+        "cached + BatchPrefetcher (prefetch)": prefetched(cached, args.batch),
     }
-    for name, make in sources.items() if args.steps > 0 else ():
-        src = make()
-        wait, total = stall(model, opt, src, args.steps)
-        if hasattr(src, "close"):
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in sources}
+    for _ in range(args.repeats if args.steps > 0 else 0):  # the sources take turns: load hits all alike
+        for name, make in sources.items():
+            src = make()
+            rows[name].append(stall(model, opt, src, args.steps))
             src.close()
-        rows.append((name, wait, total))
 
     print()
     print(f"{'input path':38s} {'images/s':>10s}")
@@ -219,14 +250,18 @@ def main():
         print(f"{'  plain':38s} {bp:10.0f}")
         print(f"{'  cached':38s} {bc:10.0f}")
         print(f"{'  ratio cached / plain':38s} {bc / bp:10.2f}x")
-    if not rows:
+    if args.steps <= 0:
         return
     print()
-    print(f"data stall, timm resnet18 on CPU, {args.size} px, batch {args.batch}, {args.steps} steps "
-          f"(target < 5 %):")
-    print(f"{'input path':38s} {'step s':>8s} {'wait ms':>8s} {'stall':>7s}")
-    for name, wait, total in rows:
-        print(f"{name:38s} {total / args.steps:8.3f} {1000 * wait / args.steps:8.1f} {100 * wait / total:6.2f}%")
+    print(f"data stall, timm resnet18 on CPU, {args.size} px, batch {args.batch}, {args.steps} steps x "
+          f"{args.repeats} interleaved rounds (target < 5 %):")
+    print(f"{'input path':38s} {'step s':>8s} {'wait ms':>8s} {'stall (median, range)':>24s}")
+    for name, runs in rows.items():
+        stalls = sorted(100 * wait / total for wait, total in runs)
+        steps = statistics.median(total for _, total in runs) / args.steps
+        waits = statistics.median(wait for wait, _ in runs) / args.steps
+        print(f"{name:38s} {steps:8.3f} {1000 * waits:8.1f} {statistics.median(stalls):8.2f}% "
+              f"({stalls[0]:.2f}-{stalls[-1]:.2f})")
 
 
 if __name__ == "__main__":

@@ -139,18 +139,17 @@ def test_hydra_dataset_configs():
         assert 0 < cfg.train_ratio < 1 and cfg.cache in ("memory", "disk", "none")
 
 
-def test_prefetch_batches_yields_get_batch_in_order(mini_root):
-    from rsnet.data import prefetch_batches
+def test_prefetcher_yields_get_batch_in_order_and_raises_its_errors(mini_root):
+    from rsnet.data import BatchPrefetcher
 
     test = build_datasets("ucmerced_mini", mini_root, 0.5, 0, 16).test
     batches = [list(range(i, i + 8)) for i in range(0, 40, 8)]
-    got = list(prefetch_batches(test, batches))
+    prefetcher = BatchPrefetcher(test.get_batch, "cpu")
+    got = list(prefetcher.batches(iter(batches)))
     assert len(got) == 5
-    for idx, (x, y) in zip(batches, got):
+    for idx, batch in zip(batches, got):
         ex, ey = test.get_batch(idx)
-        assert torch.equal(x, ex) and torch.equal(y, ey)
+        assert torch.equal(batch.images, ex) and torch.equal(batch.labels, ey)
     with pytest.raises(IndexError):
-        list(prefetch_batches(test, [[0, 1], [10_000]]))
-    it = prefetch_batches(test, iter(batches), depth=1)
-    next(it)
-    it.close()  # stopping early does not hang
+        list(prefetcher.batches(iter([[0, 1], [10_000]])))
+    prefetcher.close()

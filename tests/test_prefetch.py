@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from rsnet.engine.prefetch import BatchPrefetcher
+from rsnet.data import BatchPrefetcher
 from rsnet.engine.step_timer import StepTimer
 from rsnet.parallel.strategies import Claim
 
@@ -19,9 +19,9 @@ def _claims(count: int, threads: list[str]):
         yield Claim(torch.arange(step * 4, step * 4 + 4), float(step))
 
 
-def _load(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _load(claim: Claim) -> tuple[torch.Tensor, torch.Tensor]:
     time.sleep(0.02)  # decoding and augmentation
-    return indices.float().unsqueeze(1).repeat(1, 3), indices
+    return claim.indices.float().unsqueeze(1).repeat(1, 3), claim.indices
 
 
 def test_prefetched_batches_equal_inline_ones_and_are_claimed_on_the_thread() -> None:
@@ -33,7 +33,7 @@ def test_prefetched_batches_equal_inline_ones_and_are_claimed_on_the_thread() ->
         prefetcher.close()
         results[enabled] = batches
         assert all(name.startswith("rsnet-prefetch") == enabled for name in threads), threads
-    assert [b.claim.position for b in results[True]] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [b.request.position for b in results[True]] == [0.0, 1.0, 2.0, 3.0, 4.0]
     for ahead, inline in zip(results[True], results[False]):
         assert torch.equal(ahead.images, inline.images) and torch.equal(ahead.labels, inline.labels)
 

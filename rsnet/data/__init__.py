@@ -21,13 +21,14 @@ from .errors import (
     DatasetValidationError,
     SplitMismatchError,
 )
-from .loader import prefetch_batches
+from .loader import BatchPrefetcher, PreparedBatch
 from .specs import DATASETS, DatasetSpec
 from .splits import Split, check_train_ratio, stratified_split
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
     "CACHE_MODES",
+    "BatchPrefetcher",
     "DATASETS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -39,6 +40,7 @@ __all__ = [
     "DatasetSpec",
     "DatasetValidationError",
     "ImageStore",
+    "PreparedBatch",
     "ScanResult",
     "SceneDataset",
     "Split",
@@ -53,7 +55,6 @@ __all__ = [
     "eval_transform",
     "find_class_root",
     "get_spec",
-    "prefetch_batches",
     "scan_dataset",
     "stratified_split",
     "train_transform",

@@ -222,7 +222,7 @@ def _normalize_nchw(u8: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.nda
     HWC->CHW copy costs twice as much), then each plane is cast and normalised in place. The values
     equal torch's ``permute().float().sub_(mean).div_(std)`` bit for bit. No torch intra-op threads:
     they gain little on this memory-bound copy, and on a machine whose cores are busy (or while the
-    training step runs beside ``prefetch_batches``) they can stall waiting for a descheduled worker."""
+    training step runs beside the ``BatchPrefetcher`` thread) they can stall waiting for a descheduled worker."""
     b, h, w, c = u8.shape
     out = np.empty((b, c, h, w), np.float32)
     planes = cv2.split(np.ascontiguousarray(u8).reshape(b * h, w, c)) if c > 1 else [u8]

@@ -1,58 +1,98 @@
-"""Overlap batch preparation with the training step: a one-thread prefetcher over ``get_batch``."""
+"""Prepare the next batch on a background thread while the current one computes.
+
+The thread takes the next request (for training: the next claimed batch, which may cost a store round
+trip), decodes and augments its images and, for a GPU, copies them from pinned host memory on a side
+stream; the training stream waits for that copy only when it uses the batch. So the device never idles
+while the host prepares the next batch, and the loop's only wait is :attr:`BatchPrefetcher.wait_s` —
+the data stall. Augmentation runs in numpy/OpenCV, which release the GIL, while the step runs in torch.
+"""
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["prefetch_batches"]
+__all__ = ["BatchPrefetcher", "PreparedBatch"]
 
-_END = object()
+Request = TypeVar("Request")
 
 
-def prefetch_batches(
-    dataset,
-    index_batches: Iterable[Sequence[int] | torch.Tensor],
-    depth: int = 2,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield ``dataset.get_batch(idx)`` for every ``idx`` of ``index_batches``, prepared by a
-    background thread up to ``depth`` batches ahead (augmentation runs in numpy/OpenCV, which
-    release the GIL, while the step runs in torch).
+@dataclass
+class PreparedBatch(Generic[Request]):
+    """A requested batch with its images and labels on the target device."""
 
-    Note: the thread pulls ``index_batches`` ahead of the consumer; with a scheduler that claims
-    work when its iterator advances, up to ``depth`` extra batches are claimed early.
-    Exceptions raised while preparing a batch are re-raised in the consumer.
-    """
-    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
+    request: Request
+    images: torch.Tensor
+    labels: torch.Tensor
+    ready: torch.cuda.Event | None = None  # recorded on the copy stream after the host-to-device copy
 
-    def producer() -> None:
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class BatchPrefetcher(Generic[Request]):
+    """Turns requests into batches on ``device`` — one batch ahead on a background thread (``enabled``), or
+    inline. ``load(request)`` returns host tensors (images, labels), e.g. ``dataset.get_batch(indices)``."""
+
+    def __init__(self, load: Callable[[Request], tuple[torch.Tensor, torch.Tensor]], device: torch.device | str,
+                 enabled: bool = True) -> None:
+        self.load, self.device = load, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnet-prefetch") if enabled else None
+        self._copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.wait_s = 0.0  # time the consumer spent waiting for a batch (the data stall)
+
+    def batches(self, requests: Iterator[Request]) -> Iterator[PreparedBatch[Request]]:
+        """The prepared batches of ``requests``, in order; the next one is prepared while the caller uses the
+        current one. ``requests`` is advanced on the background thread only (when enabled)."""
+        if self._pool is None:
+            while (batch := self._timed(lambda: self._next(requests))) is not None:
+                yield self._ready(batch)
+            return
+        pending: Future = self._pool.submit(self._next, requests)
         try:
-            for idx in index_batches:
-                if stop.is_set():
-                    return
-                q.put(dataset.get_batch(idx))
-        except BaseException as exc:  # hand the error to the consumer
-            q.put(exc)
-        q.put(_END)
+            while (batch := self._timed(pending.result)) is not None:
+                pending = self._pool.submit(self._next, requests)
+                yield self._ready(batch)
+        finally:
+            pending.cancel() or pending.exception()  # never leave the thread inside the requests iterator
 
-    thread = threading.Thread(target=producer, name="rsnet-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
+    def close(self) -> None:
+        """Stop the background thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _timed(self, wait: Callable[[], PreparedBatch | None]) -> PreparedBatch | None:
+        started = time.perf_counter()
+        try:
+            return wait()
+        finally:
+            self.wait_s += time.perf_counter() - started
+
+    def _next(self, requests: Iterator[Request]) -> PreparedBatch | None:
+        request = next(requests, None)
+        if request is None:
+            return None
+        images, labels = self.load(request)
+        if not self.cuda:
+            return PreparedBatch(request, images.to(self.device), labels.to(self.device))
+        with torch.cuda.stream(self._copy_stream):
+            images = images.pin_memory().to(self.device, non_blocking=True)
+            labels = labels.pin_memory().to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return PreparedBatch(request, images, labels, ready)
+
+    def _ready(self, batch: PreparedBatch) -> PreparedBatch:
+        """Make the current stream wait for the batch's copy, and keep its memory alive for that stream."""
+        if batch.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(batch.ready)
+            batch.images.record_stream(stream)
+            batch.labels.record_stream(stream)
+        return batch

@@ -16,12 +16,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rsnet.data import DataBundle, build_datasets_from_config
+from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
-from rsnet.engine.prefetch import BatchPrefetcher, PreparedBatch
 from rsnet.engine.step_timer import StepTimer
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
@@ -156,7 +155,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     model.train()
     meter = EpochMeter()
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
-    prefetcher = BatchPrefetcher(data.train.get_batch, ctx.device, enabled=bool(config.get("prefetch", True)))
+    prefetcher = BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device,
+                                 enabled=bool(config.get("prefetch", True)))
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:
@@ -198,7 +198,7 @@ class _StepRunner:
         while pending:
             images, labels = pending.pop(0)
             try:
-                self._step(images, labels, batch.claim.position)
+                self._step(images, labels, batch.request.position)
             except torch.cuda.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.ctx.device.type == "cuda":
