@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test bench
+.PHONY: install demo test bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,3 +22,6 @@ test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny 
 
 bench: install  ## every benchmark of benchmarks/, one after the other
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+
+gpu-check: install  ## one epoch of every trainer x model on the visible GPUs (1 GPU, 2 GPUs, GPU + CPU): pass/fail table
+	$(PY) benchmarks/gpu_check.py

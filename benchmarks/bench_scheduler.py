@@ -62,7 +62,9 @@ def run(strategy: str, slowdown: str, seed: int, args: argparse.Namespace, run_d
     metrics = json.loads((run_dir / "metrics.json").read_text())
     samples = int(metrics["train_samples"]) * int(metrics["epochs"])
     return {"wall_s": float(metrics["wall_time_s"]), "samples": samples, "process_s": elapsed,
-            "accuracy": float(metrics["accuracy"]), "log": done.stdout + done.stderr}
+            "accuracy": float(metrics["accuracy"]), "log": done.stdout + done.stderr,
+            "updates": [w["updates"] for w in metrics["scheduler"]["workers"]],
+            "worker_samples": [w["samples"] for w in metrics["scheduler"]["workers"]]}
 
 
 def aggregate(results: list[dict]) -> dict:
@@ -90,6 +92,10 @@ def report(label: str, key: str, slowdown: str, results: dict[str, list[dict]], 
               f"{row['speed'] / base['speed']:.2f} | {row['acc'] - base['acc']:+.2f} |")
     print("  per-seed accuracy: " + "; ".join(f"{name} " + ", ".join(f"{a:.2f}" for a in rows[name]["accs"])
                                              for name in STRATEGIES))
+    for name in ("sync", "adaptive"):
+        updates = [sum(r["updates"][w] for r in results[name]) for w in range(len(results[name][0]["updates"]))]
+        samples = [sum(r["worker_samples"][w] for r in results[name]) for w in range(len(updates))]
+        print(f"  {name}: updates per worker {updates}, samples per worker {samples} (all seeds)")
     merges = [line for line in results["adaptive"][-1]["log"].splitlines() if "merge " in line and "w0:" in line]
     if merges:
         print("  adaptive, last merge of the last run: " + merges[-1].split(" - ", 1)[-1])
