@@ -1,4 +1,4 @@
-"""Shared fixtures: fake archives in the real dataset layouts, and the bundled/real sample data.
+"""Shared fixtures and doubles: fake archives in the real dataset layouts, the bundled/real sample data, an in-memory store.
 
 ``fake_archive(name, ...)`` writes a tiny archive of ``name`` ("ucmerced", "nwpu_resisc45", "aid",
 "ucmerced_mini") under a temp folder, with the real class names and file naming, and returns the
@@ -98,6 +98,17 @@ def make_fake_archive(
             fname = fake_file_name(name, cls, i)
             write_image(d / fname, label_value(label), odd_sizes.get(f"{cls}/{fname}", size))
     return top
+
+
+class DictStore:
+    """An in-memory stand-in for the c10d store's atomic counter (``add``), for scheduler tests without processes."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DictStore
 
 from rsnet.parallel.schedule import (
     IntervalClaimer,
@@ -107,17 +108,8 @@ def test_intervals_and_static_partition() -> None:
     assert [len(b) for b in static_batches(torch.arange(5), 16, 8)] == [5]
 
 
-class _DictStore:
-    def __init__(self) -> None:
-        self.values: dict[str, int] = {}
-
-    def add(self, key: str, amount: int) -> int:
-        self.values[key] = self.values.get(key, 0) + amount
-        return self.values[key]
-
-
 def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
-    store = _DictStore()
+    store = DictStore()
     a, b = IntervalClaimer(store, "k", 20), IntervalClaimer(store, "k", 20)
     claims = [a.claim(8), b.claim(4), a.claim(8), b.claim(4), a.claim(8)]
     assert claims == [(0, 8), (8, 12), (12, 20), None, None]
@@ -125,7 +117,7 @@ def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
 
 def test_no_claim_below_the_minimum_whatever_the_order() -> None:
     """Defect: 'remaining 9, batch 8 -> 1 left' — the scrap trained as a batch of 1 and crashed BatchNorm."""
-    store = _DictStore()
+    store = DictStore()
     a, b = IntervalClaimer(store, "k", 17, minimum=8), IntervalClaimer(store, "k", 17, minimum=8)
     assert a.claim(8) == (0, 8)
     assert b.claim(8) == (8, 17)  # would leave 1: takes it

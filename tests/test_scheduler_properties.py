@@ -16,22 +16,14 @@ import torch
 from torch import nn
 
 import rsnet.parallel.strategies as strategies_module
+from conftest import DictStore
 from rsnet.parallel import WorkerContext, build_strategy
 from rsnet.parallel.schedule import epoch_permutation
 
 SEED = 3
 
 
-class _DictStore:
-    def __init__(self) -> None:
-        self.values: dict[str, int] = {}
-
-    def add(self, key: str, amount: int) -> int:
-        self.values[key] = self.values.get(key, 0) + amount
-        return self.values[key]
-
-
-def _context(rank: int, world: int, store: _DictStore) -> WorkerContext:
+def _context(rank: int, world: int, store: DictStore) -> WorkerContext:
     return WorkerContext(rank=rank, world_size=world, device=torch.device("cpu"), store=store, group=None,
                          is_primary=rank == 0, devices=["cpu"] * world)
 
@@ -46,7 +38,7 @@ def _build(trainer: dict, ctx: WorkerContext, num_samples: int, total_batch: int
 def simulate(speeds: list[float], total_batch: int, merge_interval: int, num_samples: int, epochs: int = 3):
     """Run the adaptive scheduler's claiming and control as ``len(speeds)`` devices of those speeds (samples/s)
     would; returns (claims as (epoch, rank, Claim) in store order, total batch after every merge, strategies)."""
-    world, store = len(speeds), _DictStore()
+    world, store = len(speeds), DictStore()
     trainer = {"name": "adaptive", "merge_interval": merge_interval, "log_intervals": False}
     strategies = [_build(trainer, _context(rank, world, store), num_samples, total_batch) for rank in range(world)]
     claims, totals, known = [], [], [0.0] * world
@@ -120,7 +112,7 @@ def test_fast_worker_gets_the_larger_share_and_updates_balance() -> None:
 def test_static_strategies_share_one_clock() -> None:
     """sync / local_sgd: step k of an epoch is at k·B / N_padded on every worker."""
     for name in ("local_sgd",):  # sync wraps the model in DDP, which needs a process group
-        world, store = 3, _DictStore()
+        world, store = 3, DictStore()
         strategies = [_build({"name": name, "average_every": 2}, _context(r, world, store), 100, 24)
                       for r in range(world)]
         per_worker = []
