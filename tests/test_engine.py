@@ -51,6 +51,10 @@ def test_valid_config_passes() -> None:
     (("batch_size",), 12, "trainer.batch_min"),  # 2 workers x batch_min 8 > 12
     (("trainer", "batch_max"), 4, "trainer.batch_m"),
     (("trainer", "batch_min"), 12, "trainer.batch_multiple"),
+    (("trainer", "slowdown"), [1.0], "has 1 factor"),  # was padded with 1.0 silently
+    (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # was truncated silently
+    (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),
+    (("trainer", "timeout_s"), 0, "trainer.timeout_s=0"),
 ])
 def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, needle: str) -> None:
     config = copy.deepcopy(CONFIG)
@@ -60,6 +64,17 @@ def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, nee
     target[path[-1]] = value
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         check_training_config(config, num_workers=2)
+
+
+def test_devices_one_name_or_a_list_and_unknown_ones_refused() -> None:
+    from rsnet.engine.trainer import resolve_devices
+
+    assert resolve_devices("cpu") == ["cpu"]  # was split into workers on devices 'c', 'p', 'u'
+    assert resolve_devices(["cpu", "cpu"]) == ["cpu", "cpu"]
+    with pytest.raises(ConfigError, match="'tpu' is not a device"):
+        resolve_devices(["tpu"])
+    with pytest.raises(ConfigError, match="cuda:99 does not exist here"):
+        resolve_devices(["cpu", "cuda:99"])
 
 
 def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:

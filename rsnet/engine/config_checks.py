@@ -36,6 +36,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
         raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({num_workers}); "
                           "every worker needs at least one sample per step")
     trainer = config["trainer"]
+    _check_launch_settings(trainer, num_workers)
     if trainer.get("name", "adaptive") == "adaptive":
         try:
             check_batch_settings(config["batch_size"], num_workers, int(trainer.get("batch_min", 8)),
@@ -44,6 +45,41 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
             raise ConfigError(str(error)) from error
     if config["lr_schedule"]["name"] not in ("cosine", "step"):
         raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")
+
+
+def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
+    """One simulated-slowdown factor (>= 1) per worker, and a positive timeout."""
+    slowdown = trainer.get("slowdown")
+    if slowdown is not None:
+        factors = list(slowdown) if isinstance(slowdown, (list, tuple)) else [slowdown]
+        if len(factors) != num_workers:
+            raise ConfigError(f"trainer.slowdown={factors} has {len(factors)} factor(s) for {num_workers} worker(s) "
+                              f"(trainer.devices={trainer.get('devices')}): give one factor per worker, e.g. "
+                              f"[{', '.join(['1.0'] * num_workers)}]")
+        if any(not isinstance(f, (int, float)) or f < 1.0 for f in factors):
+            raise ConfigError(f"trainer.slowdown={factors}: every factor must be a number >= 1.0 "
+                              "(1.0 = full speed, 2.0 = twice as slow)")
+    timeout = trainer.get("timeout_s", 600)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"trainer.timeout_s={timeout!r}: must be a positive number of seconds (e.g. 600)")
+
+
+def check_devices(devices: list[str]) -> None:
+    """Refuse device names torch does not know and CUDA devices this machine does not have."""
+    import torch
+
+    for name in devices:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"trainer.devices: {name!r} is not a device rsnet trains on; use cpu, cuda:<index> "
+                              "or auto, e.g. 'trainer.devices=[cuda:0,cpu]'")
+        count = torch.cuda.device_count()
+        if device.type == "cuda" and (device.index or 0) >= count:
+            raise ConfigError(f"trainer.devices: {name} does not exist here ({count} CUDA device(s) visible); use "
+                              "trainer.devices=auto or list the devices this machine has")
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from contextlib import nullcontext
@@ -18,13 +19,14 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
-from rsnet.engine.config_checks import check_run_dir, check_training_config
+from rsnet.engine.config_checks import check_devices, check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.step_timer import StepTimer
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
+from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Strategy
 from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
 
@@ -35,11 +37,13 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
 
 
-def train(config: dict[str, Any]) -> dict[str, Any]:
-    """Run a whole training job from a resolved config (a plain dict); return the final metrics."""
+def train(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Run a whole training job from a resolved config (a plain dict); return the final metrics (None on a
+    torchrun rank other than 0)."""
     trainer = config["trainer"]
     devices = resolve_devices(trainer.get("devices"))
-    check_training_config(config, num_workers=len(devices))
+    workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
+    check_training_config(config, num_workers=workers)
     run_dir = Path(config["run_dir"])
     resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -47,11 +51,14 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
-    """``auto``/None: every visible GPU, else one CPU worker; a list is taken as given."""
+    """``auto``/None: every visible GPU, else one CPU worker; one device name (``cpu``, ``cuda:1``) or a list
+    is taken as given, after :func:`check_devices`."""
     if devices in (None, "auto"):
         count = torch.cuda.device_count()
         return [f"cuda:{index}" for index in range(count)] or ["cpu"]
-    return [str(device) for device in devices]
+    names = [str(devices)] if isinstance(devices, str) else [str(device) for device in devices]
+    check_devices(names)
+    return names
 
 
 @dataclass
