@@ -55,6 +55,7 @@ def test_valid_config_passes() -> None:
     (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # was truncated silently
     (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),
     (("trainer", "timeout_s"), 0, "trainer.timeout_s=0"),
+    (("dataset", "image_size"), 32.5, "dataset.image_size=32.5"),  # was cut to 32 silently
 ])
 def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, needle: str) -> None:
     config = copy.deepcopy(CONFIG)
@@ -88,6 +89,8 @@ def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:
         check_run_dir(tmp_path, resume=False, overwrite=False)
     assert check_run_dir(tmp_path, resume=False, overwrite=True) is None
     assert check_run_dir(tmp_path, resume=True, overwrite=False) == last
+    with pytest.raises(ConfigError, match="contradict"):
+        check_run_dir(tmp_path, resume=True, overwrite=True)
 
 
 def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:

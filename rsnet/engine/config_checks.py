@@ -28,7 +28,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     if arch not in MODELS:
         raise ConfigError(f"model.arch={arch!r} is not known; valid: {', '.join(sorted(MODELS))}")
     try:
-        validate_image_size(config["backbone"]["name"], int(dataset["image_size"]))
+        validate_image_size(config["backbone"]["name"], dataset["image_size"])  # 32.5 is refused, not cut to 32
     except ValueError as error:
         raise ConfigError(f"dataset.image_size={dataset['image_size']} / backbone.name="
                           f"{config['backbone']['name']!r}: {error}") from error
@@ -85,6 +85,9 @@ def check_devices(devices: list[str]) -> None:
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
     last = run_dir / "checkpoints" / "last.pt"
+    if resume and overwrite:
+        raise ConfigError("trainer.resume=true and trainer.overwrite=true contradict each other: pass resume to "
+                          "continue the run in this run dir, overwrite to start afresh there")
     if resume:
         if not last.is_file():
             raise ConfigError(f"trainer.resume=true but {last} does not exist; start without resume, or point "
