@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
-from rsnet.engine.config_checks import ConfigError, check_run_dir, check_training_config
+from rsnet.engine.config_checks import ConfigError, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = {
@@ -91,6 +91,14 @@ def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:
     assert check_run_dir(tmp_path, resume=True, overwrite=False) == last
     with pytest.raises(ConfigError, match="contradict"):
         check_run_dir(tmp_path, resume=True, overwrite=True)
+
+
+def test_resume_keeps_the_settings_that_define_the_run() -> None:
+    saved = copy.deepcopy(CONFIG)
+    check_resume_identity({**copy.deepcopy(CONFIG), "epochs": 9}, saved, Path("last.pt"))  # epochs may change
+    for key, value in (("dataset", {**CONFIG["dataset"], "image_size": 128}), ("backbone", {"name": "resnet18"})):
+        with pytest.raises(ConfigError, match=rf"{key}\.\w+=.* but the run in last\.pt has"):
+            check_resume_identity({**copy.deepcopy(CONFIG), key: value}, saved, Path("last.pt"))
 
 
 def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:

@@ -104,6 +104,14 @@ def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Pa
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 
+def test_resume_under_another_image_size_is_refused(esd_run: Path) -> None:
+    """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
+    result = train(esd_run, "model=esd_mbenet", "epochs=3", "trainer.resume=true", "dataset.image_size=32",
+                   expect_ok=False)
+    assert result.returncode == 2
+    assert "dataset.image_size=32 but the run" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_rerun_without_resume_refuses_to_overwrite(esd_run: Path) -> None:
     result = train(esd_run, "model=esd_mbenet", "epochs=2", expect_ok=False)
     assert result.returncode == 2

@@ -82,6 +82,29 @@ def check_devices(devices: list[str]) -> None:
                               "trainer.devices=auto or list the devices this machine has")
 
 
+# The settings that define a run: a resumed run must keep them (anything else, e.g. epochs, trainer.devices,
+# eval_batch_size, log.*, may change on resume).
+RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "model.arch", "model.options",
+                "model.loss", "backbone.name", "seed")
+
+
+def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpoint: Path) -> None:
+    """Refuse to resume a run under settings that define another run (:data:`RUN_IDENTITY`)."""
+    for key in RUN_IDENTITY:
+        now, before = _lookup(config, key), _lookup(saved, key)
+        if now != before:
+            raise ConfigError(f"trainer.resume=true: {key}={now!r} but the run in {checkpoint} has {key}={before!r}; "
+                              f"resuming keeps {', '.join(RUN_IDENTITY)} — pass the run's value, or start a new run "
+                              "elsewhere (hydra.run.dir=...)")
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
     last = run_dir / "checkpoints" / "last.pt"

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
-from rsnet.engine.config_checks import check_devices, check_run_dir, check_training_config
+from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.step_timer import StepTimer
@@ -46,6 +46,8 @@ def train(config: dict[str, Any]) -> dict[str, Any] | None:
     check_training_config(config, num_workers=workers)
     run_dir = Path(config["run_dir"])
     resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
+    if resume_from:
+        check_resume_identity(config, load_checkpoint(resume_from)["config"], resume_from)
     run_dir.mkdir(parents=True, exist_ok=True)
     return launch(run_worker, devices, config, str(resume_from) if resume_from else None, **launch_options(trainer))
 
