@@ -22,6 +22,7 @@ from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
+from rsnet.engine.run_lock import hold_run_dir
 from rsnet.engine.step_timer import StepTimer
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
@@ -45,11 +46,14 @@ def train(config: dict[str, Any]) -> dict[str, Any] | None:
     workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
     check_training_config(config, num_workers=workers)
     run_dir = Path(config["run_dir"])
-    resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
-    if resume_from:
-        check_resume_identity(config, load_checkpoint(resume_from)["config"], resume_from)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return launch(run_worker, devices, config, str(resume_from) if resume_from else None, **launch_options(trainer))
+    primary = os.environ.get("RANK", "0") == "0" or not started_by_torchrun()
+    with hold_run_dir(run_dir) if primary else nullcontext():
+        resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
+        if resume_from:
+            check_resume_identity(config, load_checkpoint(resume_from)["config"], resume_from)
+        return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
+                      **launch_options(trainer))
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
