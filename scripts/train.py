@@ -15,13 +15,15 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
+from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.parallel.launcher import WorkerError
 
 log = logging.getLogger("rsnet.train")
+CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps).
 
@@ -29,6 +31,7 @@ def main(cfg: DictConfig) -> float | None:
     """
     config = OmegaConf.to_container(cfg, resolve=True)
     with user_errors():
+        check_top_level_keys(config, known_top_level_keys())
         try:
             summary = train(config)
         except (NonFiniteLossError, WorkerError) as error:
@@ -41,6 +44,12 @@ def main(cfg: DictConfig) -> float | None:
           f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "
           f"{summary['epochs']} epochs, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
     return float(summary["accuracy"])
+
+
+def known_top_level_keys() -> set[str]:
+    """The top-level keys of conf/config.yaml and the config groups (the folders of conf/), as in a composed config."""
+    keys = {str(key) for key in OmegaConf.load(CONF / "config.yaml")} - {"defaults", "hydra"}
+    return keys | {p.name for p in CONF.iterdir() if p.is_dir()}
 
 
 def argv_for_this_rank(argv: list[str]) -> list[str]:

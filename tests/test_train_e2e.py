@@ -157,6 +157,7 @@ def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
     ("batch_size=0", "batch_size=0"),
     ("dataset.train_ratio=1.5", "dataset.train_ratio=1.5"),
     ("dataset.image_size=8", "dataset.image_size=8"),
+    ("+epoch=1", "did you mean 'epochs'"),  # was accepted, and the default 12 epochs trained
 ])
 def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str) -> None:
     result = train(tmp_path / "run", "epochs=1", override, expect_ok=False)

@@ -82,6 +82,17 @@ def check_devices(devices: list[str]) -> None:
                               "trainer.devices=auto or list the devices this machine has")
 
 
+def check_top_level_keys(config: dict[str, Any], known: set[str]) -> None:
+    """Refuse top-level keys rsnet does not read (``+epoch=1`` would otherwise train the default epochs)."""
+    import difflib
+
+    unknown = sorted(set(config) - known)
+    if unknown:
+        hints = [f"{key!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(key, known, 1))
+                                else "") for key in unknown]
+        raise ConfigError(f"unknown setting(s) {', '.join(hints)}: rsnet reads only {', '.join(sorted(known))}")
+
+
 # The settings that define a run: a resumed run must keep them (anything else, e.g. epochs, trainer.devices,
 # eval_batch_size, log.*, may change on resume).
 RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "model.arch", "model.options",
