@@ -113,33 +113,18 @@ def stall(model, opt, source, steps):
 
 
 def prefetched(ds, batch):
-    """A source factory: ``ds.get_batch`` through the trainer's BatchPrefetcher (one batch ahead on a thread)."""
+    """A source factory: ``ds.get_batch`` through the trainer's BatchPrefetcher (one batch ahead on a thread);
+    closing the source stops the thread."""
 
     def make():
         prefetcher = BatchPrefetcher(ds.get_batch, "cpu")
-        batches = prefetcher.batches(iter(endless(ds, batch)))
-        source = ((b.images, b.labels) for b in batches)
-
-        def close():
-            batches.close()
+        try:
+            for prepared in prefetcher.batches(iter(endless(ds, batch))):
+                yield prepared.images, prepared.labels
+        finally:
             prefetcher.close()
 
-        return _Closing(source, close)
-
     return make
-
-
-class _Closing:
-    """An iterator with a ``close`` that also releases what produced it."""
-
-    def __init__(self, iterator, close):
-        self.iterator, self.close = iterator, close
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return next(self.iterator)
 
 
 def endless(ds, batch):

@@ -32,13 +32,14 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load an rsnet checkpoint, with a clear error when the file is missing or not one of ours."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load an rsnet checkpoint, with a clear error when the file is missing or not one of ours. ``mmap``: map the
+    tensors from the file instead of reading them (cheap when only the metadata, e.g. the config, is needed)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
         raise ValueError(f"{path} could not be read as an rsnet checkpoint ({error})") from error
     if not isinstance(payload, dict) or any(key not in payload for key in REQUIRED_KEYS):

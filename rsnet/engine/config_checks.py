@@ -68,6 +68,7 @@ def check_devices(devices: list[str]) -> None:
     """Refuse device names torch does not know and CUDA devices this machine does not have."""
     import torch
 
+    count = torch.cuda.device_count()
     for name in devices:
         try:
             device = torch.device(name)
@@ -76,7 +77,6 @@ def check_devices(devices: list[str]) -> None:
         if device is None or device.type not in ("cpu", "cuda"):
             raise ConfigError(f"trainer.devices: {name!r} is not a device rsnet trains on; use cpu, cuda:<index> "
                               "or auto, e.g. 'trainer.devices=[cuda:0,cpu]'")
-        count = torch.cuda.device_count()
         if device.type == "cuda" and (device.index or 0) >= count:
             raise ConfigError(f"trainer.devices: {name} does not exist here ({count} CUDA device(s) visible); use "
                               "trainer.devices=auto or list the devices this machine has")

@@ -51,7 +51,8 @@ def train(config: dict[str, Any]) -> dict[str, Any] | None:
     with hold_run_dir(run_dir) if primary else nullcontext():
         resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
         if resume_from:
-            check_resume_identity(config, load_checkpoint(resume_from)["config"], resume_from)
+            # the workers load the weights; here only the config is read (tensors mapped, not loaded)
+            check_resume_identity(config, load_checkpoint(resume_from, mmap=True)["config"], resume_from)
         return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
                       **launch_options(trainer))
 
