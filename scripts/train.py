@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
@@ -21,6 +22,7 @@ from rsnet.parallel.launcher import WorkerError
 
 log = logging.getLogger("rsnet.train")
 CONF = Path(__file__).resolve().parent.parent / "conf"
+RECORD_SUBDIR = ".hydra"
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
@@ -33,7 +35,7 @@ def main(cfg: DictConfig) -> float | None:
     with user_errors():
         check_top_level_keys(config, known_top_level_keys())
         try:
-            summary = train(config)
+            summary = train(config, on_accepted=lambda run_dir: record_config(cfg, run_dir))
         except (NonFiniteLossError, WorkerError) as error:
             print(f"error: the run stopped: {error}", file=sys.stderr)
             sys.exit(1)
@@ -46,6 +48,20 @@ def main(cfg: DictConfig) -> float | None:
     return float(summary["accuracy"])
 
 
+def record_config(cfg: DictConfig, run_dir: Path) -> None:
+    """Write what Hydra would write to ``<run_dir>/.hydra/`` (config, hydra config, overrides), once the run is
+    accepted: conf/config.yaml sets ``hydra.output_subdir: null`` so that a refused re-run leaves the earlier
+    run's record untouched."""
+    hydra_cfg = HydraConfig.get()
+    folder = run_dir / RECORD_SUBDIR
+    folder.mkdir(exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)):
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+        tmp.replace(folder / name)
+
+
 def known_top_level_keys() -> set[str]:
     """The top-level keys of conf/config.yaml and the config groups (the folders of conf/), as in a composed config."""
     keys = {str(key) for key in OmegaConf.load(CONF / "config.yaml")} - {"defaults", "hydra"}
@@ -53,15 +69,15 @@ def known_top_level_keys() -> set[str]:
 
 
 def argv_for_this_rank(argv: list[str]) -> list[str]:
-    """``argv`` plus, on a torchrun rank other than 0, overrides that keep Hydra out of the run dir.
+    """``argv`` plus, on a torchrun rank other than 0, an override that keeps Hydra out of the run dir.
 
-    Every rank runs Hydra, so without them all would write ``.hydra/`` and append to ``train.log``
-    in the shared run dir at once. Appended last, they win over the user's: no ``.hydra/`` and
-    console-only logging (the ``stdout`` job logging evaluate.py uses too). Rank 0 keeps both files.
+    Every rank runs Hydra, so without it all would append to ``train.log`` in the shared run dir at once.
+    Appended last, it wins over the user's: console-only logging (the ``stdout`` job logging evaluate.py
+    uses too). Rank 0 keeps the file, and only rank 0 records the config (:func:`record_config`).
     """
     if os.environ.get("RANK", "0") == "0":
         return argv
-    return [*argv, "hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    return [*argv, "hydra/job_logging=stdout"]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from rsnet.engine.config_checks import ConfigError, check_resume_identity, check
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = {
-    "epochs": 2, "batch_size": 16, "eval_batch_size": 8,
+    "seed": 0, "epochs": 2, "batch_size": 16, "eval_batch_size": 8, "amp": True,
+    "optimizer": {"lr": 0.02, "momentum": 0.9},
     "dataset": {"name": "ucmerced_mini", "train_ratio": 0.8, "image_size": 64},
     "model": {"arch": "baseline"}, "backbone": {"name": "test_resnet"},
     "trainer": {"devices": ["cpu", "cpu"]}, "lr_schedule": {"name": "cosine"},
@@ -40,6 +41,17 @@ def test_valid_config_passes() -> None:
     check_training_config(copy.deepcopy(CONFIG), num_workers=2)
 
 
+@pytest.mark.parametrize("trainer", ["adaptive", "sync", "local_sgd"])
+def test_shipped_configs_pass_the_checks(trainer: str) -> None:
+    """Every default of conf/ has the type the checks demand (the type table and the yaml files agree)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"trainer={trainer}", "trainer.devices=[cpu,cpu]", "run_dir=unused"])
+    check_training_config(OmegaConf.to_container(cfg, resolve=True), num_workers=2)
+
+
 @pytest.mark.parametrize("path, value, needle", [
     (("batch_size",), 0, "batch_size=0"),
     (("batch_size",), 1, "number of workers"),
@@ -56,6 +68,13 @@ def test_valid_config_passes() -> None:
     (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),
     (("trainer", "timeout_s"), 0, "trainer.timeout_s=0"),
     (("dataset", "image_size"), 32.5, "dataset.image_size=32.5"),  # was cut to 32 silently
+    (("optimizer", "lr"), "abc", "optimizer.lr='abc': must be a number"),  # failed in the worker after decoding
+    (("dataset", "train_ratio"), "abc", "dataset.train_ratio='abc'"),  # "could not convert string to float"
+    (("seed",), "abc", "seed='abc': must be a whole number"),
+    (("seed",), 1.5, "seed=1.5"),
+    (("epochs",), True, "epochs=True"),
+    (("amp",), "yes", "amp='yes': must be true or false"),
+    (("trainer", "timeout_s"), None, "trainer.timeout_s=None"),
 ])
 def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, needle: str) -> None:
     config = copy.deepcopy(CONFIG)

@@ -112,10 +112,20 @@ def test_resume_under_another_image_size_is_refused(esd_run: Path) -> None:
     assert "dataset.image_size=32 but the run" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_rerun_without_resume_refuses_to_overwrite(esd_run: Path) -> None:
-    result = train(esd_run, "model=esd_mbenet", "epochs=2", expect_ok=False)
+def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: Path) -> None:
+    """Was: refused (exit 2), but Hydra had already rewritten .hydra/config.yaml with the refused command."""
+    before = dir_contents(esd_run)
+    assert (esd_run / ".hydra" / "config.yaml").is_file() and (esd_run / ".hydra" / "overrides.yaml").is_file()
+    result = train(esd_run, "model=esd_mbenet", "epochs=2", "seed=7", expect_ok=False)
     assert result.returncode == 2
     assert "trainer.resume=true" in result.stderr and "trainer.overwrite=true" in result.stderr
+    assert dir_contents(esd_run) == before
+
+
+def dir_contents(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (but the run lock, which holds the pid of its last holder) and its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file() and path.name != ".rsnet.lock"}
 
 
 def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:

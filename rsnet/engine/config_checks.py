@@ -15,6 +15,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.models import MODELS, validate_image_size
     from rsnet.parallel.schedule import check_batch_settings
 
+    check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):
         value = config[key]
         if not isinstance(value, int) or value < 1:
@@ -45,6 +46,41 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
             raise ConfigError(str(error)) from error
     if config["lr_schedule"]["name"] not in ("cosine", "step"):
         raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")
+
+
+# Settings whose value must be a number (or a boolean); Hydra passes ``optimizer.lr=abc`` on as the string "abc",
+# which would otherwise fail deep inside a worker after the data is decoded. None: the setting may be null.
+NUMBER_SETTINGS: dict[str, type] = {
+    "seed": int, "epochs": int, "batch_size": int, "eval_batch_size": int,
+    "optimizer.lr": float, "optimizer.momentum": float, "optimizer.weight_decay": float,
+    "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
+    "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,
+    "log.attention_every": int, "log.attention_images": int,
+    "trainer.timeout_s": float, "trainer.merge_interval": int, "trainer.batch_min": int, "trainer.batch_max": int,
+    "trainer.batch_multiple": int, "trainer.ref_batch": int, "trainer.damping": float, "trainer.deadband": float,
+    "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
+    "trainer.average_every": int, "trainer.cpu_threads": int,
+}
+BOOLEAN_SETTINGS = ("amp", "prefetch", "log.progress_bar", "optimizer.nesterov", "trainer.resume", "trainer.overwrite",
+                    "dataset.skip_corrupt", "trainer.log_intervals")
+_NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads"}
+
+
+def check_setting_types(config: dict[str, Any]) -> None:
+    """Refuse a non-number where a number belongs (``optimizer.lr=abc``, ``seed=abc``) and a non-boolean switch,
+    naming the setting. ``dataset.image_size=32.5`` passes here; the image-size check refuses it."""
+    for key, kind in NUMBER_SETTINGS.items():
+        value = _lookup(config, key)
+        if value is None and (key in _NULLABLE or not _has(config, key)):
+            continue
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not is_number or (kind is int and not isinstance(value, int)):
+            wanted = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{key}={value!r}: must be {wanted}" + (" or null" if key in _NULLABLE else ""))
+    for key in BOOLEAN_SETTINGS:
+        value = _lookup(config, key)
+        if _has(config, key) and not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: must be true or false")
 
 
 def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
@@ -114,6 +150,12 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
+
+
+def _has(config: dict[str, Any], dotted: str) -> bool:
+    parent, _, leaf = dotted.rpartition(".")
+    holder = _lookup(config, parent) if parent else config
+    return isinstance(holder, dict) and leaf in holder
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:

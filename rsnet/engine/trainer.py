@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,14 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
 
 
-def train(config: dict[str, Any]) -> dict[str, Any] | None:
+def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = None) -> dict[str, Any] | None:
     """Run a whole training job from a resolved config (a plain dict); return the final metrics (None on a
-    torchrun rank other than 0)."""
+    torchrun rank other than 0).
+
+    ``on_accepted(run_dir)`` runs on the primary once every check has passed and the run dir is held, before
+    any worker starts: nothing that records the run should touch the run dir earlier (a refused re-run must
+    leave the earlier run as it was).
+    """
     trainer = config["trainer"]
     devices = resolve_devices(trainer.get("devices"))
     workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
@@ -53,6 +59,8 @@ def train(config: dict[str, Any]) -> dict[str, Any] | None:
         if resume_from:
             # the workers load the weights; here only the config is read (tensors mapped, not loaded)
             check_resume_identity(config, load_checkpoint(resume_from, mmap=True)["config"], resume_from)
+        if primary and on_accepted is not None:
+            on_accepted(run_dir)
         return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
                       **launch_options(trainer))
 
