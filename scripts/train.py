@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsnet.cli import user_errors
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
+from rsnet.files import DiskFullError, atomic_write
 from rsnet.parallel.launcher import WorkerError
 
 log = logging.getLogger("rsnet.train")
@@ -57,9 +58,8 @@ def record_config(cfg: DictConfig, run_dir: Path) -> None:
     folder.mkdir(exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
                        ("overrides.yaml", hydra_cfg.overrides.task)):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(OmegaConf.to_yaml(node), encoding="utf-8")
-        tmp.replace(folder / name)
+        with atomic_write(folder / name, "w") as handle:
+            handle.write(OmegaConf.to_yaml(node))
 
 
 def known_top_level_keys() -> set[str]:

@@ -120,10 +120,13 @@ def test_resume_keeps_the_settings_that_define_the_run() -> None:
             check_resume_identity({**copy.deepcopy(CONFIG), key: value}, saved, Path("last.pt"))
 
 
+def _checkpoint_payload() -> dict:
+    return {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],
+            "image_size": 64, "mean": [0.0] * 3, "std": [1.0] * 3}
+
+
 def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:
-    payload = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],
-               "image_size": 64, "mean": [0.0] * 3, "std": [1.0] * 3}
-    path = save_checkpoint(tmp_path / "ck" / "last.pt", payload)
+    path = save_checkpoint(tmp_path / "ck" / "last.pt", _checkpoint_payload())
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp file left behind
     assert load_checkpoint(path)["format_version"] == 1
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
@@ -216,3 +219,38 @@ class _RandomImages:
 
     def get_batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.rand(len(indices), 3, 8, 8), torch.zeros(len(indices), dtype=torch.long)
+
+
+class _DivergedModel(_MemoryBoundModel):
+    """Gives NaN logits for every batch."""
+
+    def forward(self, images: torch.Tensor):
+        output = super().forward(images[:4])
+        output.logits["main"] = output.logits["main"].repeat(2, 1)[: len(images)] * float("nan")
+        return output
+
+
+@pytest.mark.parametrize("checkpoint_epoch", [None, 3])
+def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: Path,
+                                                                      checkpoint_epoch: int | None) -> None:
+    """Was: "keeps its last good checkpoint in <run>/checkpoints" also when the first epoch diverged and none exists."""
+    from types import SimpleNamespace
+
+    from rsnet.engine.trainer import NonFiniteLossError, train_one_epoch
+    from rsnet.losses import MultiBranchLoss
+
+    if checkpoint_epoch is not None:
+        save_checkpoint(tmp_path / "checkpoints" / "last.pt", {**_checkpoint_payload(), "epoch": checkpoint_epoch})
+    model = _DivergedModel()
+    ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
+    config = {"epochs": 1, "optimizer": {"lr": 0.1}, "run_dir": str(tmp_path), "log": {"progress_bar": False},
+              "lr_schedule": {"name": "cosine", "warmup_epochs": 0, "milestones": [0.5], "gamma": 0.1,
+                              "min_lr_ratio": 0.0}}
+    with pytest.raises(NonFiniteLossError) as caught:
+        train_one_epoch(ctx, config, 0, SimpleNamespace(train=_RandomImages(4)), _ChunkedStrategy(model),
+                        MultiBranchLoss(), torch.optim.SGD(model.parameters(), lr=0.1))
+    message = str(caught.value)
+    if checkpoint_epoch is None:
+        assert "No checkpoint was written" in message and "last good" not in message
+    else:
+        assert f"last good checkpoint is {tmp_path / 'checkpoints' / 'last.pt'} (after epoch 3)" in message

@@ -150,7 +150,11 @@ def _first_order_worker(ctx, lr: float):
 def _crash_worker(ctx, how: str):
     tensor = torch.ones(1)
     for step in range(10_000):
+        if ctx.rank == 1 and how == "stop_at_start":
+            os.kill(os.getpid(), signal.SIGSTOP)  # e.g. while decoding the data, before any collective
         if ctx.rank == 1 and step == 3:
+            if how == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
             if how == "exit":
                 os._exit(3)
             if how == "kill":
@@ -407,10 +411,10 @@ _CRASH_SCRIPT = textwrap.dedent("""
     from rsnet.parallel import launch, WorkerError
     from test_parallel import _crash_worker
     if __name__ == "__main__":
-        for how in ("kill", "exit", "raise"):
+        for how in sys.argv[1:]:
             started = time.monotonic()
             try:
-                launch(_crash_worker, ["cpu", "cpu"], how, timeout_s=20)
+                launch(_crash_worker, ["cpu", "cpu"], how, timeout_s=20 if how in ("kill", "exit", "raise") else 6)
                 print(how, "NO ERROR")
             except WorkerError as error:
                 print(how, "RANK", error.rank, "DEVICE", error.device, "SECONDS", round(time.monotonic() - started, 1))
@@ -420,15 +424,32 @@ _CRASH_SCRIPT = textwrap.dedent("""
 
 def test_failed_worker_stops_the_others_and_is_named(tmp_path: Path) -> None:
     """SIGKILL, os._exit and an exception in worker 1: launch returns (no hang) with an error naming it."""
-    script = tmp_path / "crash.py"
-    script.write_text(_CRASH_SCRIPT.format(tests=str(ROOT / "tests")))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=ROOT)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _run_crash_script(tmp_path, "kill", "exit", "raise")
     for how in ("kill", "exit", "raise"):
         assert f"{how} RANK 1 DEVICE cpu" in done.stdout, done.stdout
     assert "worker rank 1 (cpu) failed: killed by signal SIGKILL" in done.stdout
     assert "worker rank 1 (cpu) failed: exited with code 3" in done.stdout
     assert "worker rank 1 (cpu) failed: ValueError: boom in worker one" in done.stdout
+
+
+def test_a_stopped_worker_is_named_not_the_healthy_one_that_timed_out(tmp_path: Path) -> None:
+    """SIGSTOP worker 1 (mid-run, or before its first collective): was "worker rank 0 failed: Timed out waiting
+    ... for recv", never naming the stopped worker. Its heartbeat stops, so the launcher names it."""
+    done = _run_crash_script(tmp_path, "stop", "stop_at_start")
+    for how in ("stop", "stop_at_start"):
+        assert f"{how} RANK 1 DEVICE cpu" in done.stdout, done.stdout
+    assert done.stdout.count("worker rank 1 (cpu) failed: stopped responding: no heartbeat for") == 2, done.stdout
+    seconds = [float(line.split("SECONDS")[1]) for line in done.stdout.splitlines() if " SECONDS " in line]
+    assert all(s < 60 for s in seconds), seconds  # no hang: timeout_s is 6 s (slack for a loaded machine)
+
+
+def _run_crash_script(tmp_path: Path, *modes: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH_SCRIPT.format(tests=str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script), *modes], capture_output=True, text=True, timeout=150,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 def test_launch_rejects_bad_arguments() -> None:

@@ -25,6 +25,7 @@ from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.run_lock import hold_run_dir
 from rsnet.engine.step_timer import StepTimer
+from rsnet.files import atomic_write
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
@@ -259,8 +260,17 @@ class _StepRunner:
         terms = ", ".join(f"{name}={float(value):.4g}" for name, value in self.last_terms.items())
         raise NonFiniteLossError(
             f"the loss became NaN or infinite at epoch {epoch + 1}, within steps {first}-{self.meter.steps} (last "
-            f"step: {terms}); the run stops and keeps its last good checkpoint in "
-            f"{Path(self.config['run_dir']) / 'checkpoints'}. Try a lower optimizer.lr or max_grad_norm=5")
+            f"step: {terms}); the run stops. {_last_good_checkpoint(Path(self.config['run_dir']))} "
+            "Try a lower optimizer.lr or max_grad_norm=5")
+
+
+def _last_good_checkpoint(run_dir: Path) -> str:
+    """Where the run's last good state is, or that none was written (never claim a file that does not exist)."""
+    last = run_dir / "checkpoints" / "last.pt"
+    if not last.is_file():
+        return "No checkpoint was written before it diverged (nothing to resume)."
+    epoch = load_checkpoint(last, mmap=True).get("epoch")
+    return f"Its last good checkpoint is {last} (after epoch {epoch})."
 
 
 def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: torch.nn.Module,
@@ -344,7 +354,6 @@ def _seed_augmentation(data: DataBundle, seed: int, rank: int, epoch: int) -> No
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=float))
-    tmp.replace(path)
+    with atomic_write(path, "w") as handle:
+        handle.write(json.dumps(document, indent=2, default=float))
 

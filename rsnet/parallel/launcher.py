@@ -4,8 +4,9 @@ Three ways in, one worker function:
 
 * one device: the worker runs in this process, in a world of size 1 (the same code path as many workers);
 * several devices on this machine: one spawned process per device; this process hosts the c10d
-  ``TCPStore`` on a free port of 127.0.0.1 and watches the children: when one dies or raises, the
-  others are terminated and :class:`WorkerError` names the worker (rank and device);
+  ``TCPStore`` on a free port of 127.0.0.1 and watches the children: when one dies, raises or stops
+  giving its heartbeat (stopped, hung), the others are terminated and :class:`WorkerError` names the
+  worker (rank and device). The children ignore Ctrl-C: this process gets it and stops them;
 * started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment): this process *is*
   the worker; it takes ``devices[LOCAL_RANK]`` and joins the group through the c10d store on the
   rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``.
@@ -23,9 +24,11 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +41,17 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0
 _TERMINATE_GRACE_S = 5.0
 _ROOT_CAUSE_GRACE_S = 1.0
+HEARTBEAT_S = 0.5  # a spawned worker's heartbeat thread stamps the shared clock table this often
+_STALE_S = 3.0  # a worker silent this long while another one failed is the one that stopped
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed; ``rank`` and ``device`` name it, ``details`` has its traceback if any."""
+    """A worker process failed; ``rank`` and ``device`` name it, ``details`` has its traceback if any and
+    ``cause`` the exception it raised (when it could be sent back; None if it died or hung)."""
 
-    def __init__(self, rank: int, device: str, reason: str, details: str = "", others: str = "") -> None:
-        self.rank, self.device, self.reason, self.details = rank, device, reason, details
+    def __init__(self, rank: int, device: str, reason: str, details: str = "", others: str = "",
+                 cause: BaseException | None = None) -> None:
+        self.rank, self.device, self.reason, self.details, self.cause = rank, device, reason, details, cause
         message = f"worker rank {rank} ({device}) failed: {reason}"
         if details:
             message += f"\n--- traceback of worker {rank} ---\n{details.rstrip()}"
@@ -241,8 +248,10 @@ def _master_endpoint() -> tuple[str, int]:
 
 
 def _child_main(rank: int, world: int, devices: list[str], port: int, backend: str, timeout_s: float,
-                slowdowns: list[float], threads: int, worker_fn, args, kwargs, conn, log_level: int) -> None:
-    """Entry point of a spawned worker: join the store and group, run, send the result or the traceback."""
+                slowdowns: list[float], threads: int, worker_fn, args, kwargs, conn, log_level: int,
+                heartbeats) -> None:
+    """Entry point of a spawned worker: beat, join the store and group, run, send the result or the error."""
+    threading.Thread(target=_beat, args=(heartbeats, rank), name="rsnet-heartbeat", daemon=True).start()
     device_name = devices[rank]
     if not logging.getLogger().handlers:  # spawned: the parent's logging setup (e.g. Hydra's) is not inherited
         logging.basicConfig(level=log_level,
@@ -258,7 +267,8 @@ def _child_main(rank: int, world: int, devices: list[str], port: int, backend: s
         conn.send_bytes(pickle.dumps(("ok", result if rank == 0 else None)))
     except BaseException as error:  # noqa: BLE001 - report everything to the parent
         try:
-            conn.send_bytes(pickle.dumps(("error", f"{type(error).__name__}: {error}", traceback.format_exc())))
+            conn.send_bytes(pickle.dumps(("error", f"{type(error).__name__}: {error}", traceback.format_exc(),
+                                          _picklable(error))))
         except Exception:  # noqa: BLE001
             pass
         conn.close()
@@ -266,6 +276,23 @@ def _child_main(rank: int, world: int, devices: list[str], port: int, backend: s
         os._exit(1)
     conn.close()
     _destroy_group()
+
+
+def _beat(heartbeats, rank: int) -> None:
+    """Stamp this worker's slot of the shared clock table until the process ends. It stops when the process
+    does not run (SIGSTOP, Ctrl-Z, a hang that holds the interpreter): the parent reads that as "stopped"."""
+    while True:
+        heartbeats[rank] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
+        time.sleep(HEARTBEAT_S)
+
+
+def _picklable(error: BaseException) -> BaseException | None:
+    """``error`` if it survives a pickle round trip (so the parent can re-raise its type), else None."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - e.g. an exception holding a lock or a C++ object
+        return None
+    return error
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -277,7 +304,9 @@ class _Failure:
     reason: str
     details: str
     at: float
-    priority: int  # 0: died without a word (killed, os._exit, segfault); 1: raised; 2: raised a comm error
+    priority: int  # -1: stopped beating; 0: died without a word (killed, os._exit, segfault); 1: raised;
+    # 2: raised a comm error (a symptom of another worker's failure)
+    cause: BaseException | None = None
 
 
 _COMM_ERROR_HINTS = ("DistBackendError", "Connection closed", "Connection reset", "timed out", "Timeout",
@@ -289,6 +318,7 @@ def _spawn_local(worker_fn, devices, args, kwargs, timeout_s, slowdowns, backend
     store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False)
     context = mp.get_context("spawn")
+    heartbeats = context.Array("d", world, lock=False)  # 0.0 until a worker's first beat
     processes, readers = [], []
     try:
         for rank in range(world):
@@ -296,19 +326,63 @@ def _spawn_local(worker_fn, devices, args, kwargs, timeout_s, slowdowns, backend
             process = context.Process(target=_child_main, name=f"rsnet-worker-{rank}",
                                       args=(rank, world, devices, store.port, backend, timeout_s, slowdowns,
                                             threads, worker_fn, args, kwargs, writer,
-                                            logging.getLogger().getEffectiveLevel()), daemon=False)
-            process.start()
+                                            logging.getLogger().getEffectiveLevel(), heartbeats), daemon=False)
+            with _ctrl_c_ignored():  # inherited: Ctrl-C reaches this process only, which stops the workers
+                process.start()
             writer.close()
             processes.append(process)
             readers.append(reader)
         log.info("launched %d workers on %s (backend %s, store port %d)", world, devices, backend, store.port)
-        return _watch(processes, readers, devices)
+        return _watch(processes, readers, devices, _Heartbeats(heartbeats, time.monotonic(), timeout_s))
     finally:
         _terminate(processes)
         del store
 
 
-def _watch(processes, readers, devices) -> Any:
+@contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored for the block (in the main thread; elsewhere a no-op). A process started meanwhile
+    inherits the ignored disposition, which Python keeps, so a spawned worker never sees Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class _Heartbeats:
+    """The workers' shared clock table, read by the parent to find a worker that stopped running."""
+
+    clocks: Any
+    started: float
+    timeout_s: float
+
+    def silent_for(self, rank: int) -> tuple[float, bool]:
+        """Seconds since ``rank``'s last beat (since launch if it never beat) and whether it ever beat."""
+        last = self.clocks[rank]
+        return time.monotonic() - (last or self.started), bool(last)
+
+    def stopped(self, rank: int, others_failed: bool) -> _Failure | None:
+        """A failure for ``rank`` if it went silent: for ``timeout_s`` (the run would stop then anyway), or, once
+        another worker failed, for a few seconds. A worker that never beat is still starting (imports, CUDA
+        init: slow on a loaded machine); it is blamed only once another failed and ``timeout_s`` has passed."""
+        silent, beat = self.silent_for(rank)
+        if beat:
+            limit = min(_STALE_S, self.timeout_s) if others_failed else self.timeout_s
+        else:
+            limit = self.timeout_s if others_failed else float("inf")
+        if silent < limit:
+            return None
+        return _Failure(rank, f"stopped responding: no heartbeat for {silent:.0f} s (the process is stopped, e.g. "
+                              "by SIGSTOP or Ctrl-Z, hung, or starved of CPU); the other workers waited for it",
+                        "", time.monotonic(), -1)
+
+
+def _watch(processes, readers, devices, heartbeats: _Heartbeats | None = None) -> Any:
     """Wait for every worker; on the first failure give the others a moment to report, then raise."""
     world = len(processes)
     results: dict[int, Any] = {}
@@ -343,7 +417,9 @@ def _watch(processes, readers, devices) -> Any:
                     results[rank] = message[1]
                 else:
                     comm = any(hint in message[1] for hint in _COMM_ERROR_HINTS)
-                    failures.append(_Failure(rank, message[1], message[2], time.monotonic(), 2 if comm else 1))
+                    cause = message[3] if len(message) > 3 else None
+                    failures.append(_Failure(rank, message[1], message[2], time.monotonic(), 2 if comm else 1,
+                                             cause))
             elif item in alive:
                 rank = alive.pop(item)
                 processes[rank].join(0.1)
@@ -356,6 +432,13 @@ def _watch(processes, readers, devices) -> Any:
                     continue  # handled on the next round (the process is gone, its message is not)
                 open_readers.pop(reader, None)
                 _record_death(failures, rank, code)
+        if heartbeats is not None:
+            failed = {f.rank for f in failures}
+            for rank in range(world):
+                if rank not in results and rank not in failed and processes[rank].is_alive():
+                    stopped = heartbeats.stopped(rank, others_failed=bool(failures))
+                    if stopped is not None:
+                        failures.append(stopped)
         if failures and first_failure_at is None:
             first_failure_at = time.monotonic()
         if not alive and not open_readers and len(results) < world and not failures:
@@ -365,7 +448,7 @@ def _watch(processes, readers, devices) -> Any:
         failures.sort(key=lambda f: (f.priority, f.at))
         root = failures[0]
         others = "\n".join(f"worker rank {f.rank} ({devices[f.rank]}): {f.reason}" for f in failures[1:])
-        raise WorkerError(root.rank, devices[root.rank], root.reason, root.details, others)
+        raise WorkerError(root.rank, devices[root.rank], root.reason, root.details, others, root.cause)
     return results.get(0)
 
 
@@ -384,6 +467,7 @@ def _terminate(processes) -> None:
     for process in processes:
         if process.is_alive():
             process.terminate()
+            os.kill(process.pid, signal.SIGCONT)  # a stopped (SIGSTOP) worker acts on SIGTERM only once it runs
     deadline = time.monotonic() + _TERMINATE_GRACE_S
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))

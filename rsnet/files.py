@@ -1,0 +1,47 @@
+"""Writing files so that nothing is lost: atomic replacement, and one clear message when the disk is full."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+class DiskFullError(OSError):
+    """No space was left on the device while writing ``path``; the file's previous version (if any) is intact."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        super().__init__(errno.ENOSPC, f"no space left on device while writing {self.path}; free space on that "
+                                       "file system or write elsewhere (its previous version, if any, is intact)")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):  # picklable across worker processes
+        return (type(self), (self.path,))
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` in one step (readers see
+    the old file or the new one, never a part), on any failure it is removed. A full disk raises
+    :class:`DiskFullError` naming ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as error:
+        Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC and not isinstance(error, DiskFullError):
+            raise DiskFullError(path) from error
+        raise
