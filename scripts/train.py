@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rsnet.cli import user_errors
+from rsnet.cli import USER_ERRORS, user_errors
+from rsnet.engine.checkpoint import load_checkpoint
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
@@ -37,9 +40,12 @@ def main(cfg: DictConfig) -> float | None:
         check_top_level_keys(config, known_top_level_keys())
         try:
             summary = train(config, on_accepted=lambda run_dir: record_config(cfg, run_dir))
-        except (NonFiniteLossError, WorkerError) as error:
-            print(f"error: the run stopped: {error}", file=sys.stderr)
-            sys.exit(1)
+        except WorkerError as error:
+            report_worker_error(error)
+        except NonFiniteLossError as error:
+            stop(error)
+        except KeyboardInterrupt:
+            interrupted(config)
     if summary is None:
         return None
     print(f"run dir: {config['run_dir']}")
@@ -47,6 +53,40 @@ def main(cfg: DictConfig) -> float | None:
           f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "
           f"{summary['epochs']} epochs, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
     return float(summary["accuracy"])
+
+
+def report_worker_error(error: WorkerError) -> NoReturn:
+    """A worker's input error or full disk is reported as if it had happened here (one line); a diverged loss
+    in one line too; anything else (a bug, a killed or stopped worker) with what the workers said."""
+    if isinstance(error.cause, (*USER_ERRORS, DiskFullError)):
+        raise error.cause from None
+    stop(error.cause if isinstance(error.cause, NonFiniteLossError) else error)
+
+
+def stop(error: BaseException) -> NoReturn:
+    print(f"error: the run stopped: {error}", file=sys.stderr)
+    sys.exit(1)
+
+
+def interrupted(config: dict) -> NoReturn:
+    """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
+    if os.environ.get("RANK", "0") == "0":
+        last = Path(config["run_dir"]) / "checkpoints" / "last.pt"
+        if last.is_file():
+            epoch = load_checkpoint(last, mmap=True)["epoch"]
+            print(f"interrupted: {last} holds epoch {epoch} of {config['epochs']}; continue with\n"
+                  f"  {resume_command(sys.argv, config['run_dir'])}", file=sys.stderr)
+        else:
+            print("interrupted before the first epoch ended: no checkpoint was written, nothing to resume",
+                  file=sys.stderr)
+    sys.exit(130)
+
+
+def resume_command(argv: list[str], run_dir: str) -> str:
+    """The command line that continues this run: the same overrides, in the same run dir, with resume."""
+    replaced = ("trainer.resume=", "trainer.overwrite=", "hydra.run.dir=")
+    kept = [arg for arg in argv[1:] if not arg.lstrip("+~").startswith(replaced)]
+    return shlex.join(["python", argv[0], *kept, f"hydra.run.dir={run_dir}", "trainer.resume=true"])
 
 
 def record_config(cfg: DictConfig, run_dir: Path) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +236,42 @@ def test_prefetch_changes_timing_only(tmp_path: Path) -> None:
         states.append(load_checkpoint(run_dir / "checkpoints" / "last.pt")["model_state"])
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
+
+
+@pytest.mark.parametrize("devices", ["[cpu]", "[cpu,cpu]"])
+def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: str) -> None:
+    """Was: a KeyboardInterrupt traceback from every process. Now: exit 130, the checkpoint kept and the command
+    that continues the run, which works."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *TINY, "model=baseline",
+                                "epochs=50", f"trainer.devices={devices}", f"hydra.run.dir={run_dir}"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "last.pt").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the group
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    last_lines = stderr.strip().splitlines()[-2:]
+    assert last_lines[0].startswith(f"interrupted: {run_dir / 'checkpoints' / 'last.pt'} holds epoch"), stderr
+    command = shlex.split(last_lines[1])
+    assert command[-2:] == [f"hydra.run.dir={run_dir}", "trainer.resume=true"]
+    if devices == "[cpu]":
+        epoch = load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"]
+        result = subprocess.run([sys.executable, *command[1:], f"epochs={epoch + 1}"], cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == epoch + 1
+
+
+def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path) -> None:
+    """Was: with two workers, a missing dataset root came back as "worker rank 0 failed" and both tracebacks."""
+    result = train(tmp_path / "run", "trainer.devices=[cpu,cpu]", f"dataset.root={tmp_path / 'nowhere'}",
+                   expect_ok=False)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "worker rank" not in result.stderr, result.stderr
+    assert "error: UC Merced Land Use (bundled mini sample) ('ucmerced_mini') not found" in result.stderr
+    assert f"looked in: '{tmp_path / 'nowhere'}'" in result.stderr

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -114,6 +115,8 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     """One worker's whole run: data, model, strategy, epochs; the primary evaluates and saves."""
     run_dir = Path(config["run_dir"])
     seed = int(config["seed"])
+    if ctx.world_size > 1:  # tqdm's default lock is a multiprocessing semaphore, leaked when a worker is stopped
+        tqdm.set_lock(threading.RLock())
     torch.manual_seed(seed)  # identical initial replicas on every worker
     data = load_data(config, run_dir, write_split=ctx.is_primary)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
