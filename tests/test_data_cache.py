@@ -14,7 +14,7 @@ from multiprocessing.reduction import ForkingPickler
 from torch.utils.data import DataLoader
 
 import rsnet.data.cache as cache_mod
-from rsnet.data import DATASETS, build_datasets
+from rsnet.data import DATASETS, HIGH_BIT_DEPTH_MODES, build_datasets
 from rsnet.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -45,13 +45,13 @@ def test_disk_cache_is_reused_without_decoding(fake_archive, tmp_path, monkeypat
 
 
 def test_disk_cache_ignores_an_unfinished_file(fake_archive, tmp_path):
-    top = fake_archive("ucmerced", per_class=1, size=8)
+    top = fake_archive("ucmerced", per_class=2, size=8)
     cdir = tmp_path / "cache"
     build_datasets("ucmerced", top, 0.5, 0, 8, cache="disk", cache_dir=cdir, check_counts=False)
     meta = next(cdir.glob("*.json"))
     meta.unlink()  # as if the run died before the completion marker was written
     again = build_datasets("ucmerced", top, 0.5, 0, 8, cache="disk", cache_dir=cdir, check_counts=False)
-    assert again.train.store.decoded == 21 and meta.exists()
+    assert again.train.store.decoded == 42 and meta.exists()
 
 
 def test_memory_cache_is_one_shared_array(mini_root):
@@ -116,7 +116,7 @@ def test_no_cache_decodes_on_access(fake_archive, monkeypatch):
     assert bundle.train.images is None
     calls = []
     real = cache_mod.decode_image
-    monkeypatch.setattr(cache_mod, "decode_image", lambda p, s: calls.append(p) or real(p, s))
+    monkeypatch.setattr(cache_mod, "decode_image", lambda p, *a: calls.append(p) or real(p, *a))
     img = bundle.train.raw(0)
     assert img.shape == (12, 12, 3) and calls == [bundle.train.files[0]]
 
@@ -135,8 +135,10 @@ def test_hydra_dataset_configs():
     for name in DATASETS:
         cfg = OmegaConf.load(conf / f"{name}.yaml")
         assert cfg.name == name
-        assert set(cfg) >= {"name", "root", "train_ratio", "image_size", "cache", "cache_dir", "skip_corrupt"}
+        assert set(cfg) >= {"name", "root", "train_ratio", "image_size", "cache", "cache_dir", "skip_corrupt",
+                            "high_bit_depth"}
         assert 0 < cfg.train_ratio < 1 and cfg.cache in ("memory", "disk", "none")
+        assert cfg.high_bit_depth in HIGH_BIT_DEPTH_MODES
 
 
 def test_prefetcher_yields_get_batch_in_order_and_raises_its_errors(mini_root):

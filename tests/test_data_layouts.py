@@ -127,11 +127,18 @@ def test_mini_sample_has_exact_counts_and_no_warning(mini_root):
     assert build_datasets("ucmerced_mini", None, 0.5, 0, 32).root == mini_root / "Images"
 
 
-def test_real_ucm_tif_sample(tif_sample_root):
+def test_real_ucm_tif_sample(tif_sample_root, tmp_path):
+    # the sample holds one .tif a class; a second name (a symlink to it) gives every class a test image
+    root = tmp_path / "UCMerced_LandUse"
+    for tif in sorted(tif_sample_root.glob("Images/*/*.tif")):
+        folder = root / "Images" / tif.parent.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / tif.name).symlink_to(tif)
+        (folder / f"{tif.parent.name}99.tif").symlink_to(tif)
     with pytest.warns(DatasetCountWarning):
-        bundle = build_datasets("ucmerced", tif_sample_root, 0.8, 0, 256)
+        bundle = build_datasets("ucmerced", root, 0.5, 0, 256)
     assert len(bundle.class_names) == 21
-    assert len(bundle.train) == 21 and len(bundle.test) == 0  # one file a class
+    assert len(bundle.train) == 21 and len(bundle.test) == 21
     img = bundle.train.raw(0)
     assert img.shape == (256, 256, 3) and img.dtype == np.uint8 and img.std() > 5
     assert bundle.train.files[0].endswith(".tif")

@@ -1,7 +1,8 @@
 """Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini), protocol splits, decode-once caches
 and albumentations transforms. Entry point: :func:`build_datasets`."""
 
-from .cache import CACHE_MODES, ImageStore, build_store, decode_image, default_cache_dir
+from .cache import CACHE_MODES, ImageStore, build_store, default_cache_dir
+from .decode import HIGH_BIT_DEPTH_MODES, DecodeReport, decode_image
 from .datasets import (
     DataBundle,
     SceneDataset,
@@ -19,6 +20,7 @@ from .errors import (
     DatasetCountWarning,
     DatasetNotFoundError,
     DatasetValidationError,
+    HighBitDepthWarning,
     SplitMismatchError,
 )
 from .loader import BatchPrefetcher, PreparedBatch
@@ -28,6 +30,7 @@ from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_trans
 
 __all__ = [
     "CACHE_MODES",
+    "HIGH_BIT_DEPTH_MODES",
     "BatchPrefetcher",
     "DATASETS",
     "IMAGENET_MEAN",
@@ -39,6 +42,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetSpec",
     "DatasetValidationError",
+    "DecodeReport",
+    "HighBitDepthWarning",
     "ImageStore",
     "PreparedBatch",
     "ScanResult",

@@ -9,24 +9,30 @@ datasets are index views into the same store, so nothing is copied per split or 
   the workers map that segment.
 - ``disk``: a ``.npy`` file under ``cache_dir`` opened with ``mmap_mode="r"``; every process maps the
   same file, the OS page cache holds it once, and a later run skips decoding. The file name carries
-  a hash of (dataset, size, relative file list with sizes and mtimes); it is written under a temporary
-  name and renamed into place (atomic), with a JSON sidecar written last as the completion marker.
-- ``none``: no cache; every access decodes the file (the classic ImageFolder path).
+  a hash of (dataset, size, high-bit-depth rescaling, relative file list with sizes and mtimes); it is
+  written under a temporary name and renamed into place (atomic), with a JSON sidecar written last as
+  the completion marker. The sidecar holds a CRC-32 of the pixels, checked before the cache is reused.
+- ``none``: no cache; every access decodes the file (the classic ImageFolder path). The files are
+  still decoded once up front to find every undecodable one.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from PIL import Image
+
+from .decode import DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, check_high_bit_depth, decode_image
+from rsnet.files import DiskFullError, atomic_write
 
 from .errors import CorruptImageError
 
@@ -36,7 +42,6 @@ __all__ = [
     "ImageStore",
     "build_store",
     "cache_key",
-    "decode_image",
     "decode_into",
     "default_cache_dir",
 ]
@@ -44,8 +49,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CACHE_MODES = ("memory", "disk", "none")
-CACHE_VERSION = 1
-_RESAMPLE = Image.Resampling.BILINEAR
+CACHE_VERSION = 2  # 2: high-bit-depth images are rescaled (were clipped), checksum in the sidecar
+_CHECKSUM_CHUNK = 64 << 20  # bytes hashed per step, so a memory-mapped cache is read in pieces
 
 
 def default_cache_dir() -> Path:
@@ -54,69 +59,56 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rsnet"
 
 
-def decode_image(path: str | os.PathLike, size: int) -> np.ndarray:
-    """Decode one image file to uint8 ``size × size × 3`` RGB (resized when needed).
-
-    Raises:
-        CorruptImageError: the file cannot be read or decoded (e.g. truncated); names the file.
-    """
-    try:
-        with Image.open(path) as im:
-            if im.format == "JPEG":
-                im.draft("RGB", (size, size))  # let libjpeg decode at a reduced scale (never below size)
-            im = im.convert("RGB")
-            if im.size != (size, size):
-                im = im.resize((size, size), _RESAMPLE)
-            arr = np.asarray(im, dtype=np.uint8)
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
-        raise CorruptImageError(str(path), exc) from exc
-    if arr.shape != (size, size, 3):
-        raise CorruptImageError(str(path), ValueError(f"unexpected decoded shape {arr.shape}"))
-    return arr
-
-
 def decode_into(
     out: np.ndarray,
     paths: Sequence[str],
     size: int,
-    skip_corrupt: bool = False,
     num_threads: int | None = None,
-) -> list[int]:
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+    report: DecodeReport | None = None,
+) -> dict[int, str]:
     """Decode ``paths[i]`` into ``out[i]`` with a thread pool (PIL releases the GIL while decoding).
 
-    Returns the indices of files that could not be decoded (their rows are zero) when
-    ``skip_corrupt``; otherwise raises :class:`CorruptImageError` for the first bad file.
+    Every file is tried. Returns ``{i: reason}`` for the files that could not be decoded (their rows
+    are zero); files rescaled from high bit depth are recorded in ``report``.
     """
     threads = num_threads or min(8, (os.cpu_count() or 1) + 1)
-    corrupt: list[int] = []
 
-    def work(i: int) -> int | None:
+    def work(i: int) -> tuple[int, str] | None:
         try:
-            out[i] = decode_image(paths[i], size)  # module-level lookup: tests may monkeypatch it
+            out[i] = decode_image(paths[i], size, high_bit_depth, report)  # module-level: tests may patch it
             return None
-        except CorruptImageError:
-            if not skip_corrupt:
-                raise
+        except CorruptImageError as exc:
             out[i] = 0
-            return i
+            return i, exc.reason or "undecodable"
 
     if threads <= 1 or len(paths) < 16:
         results = [work(i) for i in range(len(paths))]
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            results = list(pool.map(work, range(len(paths)), chunksize=16))
-    corrupt = [i for i in results if i is not None]
-    return corrupt
+            results = list(pool.map(work, range(len(paths))))
+    return dict(r for r in results if r is not None)
 
 
-def cache_key(dataset: str, size: int, keys: Sequence[str], paths: Sequence[str]) -> str:
-    """Hash of what determines the decoded array: dataset, size, file list (with sizes/mtimes)."""
+def cache_key(dataset: str, size: int, keys: Sequence[str], paths: Sequence[str],
+              high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> str:
+    """Hash of what determines the decoded array: dataset, size, rescaling, file list (with sizes/mtimes)."""
     h = hashlib.sha256()
-    h.update(json.dumps([CACHE_VERSION, dataset, int(size), str(_RESAMPLE)]).encode())
+    h.update(json.dumps([CACHE_VERSION, dataset, int(size), str(RESAMPLE), high_bit_depth, PERCENTILES]).encode())
     for key, path in zip(keys, paths):
         st = os.stat(path)
         h.update(f"\n{key}\t{st.st_size}\t{int(st.st_mtime)}".encode())
     return h.hexdigest()[:20]
+
+
+def _checksum(array: np.ndarray) -> str:
+    """CRC-32 of the array's bytes, read in chunks (``"crc32:xxxxxxxx"``); detects changed pixels."""
+    row_bytes = max(1, array[0].nbytes) if len(array) else 1
+    step = max(1, _CHECKSUM_CHUNK // row_bytes)
+    crc = 0
+    for start in range(0, len(array), step):
+        crc = zlib.crc32(np.ascontiguousarray(array[start:start + step]), crc)
+    return f"crc32:{crc:08x}"
 
 
 class ImageStore:
@@ -130,6 +122,8 @@ class ImageStore:
         cache_path: the ``.npy`` file for mode "disk".
         corrupt: row indices whose file could not be decoded (rows are zero).
         decoded: number of images decoded while building this store (0 when the disk cache was reused).
+        high_bit_depth: how 16-bit/float files are rescaled (see :func:`decode_image`).
+        rescaled: row -> source pixel format of the files rescaled from 16-bit or float pixels.
     """
 
     def __init__(
@@ -141,6 +135,8 @@ class ImageStore:
         cache_path: Path | None = None,
         corrupt: Sequence[int] = (),
         decoded: int = 0,
+        high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+        rescaled: dict[int, str] | None = None,
     ) -> None:
         self.paths = list(paths)
         self.size = int(size)
@@ -149,6 +145,8 @@ class ImageStore:
         self.cache_path = cache_path
         self.corrupt = list(corrupt)
         self.decoded = decoded
+        self.high_bit_depth = high_bit_depth
+        self.rescaled = dict(rescaled or {})
         self._shared = None  # torch tensor in shared memory, created on first spawn-pickle
 
     def __len__(self) -> int:
@@ -156,7 +154,7 @@ class ImageStore:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if self.array is None:
-            return decode_image(self.paths[i], self.size)
+            return decode_image(self.paths[i], self.size, self.high_bit_depth)
         return self.array[i]
 
     @property
@@ -197,8 +195,12 @@ def build_store(
     cache_dir: str | os.PathLike | None = None,
     skip_corrupt: bool = False,
     num_threads: int | None = None,
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
 ) -> ImageStore:
     """Decode (or reuse) the images of ``paths`` at ``size`` px.
+
+    Every file is decoded once up front, also for mode "none" (which keeps no pixels), so all
+    undecodable files are found in one pass.
 
     Args:
         dataset: dataset name (part of the disk-cache key and file name).
@@ -209,67 +211,151 @@ def build_store(
         cache_dir: folder of the disk cache (default :func:`default_cache_dir`).
         skip_corrupt: record undecodable files in ``store.corrupt`` instead of raising.
         num_threads: decoding threads.
+        high_bit_depth: rescaling of 16-bit/float files (:data:`HIGH_BIT_DEPTH_MODES`).
+
+    Raises:
+        CorruptImageError: undecodable files (all of them, in one message) unless ``skip_corrupt``.
+        ValueError: unknown mode or ``high_bit_depth``; unusable ``cache_dir``.
     """
     if mode not in CACHE_MODES:
         raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
+    check_high_bit_depth(high_bit_depth)
+    if mode == "disk":
+        return _disk_store(dataset, keys, paths, size, cache_dir, skip_corrupt, num_threads, high_bit_depth)
+    t0 = time.perf_counter()
     n = len(paths)
-    if mode == "none":
-        corrupt: list[int] = []
-        if skip_corrupt:  # the only way to know which files are bad is to decode them once
-            scratch = np.empty((min(n, 64), size, size, 3), np.uint8)
-            for start in range(0, n, len(scratch)):
-                chunk = paths[start : start + len(scratch)]
-                bad = decode_into(scratch[: len(chunk)], chunk, size, True, num_threads)
-                corrupt += [start + i for i in bad]
-        return ImageStore(paths, size, "none", corrupt=corrupt)
-
-    shape = (n, size, size, 3)
-    if mode == "memory":
-        t0 = time.perf_counter()
-        array = np.empty(shape, np.uint8)
-        corrupt = decode_into(array, paths, size, skip_corrupt, num_threads)
+    report = DecodeReport()
+    if mode == "none":  # decode once in chunks to find bad files; nothing is kept
+        array = None
+        scratch = np.empty((min(n, 64), size, size, 3), np.uint8)
+        corrupt: dict[int, str] = {}
+        for start in range(0, n, len(scratch)):
+            chunk = paths[start : start + len(scratch)]
+            bad = decode_into(scratch[: len(chunk)], chunk, size, num_threads, high_bit_depth, report)
+            corrupt.update((start + i, why) for i, why in bad.items())
+    else:
+        array = np.empty((n, size, size, 3), np.uint8)
+        corrupt = decode_into(array, paths, size, num_threads, high_bit_depth, report)
         log.info("decoded %d images at %d px into memory (%.1f MB) in %.1f s",
                  n, size, array.nbytes / 1e6, time.perf_counter() - t0)
-        return ImageStore(paths, size, "memory", array, corrupt=corrupt, decoded=n)
+    _raise_unless_skipped(paths, corrupt, skip_corrupt)
+    return ImageStore(paths, size, mode, array, corrupt=sorted(corrupt), decoded=n,
+                      high_bit_depth=high_bit_depth, rescaled=_rescaled_rows(paths, report))
 
-    folder = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    key = cache_key(dataset, size, keys, paths)
-    npy = folder / f"{dataset}_{size}px_n{n}_{key}.npy"
-    meta_path = npy.with_suffix(".json")
-    if npy.exists() and meta_path.exists():
+
+def _raise_unless_skipped(paths: Sequence[str], corrupt: dict[int, str], skip_corrupt: bool) -> None:
+    """One :class:`CorruptImageError` naming every undecodable file, unless they are to be skipped."""
+    if corrupt and not skip_corrupt:
+        rows = sorted(corrupt)
+        raise CorruptImageError([paths[i] for i in rows], corrupt[rows[0]])
+
+
+def _rescaled_rows(paths: Sequence[str], report: DecodeReport) -> dict[int, str]:
+    return {i: report.rescaled[p] for i, p in enumerate(paths) if p in report.rescaled}
+
+
+def _cache_folder(cache_dir: str | os.PathLike | None) -> tuple[Path, str]:
+    """The disk-cache folder, created if missing, and the setting it came from (for messages).
+
+    Raises:
+        ValueError: the path is a file, or the folder cannot be created.
+    """
+    if cache_dir:
+        folder, setting = Path(cache_dir).expanduser(), "dataset.cache_dir"
+    else:
+        folder = default_cache_dir()
+        setting = "$RSNET_CACHE_DIR" if os.environ.get("RSNET_CACHE_DIR") else "dataset.cache_dir (default)"
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{setting} '{folder}' is a file, not a folder: point {setting} at a folder "
+                         "(it is created if missing), or set dataset.cache=memory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{setting} '{folder}' cannot be created ({exc.strerror or exc}): point {setting} "
+                         "at a writable folder, or set dataset.cache=memory") from exc
+    return folder, setting
+
+
+def _reuse(npy: Path, meta_path: Path, keys: Sequence[str], shape: tuple[int, ...]) -> tuple[np.ndarray, dict] | None:
+    """The cached array and its sidecar when both exist, match the file list and pass the checksum."""
+    if not (npy.exists() and meta_path.exists()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        array = np.load(npy, mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        log.warning("disk cache %s is unreadable (%s); rebuilding", npy, exc)
+        return None
+    if array.shape != shape or meta.get("keys") != list(keys):
+        log.warning("disk cache %s does not match the file list; rebuilding", npy)
+        return None
+    if meta.get("checksum") != _checksum(array):
+        log.warning("disk cache %s does not match the checksum written with it (its pixels changed); rebuilding", npy)
+        return None
+    return array, meta
+
+
+def _reserve(tmp: Path, npy: Path) -> None:
+    """Allocate the whole cache file now: a sparse file on a full disk would kill the run (SIGBUS) mid-decode
+    instead of raising :class:`DiskFullError` here."""
+    with open(tmp, "r+b") as handle:
         try:
-            meta = json.loads(meta_path.read_text())
-            array = np.load(npy, mmap_mode="r")
-            if array.shape == shape and meta.get("keys") == list(keys):
-                corrupt = list(meta.get("corrupt", []))
-                if corrupt and not skip_corrupt:
-                    raise CorruptImageError(paths[corrupt[0]], OSError("recorded as undecodable in the cache"))
-                log.info("reusing disk cache %s", npy)
-                return ImageStore(paths, size, "disk", array, npy, corrupt=corrupt, decoded=0)
-            log.warning("disk cache %s does not match the file list; rebuilding", npy)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, CorruptImageError):
+            os.posix_fallocate(handle.fileno(), 0, tmp.stat().st_size)
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise DiskFullError(npy) from error
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: go on
                 raise
-            log.warning("disk cache %s is unreadable (%s); rebuilding", npy, exc)
+
+
+def _disk_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: int,
+                cache_dir: str | os.PathLike | None, skip_corrupt: bool, num_threads: int | None,
+                high_bit_depth: str) -> ImageStore:
+    """Reuse or write ``<cache_dir>/<dataset>_<size>px_n<N>_<key>.npy`` (see the module docstring)."""
+    n = len(paths)
+    shape = (n, size, size, 3)
+    folder, setting = _cache_folder(cache_dir)
+    npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, keys, paths, high_bit_depth)}.npy"
+    meta_path = npy.with_suffix(".json")
+    reused = _reuse(npy, meta_path, keys, shape)
+    if reused is not None:
+        array, meta = reused
+        corrupt = {int(i): f"recorded as undecodable when the disk cache '{npy}' was written"
+                   for i in meta.get("corrupt", [])}
+        _raise_unless_skipped(paths, corrupt, skip_corrupt)
+        log.info("reusing disk cache %s", npy)
+        return ImageStore(paths, size, "disk", array, npy, corrupt=sorted(corrupt), decoded=0,
+                          high_bit_depth=high_bit_depth,
+                          rescaled={int(i): src for i, src in meta.get("rescaled", [])})
 
     t0 = time.perf_counter()
+    report = DecodeReport()
     tmp = npy.with_name(f".{npy.name}.tmp-{os.getpid()}")
     try:
-        mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
-        corrupt = decode_into(mm, paths, size, skip_corrupt, num_threads)
+        try:
+            mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+        except OSError as exc:
+            raise ValueError(f"cannot write the disk cache in {setting} '{folder}' ({exc.strerror or exc}; "
+                             f"{n * size * size * 3 / 1e6:.0f} MB needed): point {setting} at a writable "
+                             "folder, or set dataset.cache=memory") from exc
+        _reserve(tmp, npy)
+        corrupt = decode_into(mm, paths, size, num_threads, high_bit_depth, report)
+        digest = _checksum(mm)
         mm.flush()
         del mm
         os.replace(tmp, npy)
     finally:
         if tmp.exists():
             tmp.unlink()
-    meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, "keys": list(keys),
-            "corrupt": corrupt, "created": time.time()}
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)  # the sidecar is the completion marker
+    rescaled = _rescaled_rows(paths, report)
+    meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, "high_bit_depth": high_bit_depth,
+            "keys": list(keys), "corrupt": sorted(corrupt), "rescaled": sorted(rescaled.items()),
+            "checksum": digest, "created": time.time()}
+    with atomic_write(meta_path, "w") as handle:  # the sidecar is the completion marker
+        handle.write(json.dumps(meta))
     log.info("decoded %d images at %d px into disk cache %s (%.1f MB) in %.1f s",
              n, size, npy, n * size * size * 3 / 1e6, time.perf_counter() - t0)
+    _raise_unless_skipped(paths, corrupt, skip_corrupt)  # the cache is kept: a rerun that skips them reuses it
     array = np.load(npy, mmap_mode="r")
-    return ImageStore(paths, size, "disk", array, npy, corrupt=corrupt, decoded=n)
+    return ImageStore(paths, size, "disk", array, npy, corrupt=sorted(corrupt), decoded=n,
+                      high_bit_depth=high_bit_depth, rescaled=rescaled)

@@ -26,11 +26,13 @@ from albumentations.pytorch import ToTensorV2
 from torch.utils.data import Dataset
 
 from .cache import ImageStore, build_store
+from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .errors import (
     CorruptImageWarning,
     DatasetCountWarning,
     DatasetNotFoundError,
     DatasetValidationError,
+    HighBitDepthWarning,
 )
 from .specs import DATASETS, IMAGE_EXTENSIONS, DatasetSpec
 from .splits import Split, check_train_ratio, stratified_split
@@ -400,6 +402,7 @@ def build_datasets(
     check_counts: bool = True,
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
 ) -> DataBundle:
     """Locate, validate, split and decode a dataset.
 
@@ -415,11 +418,17 @@ def build_datasets(
             reused by later runs) or "none" (decode on every access).
         cache_dir: folder of the disk cache (default ``$RSNET_CACHE_DIR`` or ``~/.cache/rsnet``).
         skip_corrupt: skip undecodable images (reported by a :class:`CorruptImageWarning` and
-            ``bundle.skipped``) instead of raising :class:`CorruptImageError`.
+            ``bundle.skipped``) instead of raising one :class:`CorruptImageError` naming them all.
         split_file: a split saved by ``Split.save``; its file lists are used instead of drawing one.
         num_threads: decoding threads.
         check_counts: warn when class counts differ from the official archive.
         mean, std: normalisation (ImageNet by default).
+        high_bit_depth: how 16-bit/float images become 8 bit: "percentile" (2nd-98th percentile
+            stretch per image), "minmax" or "refuse"; one :class:`HighBitDepthWarning` gives the count.
+
+    Raises:
+        DatasetValidationError: a class is left without a train or a test image (fewer than 2 images,
+            e.g. after skipping undecodable files).
     """
     spec = get_spec(name)
     if split_file is None:
@@ -432,8 +441,16 @@ def build_datasets(
         if root is None:
             raise _not_found(spec, Path("<dataset.root not set>"), "dataset.root is not set")
     scan = scan_dataset(spec, root, check_counts=check_counts)
+    # split before the (long) decode so a class without a test image is refused at once; skipping
+    # undecodable files can only remove images, so the split is drawn again and rechecked below
+    split, train_rows, test_rows = _split(scan, set(), train_ratio, seed, split_file)
+    _require_train_and_test(scan, train_rows, test_rows, 0, split_file)
     store = build_store(spec.name, scan.keys, scan.paths, image_size, cache, cache_dir,
-                        skip_corrupt, num_threads)
+                        skip_corrupt, num_threads, high_bit_depth)
+    if store.rescaled:
+        warnings.warn(f"{spec.name} under '{scan.class_root}': "
+                      + describe_rescaled(store.rescaled.values(), len(store), high_bit_depth),
+                      HighBitDepthWarning, stacklevel=2)
     skipped = [scan.keys[i] for i in store.corrupt]
     if skipped:
         warnings.warn(
@@ -443,16 +460,8 @@ def build_datasets(
             stacklevel=2,
         )
         log.warning("skipped %d undecodable images: %s", len(skipped), skipped[:20])
-    drop = set(skipped)
-
-    if split_file is not None:
-        split = Split.load(split_file).restricted(drop)
-        train_rows, test_rows = split.indices(scan.keys, spec.classes, str(scan.class_root))
-    else:
-        keep = [i for i, k in enumerate(scan.keys) if k not in drop]
-        split = stratified_split([scan.keys[i] for i in keep], scan.labels[keep], train_ratio, seed,
-                                 spec.classes, spec.name)
-        train_rows, test_rows = split.indices(scan.keys)
+        split, train_rows, test_rows = _split(scan, set(skipped), train_ratio, seed, split_file)
+        _require_train_and_test(scan, train_rows, test_rows, len(skipped), split_file)
 
     mean_t = tuple(float(m) for m in mean)
     std_t = tuple(float(s) for s in std)
@@ -470,6 +479,42 @@ def build_datasets(
                       scan.class_root, spec)
 
 
+def _split(scan: ScanResult, drop: set[str], train_ratio: float, seed: int,
+           split_file: str | os.PathLike | None) -> tuple[Split, np.ndarray, np.ndarray]:
+    """The split without the files in ``drop`` (drawn, or read from ``split_file``) and its row indices."""
+    spec = scan.spec
+    if split_file is not None:
+        split = Split.load(split_file).restricted(drop)
+        return (split, *split.indices(scan.keys, spec.classes, str(scan.class_root)))
+    keep = [i for i, k in enumerate(scan.keys) if k not in drop]
+    split = stratified_split([scan.keys[i] for i in keep], scan.labels[keep], train_ratio, seed,
+                             spec.classes, spec.name)
+    return (split, *split.indices(scan.keys))
+
+
+def _require_train_and_test(scan: ScanResult, train_rows: np.ndarray, test_rows: np.ndarray,
+                            num_skipped: int, split_file: str | os.PathLike | None) -> None:
+    """DatasetValidationError (one line, naming the classes) if a class has no train or no test image."""
+    k = scan.spec.num_classes
+    n_train = np.bincount(scan.labels[train_rows], minlength=k)
+    n_test = np.bincount(scan.labels[test_rows], minlength=k)
+    bad = [c for c in range(k) if n_train[c] == 0 or n_test[c] == 0]
+    if not bad:
+        return
+    left = " left" if num_skipped else ""
+    found = ", ".join(f"'{scan.spec.classes[c]}' has {n_train[c] + n_test[c]} image(s){left} "
+                      f"({n_train[c]} train, {n_test[c]} test)" for c in bad[:5])
+    more = f" ... and {len(bad) - 5} more classes" if len(bad) > 5 else ""
+    skipped = f" after skipping {num_skipped} undecodable file(s)" if num_skipped else ""
+    fix = ("add images to those class folders" + (" or replace the undecodable files" if num_skipped else "")
+           + ("; the split of dataset.split_file leaves a side empty: draw a new split without it"
+              if split_file is not None else ""))
+    raise DatasetValidationError(
+        f"{scan.spec.name} under '{scan.class_root}'{skipped}: {found}{more}; every class needs at least 2 "
+        f"images, one for train and one for test: {fix}"
+    )
+
+
 def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size: int | None = None,
                                split_file: str | os.PathLike | None = None) -> DataBundle:
     """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's)."""
@@ -477,4 +522,4 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
         dataset["name"], dataset.get("root"), train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset.get("cache", "memory"),
         cache_dir=dataset.get("cache_dir"), skip_corrupt=bool(dataset.get("skip_corrupt", False)),
-        split_file=split_file)
+        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))

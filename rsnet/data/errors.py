@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Sequence
+
 __all__ = [
     "DatasetNotFoundError",
     "DatasetValidationError",
@@ -9,7 +12,10 @@ __all__ = [
     "SplitMismatchError",
     "DatasetCountWarning",
     "CorruptImageWarning",
+    "HighBitDepthWarning",
 ]
+
+_LISTED = 10  # files named in a CorruptImageError message; the rest are counted
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -25,19 +31,35 @@ class SplitMismatchError(DatasetValidationError):
 
 
 class CorruptImageError(OSError):
-    """An image file could not be decoded. ``path`` names the file."""
+    """Image file(s) that could not be decoded, in one line.
 
-    def __init__(self, path: str, cause: BaseException | None = None) -> None:
-        self.path = str(path)
-        self.cause = cause
-        reason = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        super().__init__(
-            f"cannot decode image '{self.path}'{reason} "
-            "(re-extract the archive, delete the file, or set dataset.skip_corrupt=true to skip it)"
-        )
+    Attributes:
+        path: the first file.
+        paths: every file (one for a single image, all of a decode pass).
+        reason: why the first file failed ("OSError: image file is truncated"), or None.
+        cause: the exception behind ``reason`` (None after unpickling or when given as text).
+    """
+
+    def __init__(self, paths: str | os.PathLike | Sequence[str], cause: BaseException | str | None = None) -> None:
+        self.paths = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+        self.path = self.paths[0]
+        self.cause = cause if isinstance(cause, BaseException) else None
+        self.reason = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        reason = f": {self.reason}" if self.reason else ""
+        if len(self.paths) == 1:
+            return (f"cannot decode image '{self.path}'{reason} "
+                    "(re-extract the archive, delete the file, or set dataset.skip_corrupt=true to skip it)")
+        listed = ", ".join(f"'{p}'" for p in self.paths[:_LISTED])
+        more = f" ... and {len(self.paths) - _LISTED} more" if len(self.paths) > _LISTED else ""
+        first = f" (first{reason})" if reason else ""
+        return (f"cannot decode {len(self.paths)} images{first}: {listed}{more} "
+                "(re-extract the archive, delete the files, or set dataset.skip_corrupt=true to skip them)")
 
     def __reduce__(self):  # keep picklable across processes
-        return (type(self), (self.path, None))
+        return (type(self), (self.paths, self.reason))
 
 
 class DatasetCountWarning(UserWarning):
@@ -46,3 +68,7 @@ class DatasetCountWarning(UserWarning):
 
 class CorruptImageWarning(UserWarning):
     """Some images could not be decoded and were skipped (``skip_corrupt=True``)."""
+
+
+class HighBitDepthWarning(UserWarning):
+    """Some images had 16-bit or float pixels and were rescaled to 8 bit (``dataset.high_bit_depth``)."""
