@@ -5,9 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from rsnet.data.errors import CorruptImageError
-from rsnet.files import DiskFullError
+from rsnet.files import DiskFullError, check_writable_dir
 
 # Errors caused by the user's input or files: one line, exit status 2.
 USER_ERRORS = (ValueError, FileNotFoundError, CorruptImageError)
@@ -25,3 +30,12 @@ def user_errors() -> Iterator[None]:
     except DiskFullError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
+
+
+class RunDirCheck(Callback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): refuse a run dir that cannot be written, in one
+    line, before Hydra creates it and sets up its log file there (which would fail with a traceback)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        with user_errors():
+            check_writable_dir(Path(config.hydra.run.dir), "hydra.run.dir")

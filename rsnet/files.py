@@ -45,3 +45,19 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         if isinstance(error, OSError) and error.errno == errno.ENOSPC and not isinstance(error, DiskFullError):
             raise DiskFullError(path) from error
         raise
+
+
+def check_writable_dir(folder: str | os.PathLike, setting: str) -> Path:
+    """Create ``folder`` if needed and make sure a file can be created in it; ValueError naming ``setting``
+    otherwise (read-only, a file in the way, no permission), before any work that would be lost."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise DiskFullError(folder) from error
+        raise ValueError(f"{setting}={folder} cannot be written ({error.strerror or error}): choose a folder "
+                         "you can write to") from error
+    return folder

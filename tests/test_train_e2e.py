@@ -275,3 +275,13 @@ def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path) -
     assert "Traceback" not in result.stderr and "worker rank" not in result.stderr, result.stderr
     assert "error: UC Merced Land Use (bundled mini sample) ('ucmerced_mini') not found" in result.stderr
     assert f"looked in: '{tmp_path / 'nowhere'}'" in result.stderr
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """Was: a Hydra traceback from its log-file setup ("Unable to configure handler 'file'")."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    result = run_script("train.py", *TINY, "epochs=1", f"hydra.run.dir={blocker / 'run'}", expect_ok=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"error: hydra.run.dir={blocker / 'run'} cannot be written (Not a directory): "
+                                     "choose a folder you can write to")
