@@ -1,0 +1,49 @@
+"""Atomic writes, the full-disk error, and how the scripts report it."""
+
+from __future__ import annotations
+
+import errno
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from rsnet.cli import user_errors
+from rsnet.engine import checkpoint as checkpoint_module
+from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.files import DiskFullError, check_writable_dir
+
+PAYLOAD = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],
+           "image_size": 64, "mean": [0.0] * 3, "std": [1.0] * 3, "epoch": 1}
+
+
+def test_full_disk_during_a_checkpoint_names_it_and_keeps_the_previous_one(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Was: "OSError: [Errno 28] No space left on device" with a traceback (in a worker: the worker's traceback)."""
+    last = save_checkpoint(tmp_path / "checkpoints" / "last.pt", PAYLOAD)
+
+    def full_disk(obj, handle):
+        handle.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", full_disk)
+    with pytest.raises(SystemExit) as stopped, user_errors():
+        save_checkpoint(last, {**PAYLOAD, "epoch": 2})
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == (f"error: no space left on device while writing {last}; free space on that file "
+                                       "system or write elsewhere (its previous version, if any, is intact)\n")
+    assert load_checkpoint(last)["epoch"] == 1
+    assert [path.name for path in last.parent.iterdir()] == ["last.pt"]  # no temp file left
+
+
+def test_disk_full_error_survives_the_trip_from_a_worker() -> None:
+    error = pickle.loads(pickle.dumps(DiskFullError("/runs/a/metrics.json")))
+    assert isinstance(error, DiskFullError) and error.errno == errno.ENOSPC and error.path == "/runs/a/metrics.json"
+    assert str(error).startswith("no space left on device while writing /runs/a/metrics.json")
+
+
+def test_writable_dir_check_names_the_setting(tmp_path: Path) -> None:
+    assert check_writable_dir(tmp_path / "new" / "run", "out") == tmp_path / "new" / "run"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"^out=.*file/run cannot be written \(Not a directory\)"):
+        check_writable_dir(tmp_path / "file" / "run", "out")
