@@ -9,6 +9,11 @@
 classifier; ``head="ensemble"`` writes the full multi-branch model returning its ensemble logits.
 Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX, opset 17, dynamic batch) or ``model.pt``
 (a state dict), always with ``model.json`` (class names, image size, mean/std, backbone, ...).
+
+``load_model(path)`` is the one way the scripts go from a ``checkpoint=``/``model=`` path to a model:
+a file is that file (a checkpoint, or an export's model file / model.json); a folder is a run (its
+``checkpoints/best.pt``, else ``last.pt``), a checkpoints folder, or an export folder. An export is never
+written where it would overwrite or shadow a training checkpoint.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import timm
 import torch
 from torch import Tensor, nn
 
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.models.prune import extract_main_branch
 
@@ -31,6 +38,8 @@ FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model
 HEADS = ("main", "ensemble")
 METADATA_FILE = "model.json"
 EXPORT_VERSION = 1
+CHECKPOINT_NAMES = ("best.pt", "last.pt")  # a run's checkpoints, in order of preference
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
 
 class ExportError(ValueError):
@@ -48,11 +57,58 @@ class EnsembleLogits(nn.Module):
         return self.model(x).prediction_logits
 
 
-def is_exported_model(path: str | Path) -> bool:
-    """True for what export wrote (its folder, model.ts/.onnx/.json, or a model.pt beside model.json);
-    False for a training checkpoint."""
+@dataclass(frozen=True)
+class ModelSource:
+    """What a ``checkpoint=``/``model=`` path resolved to: a checkpoint file, or an export (file or model.json)."""
+
+    path: Path
+    kind: str  # "checkpoint" or "export"
+    note: str = ""  # how a folder was resolved, for the log
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.path}" + (f" ({self.note})" if self.note else "")
+
+
+def _names_export_file(path: Path) -> bool:
+    """True when the model.json beside ``path`` describes an export whose model file is ``path``."""
+    try:
+        meta = json.loads((path.parent / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("file") == path.name
+
+
+def _run_checkpoint(folder: Path) -> ModelSource | None:
+    """best.pt (else last.pt) of a run folder's checkpoints/ or of a checkpoints folder itself."""
+    for where in (folder / "checkpoints", folder):
+        for name in CHECKPOINT_NAMES:
+            if (where / name).is_file():
+                note = f"the best checkpoint of {folder}" if name == "best.pt" else \
+                    f"the last checkpoint of {folder}: it has no best.pt"
+                return ModelSource(where / name, "checkpoint", note)
+    return None
+
+
+def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> ModelSource:
+    """Decide what ``path`` (the value of ``setting``) means; a file is never swapped for one beside it."""
     path = Path(path)
-    return path.is_dir() or path.suffix in (".ts", ".onnx", ".json") or (path.parent / METADATA_FILE).is_file()
+    if not path.exists():
+        raise FileNotFoundError(f"{setting}={path} does not exist; pass a checkpoint file (.pt), a run folder or an "
+                                "exported model folder")
+    if path.is_file():
+        exported = path.suffix in (".json", ".ts", ".onnx") or _names_export_file(path)
+        return ModelSource(path, "export" if exported else "checkpoint")
+    export = path / METADATA_FILE if (path / METADATA_FILE).is_file() else None
+    checkpoint = _run_checkpoint(path)
+    if export is not None and checkpoint is not None:
+        raise ValueError(f"{setting}={path} holds both training checkpoints and an export ({METADATA_FILE}); pass "
+                         f"the file you mean: {setting}={checkpoint.path} or {setting}={export}")
+    if export is not None:
+        return ModelSource(export, "export")
+    if checkpoint is not None:
+        return checkpoint
+    raise FileNotFoundError(f"{setting}={path} holds no model: pass a run folder (with checkpoints/best.pt or "
+                            f"last.pt), a checkpoint file or an exported model folder (with {METADATA_FILE})")
 
 
 def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
@@ -70,10 +126,59 @@ class ExportResult:
     metadata_path: Path
     max_abs_diff: float | None
     metadata: dict[str, Any]
+    source: ModelSource | None = None  # the checkpoint exported, when export_checkpoint resolved it
 
 
 def _reference_batch(image_size: int, batch_size: int, seed: int) -> Tensor:
     return torch.randn(batch_size, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+
+
+def _checkpoints_in(folder: Path) -> list[Path]:
+    """Checkpoint-like files in ``folder`` and its checkpoints/ (a previous export's own model.pt excepted)."""
+    found = [p for where in (folder, folder / "checkpoints") if where.is_dir() for p in sorted(where.iterdir())
+             if p.suffix in CHECKPOINT_SUFFIXES and p.is_file()]
+    return [p for p in found if not (p.parent == folder and _names_export_file(p))]
+
+
+def check_export_dir(out_dir: Path) -> None:
+    """Refuse an ``out=`` that would overwrite or shadow a training checkpoint, or that cannot be written."""
+    base = out_dir.parent if out_dir.is_file() else out_dir
+    suggestion = (base.parent if base.name == "checkpoints" else base) / "export"
+    if out_dir.is_file():
+        kind = "a training checkpoint" if out_dir.suffix in CHECKPOINT_SUFFIXES else "a file"
+        raise ExportError(f"out={out_dir} is {kind}; out= names the folder the export is written to (never a "
+                          f"checkpoint): pass another path, e.g. out={suggestion}")
+    found = _checkpoints_in(out_dir)
+    if found:
+        raise ExportError(f"out={out_dir} holds training checkpoints ({', '.join(p.name for p in found[:4])}); an "
+                          f"export there would overwrite or shadow them: pass another path, e.g. out={suggestion}")
+    check_writable_dir(out_dir, "out")
+
+
+def _save_module(handle: IO[bytes], module: nn.Module, model: nn.Module, x: Tensor, format: str, head: str) -> None:
+    """Write the exported ``module`` (or, for a state dict of the ensemble, the full ``model``) to ``handle``."""
+    if format == "torchscript":
+        torch.jit.save(torch.jit.trace(module, x, check_trace=False), handle)
+    elif format == "onnx":
+        try:
+            torch.onnx.export(module, (x,), handle, input_names=["images"], output_names=["logits"],
+                              dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
+                              dynamo=False)
+        except OSError:  # a full disk is not a model ONNX cannot express
+            raise
+        except Exception as error:  # noqa: BLE001 - exporter failures come in many types
+            raise ExportError(
+                f"ONNX cannot express this model at {x.shape[-1]} px ({type(error).__name__}; typically an "
+                "adaptive pooling whose grid does not divide the feature map, as in MGML-FENet's 4x4 grids); "
+                "use format=torchscript or format=state_dict") from error
+    else:
+        torch.save(module.state_dict() if head == "main" else model.state_dict(), handle)
+
+
+def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
+    with atomic_write(path, "w") as handle:
+        handle.write(json.dumps(meta, indent=2))
+    return path
 
 
 def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any], format: str = "torchscript",
@@ -90,10 +195,10 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         except ImportError as error:
             raise ExportError(f"ONNX export needs the onnx packages ({error}); install them with "
                               "pip install -e .[onnx]") from error
+    out_dir = Path(out_dir)
+    check_export_dir(out_dir)
     model = model.eval()
     config = model.model_config
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FORMATS[format]
     image_size = int(metadata["image_size"])
     x = _reference_batch(image_size, batch_size, seed)
@@ -102,30 +207,17 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         warnings.simplefilter("ignore")  # jit deprecation notices and tracer warnings about constant shapes
         output = model(x)
         reference = output.main_logits if head == "main" else output.prediction_logits
-        if format == "torchscript":
-            scripted = torch.jit.trace(module, x, check_trace=False)
-            scripted.save(str(path))
-        elif format == "onnx":
-            try:
-                torch.onnx.export(module, (x,), str(path), input_names=["images"], output_names=["logits"],
-                                  dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
-                                  dynamo=False)
-            except Exception as error:  # noqa: BLE001 - exporter failures come in many types
-                raise ExportError(
-                    f"ONNX cannot express this model at {image_size} px ({type(error).__name__}; typically an "
-                    "adaptive pooling whose grid does not divide the feature map, as in MGML-FENet's 4x4 grids); "
-                    "use format=torchscript or format=state_dict") from error
-        else:
-            torch.save(module.state_dict() if head == "main" else model.state_dict(), path)
+        with atomic_write(path) as handle:
+            _save_module(handle, module, model, x, format, head)
     meta = {
         "rsnet_export": EXPORT_VERSION, "format": format, "head": head, "file": path.name,
         "class_names": list(metadata["class_names"]), "image_size": image_size,
         "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
+        "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
         "backbone": config["backbone"], "num_classes": int(config["num_classes"]), "arch": config["arch"],
         "model_config": {**config, "pretrained": False},
     }
-    metadata_path = out_dir / METADATA_FILE
-    metadata_path.write_text(json.dumps(meta, indent=2))
+    metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
     diff = None
     try:
         exported = load_exported(out_dir)
@@ -138,15 +230,21 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         with torch.no_grad():
             diff = float((exported(x) - reference).abs().max())
     meta["max_abs_diff"] = diff
-    metadata_path.write_text(json.dumps(meta, indent=2))
+    _write_metadata(metadata_path, meta)
     return ExportResult(path=path, metadata_path=metadata_path, max_abs_diff=diff, metadata=meta)
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str = "torchscript", head: str = "main",
                       batch_size: int = 2, seed: int = 0) -> ExportResult:
-    """Read a training checkpoint and export its main branch (or full ensemble) to ``out_dir``."""
-    model, payload = model_from_training_checkpoint(checkpoint)
-    return export_model(model, out_dir, payload, format=format, head=head, batch_size=batch_size, seed=seed)
+    """Export a training checkpoint (a file, or a run folder: its best.pt, else last.pt) to ``out_dir``."""
+    source = resolve_model_path(checkpoint)
+    if source.kind == "export":
+        raise ExportError(f"checkpoint={checkpoint} is an exported model, not a training checkpoint; export reads "
+                          "a run's checkpoints/best.pt (or the run folder)")
+    model, payload = model_from_training_checkpoint(source.path)
+    result = export_model(model, out_dir, payload, format=format, head=head, batch_size=batch_size, seed=seed)
+    result.source = source
+    return result
 
 
 class ExportedModel(nn.Module):
@@ -191,6 +289,8 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     if not isinstance(meta, dict) or "rsnet_export" not in meta or meta.get("format") not in FORMATS:
         raise ExportError(f"{metadata_path} is not the metadata of an rsnet export")
     file = metadata_path.parent / meta["file"]
+    if path.is_file() and path != metadata_path and path.name != meta["file"]:
+        raise ExportError(f"{path} is not an exported model ({metadata_path} describes {file})")
     if not file.is_file():
         raise FileNotFoundError(f"{file} (named by {metadata_path}) does not exist")
     fmt = meta["format"]
@@ -212,3 +312,27 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
         state = {f"model.{k}": v for k, v in state.items()}
     module.load_state_dict(state)
     return ExportedModel(module.eval(), meta)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: ``model(images)`` gives a MultiBranchOutput (checkpoint) or logits (export)."""
+
+    model: nn.Module
+    source: ModelSource
+    metadata: dict[str, Any]  # class_names, image_size, mean, std (an export: all of its model.json)
+    train_config: dict[str, Any] | None = None  # a checkpoint's training config
+    epoch: int | None = None
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", setting: str = "checkpoint") -> LoadedModel:
+    """The one way from a ``checkpoint=``/``model=`` path to a model on ``device`` (see :func:`resolve_model_path`)."""
+    source = resolve_model_path(path, setting)
+    if source.kind == "export":
+        exported = load_exported(source.path, map_location=device)
+        return LoadedModel(exported.to(device), source, dict(exported.metadata))
+    model, checkpoint = model_from_training_checkpoint(source.path)
+    metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
+    dataset = (checkpoint.get("config") or {}).get("dataset") or {}
+    metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
+    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"))

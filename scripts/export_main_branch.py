@@ -3,9 +3,11 @@
     python scripts/export_main_branch.py checkpoint=outputs/run/checkpoints/best.pt \
         [format=torchscript|onnx|state_dict] [head=main|ensemble] [out=exported/] [batch_size=2] [seed=0]
 
+``checkpoint`` is a training checkpoint file or a run folder (its checkpoints/best.pt, else last.pt).
 Writes ``out/model.{ts,onnx,pt}`` and ``out/model.json`` (class names, image size, mean/std, backbone,
 num_classes, head) and prints the largest absolute difference between the exported model's logits
-and the full model's main-branch (or ensemble) logits on a random batch.
+and the full model's main-branch (or ensemble) logits on a random batch. ``out`` must not hold
+training checkpoints (an export there would overwrite or shadow them).
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> None:
     with user_errors():
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        from rsnet.settings import int_setting
         from rsnet.export import export_checkpoint
 
+        batch_size, seed = int_setting("batch_size", args["batch_size"], 1), int_setting("seed", args["seed"])
         result = export_checkpoint(args["checkpoint"], args["out"], format=args["format"], head=args["head"],
-                                   batch_size=int(args["batch_size"]), seed=int(args["seed"]))
+                                   batch_size=batch_size, seed=seed)
         meta = result.metadata
+        print(f"from {result.source}")
         print(f"exported {meta['head']} head of {meta['arch']}/{meta['backbone']} ({meta['num_classes']} classes, "
               f"{meta['image_size']} px) as {meta['format']}: {result.path}")
         print(f"metadata: {result.metadata_path}")

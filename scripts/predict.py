@@ -4,14 +4,16 @@
         [out=preds.csv] [topk=3] [attention_dir=attn/] [head=main|ensemble] [device=cpu] \
         [batch_size=32] [recursive=false] [skip_corrupt=false]
 
-``model`` is a checkpoint written by scripts/train.py (the full model: every head and attention maps)
-or what scripts/export_main_branch.py wrote (its folder, ``model.ts``/``model.onnx``/``model.pt`` or
-``model.json``). Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the
-datasets decode them) and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV):
-the predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only)
-every image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
-An unreadable image stops the run with its path, unless ``skip_corrupt=true`` (then it is skipped
-with a warning and counted).
+``model`` is a checkpoint written by scripts/train.py (the full model: every head and attention maps), a
+run folder (its checkpoints/best.pt, else last.pt) or what scripts/export_main_branch.py wrote (its
+folder, ``model.ts``/``model.onnx``/``model.pt`` or ``model.json``); a file path always means that file.
+Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the datasets decode them)
+and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
+predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only) every
+image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
+An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
+they are skipped and listed). ``device`` is auto, cpu or cuda[:i]. ``out`` and ``attention_dir`` are
+checked writable before any image is classified; the CSV is written atomically.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from PIL import Image
 from torch import Tensor, nn
 
 from rsnet.cli import user_errors
-from rsnet.engine import checkpoint as checkpoints
-from rsnet.export import is_exported_model, load_exported
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
+from rsnet.data.errors import CorruptImageError
+from rsnet.export import load_model
+from rsnet.files import atomic_write, check_writable_dir
+from rsnet.settings import check_writable, int_setting, resolve_device
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
 KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
@@ -70,6 +75,7 @@ class Predictor:
     std: list[float]
     full_model: nn.Module | None  # only for checkpoints: the multi-branch model (attention maps)
     description: str
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH  # how 16-bit/float images become 8 bit, as in training
 
 
 def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tensor]:
@@ -87,35 +93,27 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 
 def load_predictor(path: str | Path, device: torch.device, head: str | None = None) -> Predictor:
-    """Load a training checkpoint (full model) or an exported model (contract 7)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"model {path} does not exist; pass a checkpoint (.pt) or an exported model folder")
-    if is_exported_model(path):
-        model = load_exported(path)
-        meta = model.metadata
+    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.export.load_model` resolves it."""
+    loaded = load_model(path, device, setting="model")
+    meta, model = loaded.metadata, loaded.model
+    settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
+                    mean=list(meta["mean"]), std=list(meta["std"]),
+                    high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))
+    if loaded.source.kind == "export":
         if head is not None and head != meta.get("head", head):
             raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
-        to_device = getattr(model, "to", None)
-        if callable(to_device) and device.type != "cpu":
-            to_device(device)
-        return Predictor(forward=model, class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
-                         mean=list(meta["mean"]), std=list(meta["std"]), full_model=None,
-                         description=f"exported {meta.get('format', '?')} model ({meta.get('head', 'main')} head)")
-    checkpoint = checkpoints.load_checkpoint(path, map_location="cpu")
-    model = checkpoints.model_from_checkpoint(checkpoint).to(device).eval()
+        return Predictor(forward=model, full_model=None, **settings, description=f"{loaded.source}: "
+                         f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head)")
     with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
-        size = int(checkpoint["image_size"])
+        size = settings["image_size"]
         probe = model(torch.zeros(1, 3, size, size, device=device))
     heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
     if head is not None and head not in heads:
         raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")
     head_name = head or ("main" if isinstance(probe, Tensor) else probe.ensemble or probe.main)
-    return Predictor(forward=_head_logits(model, head), class_names=list(checkpoint["class_names"]),
-                     image_size=int(checkpoint["image_size"]), mean=list(checkpoint["mean"]),
-                     std=list(checkpoint["std"]), full_model=model,
-                     description=f"checkpoint {model.model_config.get('arch', '?')} "
-                                 f"({head_name} head, epoch {checkpoint.get('epoch', '?')})")
+    return Predictor(forward=_head_logits(model, head), full_model=model, **settings,
+                     description=f"{loaded.source}: {model.model_config.get('arch', '?')} "
+                                 f"({head_name} head, epoch {'?' if loaded.epoch is None else loaded.epoch})")
 
 
 def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
@@ -135,14 +133,40 @@ def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
     return files
 
 
-def read_image(path: Path, image_size: int) -> np.ndarray:
-    """Decode to RGB uint8 (image_size, image_size) exactly as the datasets do (rsnet.data.cache.decode_image)."""
-    from rsnet.data.cache import decode_image
+class UnreadableImageError(ValueError):
+    """An image that cannot be decoded; ``path`` names it."""
 
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot read image {path}: {' '.join(reason.split())}")
+        self.path = path
+
+
+def read_image(path: Path, image_size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+               report: DecodeReport | None = None) -> np.ndarray:
+    """Decode to RGB uint8 (image_size, image_size) exactly as the datasets do (rsnet.data.decode_image)."""
     try:
-        return decode_image(path, image_size)
-    except OSError as error:  # CorruptImageError and missing files
-        raise ValueError(f"cannot read image {path}: {error}") from error
+        return decode_image(path, image_size, high_bit_depth, report)
+    except CorruptImageError as error:  # undecodable and missing files; its own text hints at a training setting
+        raise UnreadableImageError(path, error.reason or "cannot be decoded") from error
+
+
+def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableImageError],
+            report: DecodeReport) -> tuple[list[Path], list[np.ndarray]]:
+    """The readable ``paths`` and their pixels; every unreadable one is appended to ``bad``, every one rescaled
+    from 16-bit or float pixels recorded in ``report``."""
+    good, pixels = [], []
+    for path in paths:
+        try:
+            pixels.append(read_image(path, predictor.image_size, predictor.high_bit_depth, report))
+            good.append(path)
+        except UnreadableImageError as error:
+            bad.append(error)
+    return good, pixels
+
+
+def _listing(bad: Sequence[UnreadableImageError], limit: int = 10) -> str:
+    names = ", ".join(str(error.path) for error in bad[:limit])
+    return names + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
 
 
 def _normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
@@ -158,12 +182,20 @@ def _safe_name(path: Path, root: Path) -> str:
     return "__".join(relative.with_suffix("").parts)
 
 
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write the predictions as CSV, atomically."""
+    with atomic_write(path, "w") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["file", "class", "probability", "top_k"])
+        writer.writeheader()
+        writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
+
+
 def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
-    device = torch.device(args["device"])
-    topk = int(args["topk"])
-    batch_size = int(args["batch_size"])
-    if topk < 1 or batch_size < 1:
-        raise ValueError("topk and batch_size must be at least 1")
+    """Classify every image of ``args["images"]``: print one line each, then write the CSV and attention maps."""
+    device = resolve_device(str(args["device"]))
+    topk = int_setting("topk", args["topk"], 1)
+    batch_size = int_setting("batch_size", args["batch_size"], 1)
+    out = check_writable(args["out"], "out") if args["out"] else None  # before the long part, not after it
     files = list_images(args["images"], _bool(args["recursive"]))  # cheap checks before loading the model
     predictor = load_predictor(args["model"], device, args["head"])
     attention_dir = Path(args["attention_dir"]) if args["attention_dir"] else None
@@ -171,23 +203,18 @@ def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
         if predictor.full_model is None:
             raise ValueError(f"attention maps are not available for an exported model ({args['model']}): "
                              "CAM and Grad-CAM need every head's feature maps; pass the training checkpoint instead")
-        attention_dir.mkdir(parents=True, exist_ok=True)
+        check_writable_dir(attention_dir, "attention_dir")
     print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
           f"{len(files)} images", file=sys.stderr)
     k = min(topk, len(predictor.class_names))
     rows: list[dict[str, Any]] = []
-    skip_corrupt, skipped = _bool(args["skip_corrupt"]), 0
+    skip_corrupt, bad, report = _bool(args["skip_corrupt"]), [], DecodeReport()
     for start in range(0, len(files), batch_size):
-        batch_files, decoded = [], []
-        for path in files[start:start + batch_size]:
-            try:
-                decoded.append(read_image(path, predictor.image_size))
-                batch_files.append(path)
-            except ValueError as error:
-                if not skip_corrupt:
-                    raise
-                skipped += 1
-                print(f"warning: skipped {error}", file=sys.stderr)
+        batch_files, decoded = _decode(files[start:start + batch_size], predictor, bad, report)
+        if bad and not skip_corrupt:
+            _decode(files[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
+            raise ValueError(f"{len(bad)} unreadable image(s): {_listing(bad)}; fix or remove them, or pass "
+                             f"skip_corrupt=true to skip them ({bad[0]})")
         if not batch_files:
             continue
         images = np.stack(decoded)
@@ -202,17 +229,15 @@ def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
             print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
         if attention_dir is not None:
             _save_attention(predictor.full_model, images, inputs, batch_files, Path(args["images"]), attention_dir)
-    if skipped:
-        print(f"skipped {skipped} unreadable image(s)", file=sys.stderr)
+    if bad:
+        print(f"skipped {len(bad)} unreadable image(s) (skip_corrupt=true): {_listing(bad)}", file=sys.stderr)
+    if report.rescaled:
+        print(f"warning: {describe_rescaled(report.rescaled.values(), len(files), predictor.high_bit_depth)}",
+              file=sys.stderr)
     if not rows:
         raise ValueError(f"none of the {len(files)} images in {args['images']} could be read")
-    if args["out"]:
-        out = Path(args["out"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["file", "class", "probability", "top_k"])
-            writer.writeheader()
-            writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
+    if out is not None:
+        write_csv(out, rows)
         print(f"wrote {out}", file=sys.stderr)
     if attention_dir is not None:
         print(f"wrote attention maps to {attention_dir}", file=sys.stderr)

@@ -91,9 +91,9 @@ def test_devices_one_name_or_a_list_and_unknown_ones_refused() -> None:
 
     assert resolve_devices("cpu") == ["cpu"]  # was split into workers on devices 'c', 'p', 'u'
     assert resolve_devices(["cpu", "cpu"]) == ["cpu", "cpu"]
-    with pytest.raises(ConfigError, match="'tpu' is not a device"):
+    with pytest.raises(ConfigError, match="trainer.devices=tpu: not a device rsnet runs on"):
         resolve_devices(["tpu"])
-    with pytest.raises(ConfigError, match="cuda:99 does not exist here"):
+    with pytest.raises(ConfigError, match="trainer.devices=cuda:99: no such CUDA device here"):
         resolve_devices(["cpu", "cuda:99"])
 
 

@@ -165,3 +165,22 @@ def test_evaluate_list_of_batches() -> None:
     batches = [(data.x[:4], torch.as_tensor(data.labels[:4])), (data.x[4:], torch.as_tensor(data.labels[4:]))]
     result = evaluate(PlainClassifier(), batches, "cpu")
     np.testing.assert_array_equal(result.targets, data.labels)
+
+
+def test_inference_settings_name_themselves(tmp_path) -> None:
+    from rsnet.settings import check_writable, int_setting, resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match=r"^device=tpu: not a device rsnet runs on; .*this machine has: cpu"):
+        resolve_device("tpu")
+    absent = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ValueError, match=rf"^device={absent}: no such CUDA device here"):
+        resolve_device(absent)
+    assert int_setting("topk", "3", 1) == 3 and int_setting("seed", -1) == -1
+    for bad in ("abc", "2.5", True, 0):
+        with pytest.raises(ValueError, match=r"^topk=.*: must be a whole number >= 1$"):
+            int_setting("topk", bad, 1)
+    assert check_writable(tmp_path / "new" / "m.json", "out") == tmp_path / "new" / "m.json"
+    assert (tmp_path / "new").is_dir() and list((tmp_path / "new").iterdir()) == []
+    with pytest.raises(ValueError, match="out=.* is a folder"):
+        check_writable(tmp_path, "out")

@@ -121,10 +121,92 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
         load_exported(tmp_path)
 
 
-def test_exported_models_are_told_apart_from_training_checkpoints(checkpoint: Path, tmp_path: Path) -> None:
-    from rsnet.export import is_exported_model
+def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path) -> None:
+    """Was: a best.pt beside an export's model.json was taken for the export (predict used model.pt instead)."""
+    from rsnet.export import resolve_model_path
 
+    run = tmp_path / "run"
+    best = write_checkpoint(run / "checkpoints" / "best.pt")
+    last = write_checkpoint(run / "checkpoints" / "last.pt")
     export_checkpoint(checkpoint, tmp_path / "sd", format="state_dict", head="main")
-    assert is_exported_model(tmp_path / "sd") and is_exported_model(tmp_path / "sd" / "model.pt")
-    assert is_exported_model(tmp_path / "sd" / "model.json")
-    assert not is_exported_model(checkpoint)
+    for name in ("model.pt", "model.json"):  # an export left in checkpoints/ by an earlier version
+        (run / "checkpoints" / name).write_bytes((tmp_path / "sd" / name).read_bytes())
+    assert resolve_model_path(best).kind == "checkpoint" and resolve_model_path(best).path == best
+    assert resolve_model_path(run / "checkpoints" / "model.pt").kind == "export"
+    assert resolve_model_path(run / "checkpoints" / "model.json").kind == "export"
+    source = resolve_model_path(run)
+    assert (source.kind, source.path, source.note) == ("checkpoint", best, f"the best checkpoint of {run}")
+    with pytest.raises(ValueError, match="holds both training checkpoints and an export"):
+        resolve_model_path(run / "checkpoints")
+    with pytest.raises(ExportError, match="best.pt is not an exported model"):
+        load_exported(best)
+    best.unlink()
+    source = resolve_model_path(run)
+    assert source.path == last and "last checkpoint" in source.note and "no best.pt" in source.note
+    assert resolve_model_path(tmp_path / "sd") == resolve_model_path(tmp_path / "sd" / "model.json")
+    with pytest.raises(FileNotFoundError, match="model=.*nope does not exist"):
+        resolve_model_path(tmp_path / "nope", "model")
+    with pytest.raises(FileNotFoundError, match="holds no model"):
+        resolve_model_path(tmp_path)
+
+
+def test_export_reads_a_run_folder(checkpoint: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    best = write_checkpoint(run / "checkpoints" / "best.pt")
+    result = export_checkpoint(run, tmp_path / "export", format="state_dict")
+    assert result.source.path == best and load_exported(tmp_path / "export").class_names == CLASSES
+    with pytest.raises(ExportError, match="is an exported model, not a training checkpoint"):
+        export_checkpoint(tmp_path / "export", tmp_path / "again")
+
+
+def test_export_never_overwrites_or_shadows_a_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_checkpoint(run / "checkpoints" / "best.pt")
+    for out in (run / "checkpoints", run):
+        refused = rf"out={out} holds training checkpoints \(best.pt\).*out={run / 'export'}"
+        with pytest.raises(ExportError, match=refused):
+            export_checkpoint(checkpoint, out, format="state_dict")
+    with pytest.raises(ExportError, match=r"best.pt is a training checkpoint.*out="):
+        export_checkpoint(checkpoint, run / "checkpoints" / "best.pt")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt"]
+    export_checkpoint(checkpoint, tmp_path / "sd", format="state_dict")
+    export_checkpoint(checkpoint, tmp_path / "sd", format="state_dict")  # its own model.pt is no checkpoint
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path, tmp_path: Path, monkeypatch,
+                                                               capsys) -> None:
+    import errno
+
+    import rsnet.export
+
+    out = tmp_path / "sd"
+    export_checkpoint(checkpoint, out, format="state_dict")
+    before = (out / "model.pt").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rsnet.export.torch, "save", full)
+    with pytest.raises(SystemExit) as stop:
+        _export_script().main([f"checkpoint={checkpoint}", "format=state_dict", f"out={out}"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.startswith(f"error: no space left on device while writing {out / 'model.pt'}")
+    assert len(err.strip().splitlines()) == 1
+    assert (out / "model.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["model.json",
+                                                                                                    "model.pt"]
+
+
+def test_export_script_numbers_are_checked(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _export_script().main([f"checkpoint={checkpoint}", "batch_size=abc", f"out={tmp_path}"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err == "error: batch_size='abc': must be a whole number >= 1\n"
+
+
+def _export_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rsnet_export_script", ROOT / "scripts" / "export_main_branch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

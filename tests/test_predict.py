@@ -78,9 +78,9 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    import rsnet.engine.checkpoint as checkpoint
+    import rsnet.export
 
-    monkeypatch.setattr(checkpoint, "model_from_checkpoint", lambda ckpt: model)
+    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
     rows = predict_mod.predict(predict_mod.parse_args(
@@ -140,19 +140,38 @@ def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_pa
 
 
 def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import rsnet.engine.checkpoint as checkpoint
+    import rsnet.export
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(checkpoint, "model_from_checkpoint", lambda ckpt: model)
+    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     (image_dir / "b2_broken.png").write_bytes(b"garbage")
+    (image_dir / "d_broken.jpg").write_bytes(b"garbage")
     args = [f"model={ckpt}", f"images={image_dir}", "batch_size=2"]
-    with pytest.raises(ValueError, match="b2_broken.png"):
+    listed = r"2 unreadable image\(s\): .*b2_broken.png, .*d_broken.jpg; .*skip_corrupt=true"
+    with pytest.raises(ValueError, match=listed):
         predict_mod.predict(predict_mod.parse_args(args))
+    assert len(capsys.readouterr().out.splitlines()) == 2  # stopped at the batch holding the first bad image
     rows = predict_mod.predict(predict_mod.parse_args([*args, "skip_corrupt=true"]))
     assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
-    assert "skipped 1 unreadable" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "skipped 2 unreadable image(s) (skip_corrupt=true): " in err and "d_broken.jpg" in err
+    assert "dataset.skip_corrupt" not in err
+
+
+def test_a_run_folder_without_best_pt_means_its_last(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
+                                                     capsys) -> None:
+    import rsnet.export
+
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "last.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    predict_mod.predict(predict_mod.parse_args([f"model={run}", f"images={image_dir}"]))
+    assert f"checkpoint {run / 'checkpoints' / 'last.pt'} (the last checkpoint of {run}: it has no best.pt)" in \
+        capsys.readouterr().err
 
 
 def test_predict_exported_model_and_attention_refused(image_dir: Path, tmp_path: Path, predict_mod) -> None:
@@ -179,3 +198,30 @@ def test_predict_exported_model_and_attention_refused(image_dir: Path, tmp_path:
     with pytest.raises(ValueError, match="not available for an exported model"):
         predict_mod.predict(predict_mod.parse_args([f"model={out_dir}", f"images={image_dir}",
                                                     f"attention_dir={tmp_path / 'attn'}"]))
+
+
+@pytest.mark.parametrize("high_bit_depth", [None, "refuse"])
+def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path: Path, monkeypatch, capsys,
+                                                         high_bit_depth: str | None) -> None:
+    """Was: a 16-bit TIFF became a solid white image and predict printed a confident class for it."""
+    import rsnet.export
+
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    config = {"dataset": {"high_bit_depth": high_bit_depth}} if high_bit_depth else {}
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", {**_payload({"arch": "stand_in"}, model.state_dict()),
+                                                   "config": config})
+    folder = tmp_path / "imgs16"
+    folder.mkdir()
+    gradient = np.tile(np.linspace(1000, 4000, 40).astype("<u2"), (40, 1))  # 12 bits used of 16
+    Image.frombytes("I;16", (40, 40), gradient.tobytes()).save(folder / "dem.tif")
+    args = predict_mod.parse_args([f"model={ckpt}", f"images={folder}"])
+    if high_bit_depth == "refuse":  # the run's own setting applies, naming the file
+        with pytest.raises(ValueError, match=r"dem\.tif.*I;16"):
+            predict_mod.predict(args)
+        return
+    assert len(predict_mod.predict(args)) == 1
+    assert "warning: 1 of 1 images have 16-bit or float pixels (I;16: 1) and were rescaled" in capsys.readouterr().err
+    pixels = predict_mod.read_image(folder / "dem.tif", 32)
+    assert pixels.min() < 10 and pixels.max() > 245  # stretched (after resizing), not clipped to white

@@ -102,20 +102,15 @@ def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
 
 def check_devices(devices: list[str]) -> None:
     """Refuse device names torch does not know and CUDA devices this machine does not have."""
-    import torch
+    from rsnet.settings import resolve_device
 
-    count = torch.cuda.device_count()
     for name in devices:
+        if name == "auto":
+            raise ConfigError("trainer.devices: 'auto' stands alone (trainer.devices=auto), not in a list")
         try:
-            device = torch.device(name)
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"trainer.devices: {name!r} is not a device rsnet trains on; use cpu, cuda:<index> "
-                              "or auto, e.g. 'trainer.devices=[cuda:0,cpu]'")
-        if device.type == "cuda" and (device.index or 0) >= count:
-            raise ConfigError(f"trainer.devices: {name} does not exist here ({count} CUDA device(s) visible); use "
-                              "trainer.devices=auto or list the devices this machine has")
+            resolve_device(name, "trainer.devices")
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
 
 
 def check_top_level_keys(config: dict[str, Any], known: set[str]) -> None:

@@ -1,0 +1,175 @@
+"""The inference scripts (export, evaluate, predict) as a user runs them: which model a path means, and one-line
+errors for bad settings, unwritable outputs and unreadable images (exit status 2) and a full disk (1)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rsnet.data import DATASETS
+from rsnet.engine.checkpoint import save_checkpoint
+from rsnet.export import export_checkpoint
+from rsnet.models import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+SIZE = 32
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+NOT_ROOT = pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+FULL_DISK = ("import errno, os, runpy, sys\n"
+             "def full(fd): raise OSError(errno.ENOSPC, 'No space left on device')\n"
+             "os.fsync = full\n"
+             "sys.argv = sys.argv[1:]\n"
+             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder whose checkpoints/ holds best.pt (ucmerced_mini at 32 px) and, beside it, an export left there
+    by an earlier rsnet (model.pt + model.json)."""
+    run = tmp_path_factory.mktemp("inference") / "run"
+    classes = list(DATASETS["ucmerced_mini"].classes)
+    torch.manual_seed(0)
+    model = build_model("esd_mbenet", "test_resnet", len(classes))
+    dataset = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "dataset" / "ucmerced_mini.yaml")),
+               "image_size": SIZE}
+    best = save_checkpoint(run / "checkpoints" / "best.pt", {
+        "model_config": model.model_config, "model_state": model.state_dict(), "class_names": classes,
+        "image_size": SIZE, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "epoch": 1,
+        "config": {"dataset": dataset, "seed": 0}})
+    export = run.parent / "export"
+    export_checkpoint(best, export, format="state_dict")
+    for name in ("model.pt", "model.json"):
+        shutil.copy(export / name, run / "checkpoints" / name)
+    return run
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
+        shutil.copy(REPO / "data" / "ucmerced-mini" / "Images" / name, folder)
+    return folder
+
+
+def script(name: str, *args: str, full_disk: bool = False) -> subprocess.CompletedProcess:
+    """Run scripts/<name> from the repository root (with ``full_disk``: every fsync fails with ENOSPC)."""
+    command = ["-c", FULL_DISK] if full_disk else []
+    return subprocess.run([sys.executable, *command, str(REPO / "scripts" / name), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def model_args(name: str, run: Path, images: Path) -> list[str]:
+    """The model (and, for predict, the images) of a run of script ``name``."""
+    return [f"model={run}", f"images={images}"] if name == "predict.py" else [f"checkpoint={run}"]
+
+
+def one_line_error(result: subprocess.CompletedProcess, status: int = 2) -> str:
+    """The single stderr line of a refused run (exit ``status``: 2 for input, 1 for a full disk; no traceback)."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
+    assert result.returncode == status and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_export_into_a_run_is_refused(run: Path) -> None:
+    """Was: out=<run>/checkpoints wrote model.pt there, and later predict model=.../best.pt used it."""
+    checkpoints = run / "checkpoints"
+    before = {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()}
+    error = one_line_error(script("export_main_branch.py", f"checkpoint={run}", "format=state_dict",
+                                  f"out={checkpoints}"))
+    assert error == (f"error: out={checkpoints} holds training checkpoints (best.pt); an export there would overwrite "
+                     f"or shadow them: pass another path, e.g. out={run / 'export'}")
+    assert {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()} == before
+
+
+def test_a_checkpoint_file_is_that_file_even_beside_an_export(run: Path, images: Path) -> None:
+    """Was: predict model=.../best.pt silently ran the model.pt exported beside it."""
+    result = script("predict.py", f"model={run / 'checkpoints' / 'best.pt'}", f"images={images}")
+    assert result.returncode == 0, result.stderr
+    assert f"checkpoint {run / 'checkpoints' / 'best.pt'}: esd_mbenet" in result.stderr
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_evaluate_reads_a_run_folder(run: Path, tmp_path: Path) -> None:
+    """Was: checkpoint=<run> was taken for an export folder."""
+    out = tmp_path / "eval.json"
+    result = script("evaluate.py", f"checkpoint={run}", f"out={out}", "batch_size=105")
+    assert result.returncode == 0, result.stderr
+    best = run / "checkpoints" / "best.pt"
+    assert f"model: checkpoint {best} (the best checkpoint of {run})" in result.stdout
+    assert OmegaConf.load(out)["checkpoint"] == str(best)
+
+
+def test_evaluate_prints_its_result_before_a_full_disk(run: Path, tmp_path: Path) -> None:
+    """Was: best.pt beside an export was refused; and a failed write lost the whole evaluation."""
+    out = tmp_path / "results" / "eval.json"
+    result = script("evaluate.py", f"checkpoint={run / 'checkpoints' / 'best.pt'}", f"out={out}", "batch_size=105",
+                    full_disk=True)
+    assert one_line_error(result, status=1).startswith(f"error: no space left on device while writing {out}")
+    assert "ucmerced_mini test split (210 images): accuracy" in result.stdout
+    assert list(out.parent.iterdir()) == []  # neither the file nor a temp file is left
+
+
+@NO_CUDA
+@pytest.mark.parametrize(("name", "device"), [("predict.py", "cuda"), ("evaluate.py", "cuda:0"),
+                                              ("predict.py", "tpu")])
+def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: str) -> None:
+    """Was (evaluate): the checkpoint file was blamed for an absent CUDA device."""
+    result = script(name, *model_args(name, run, images), f"device={device}")
+    expected = (f"error: device={device}: not a device rsnet runs on; use auto, cpu or cuda:<index> (this machine "
+                "has: cpu)" if device == "tpu" else
+                f"error: device={device}: no such CUDA device here (this machine has: cpu); use device=cpu or "
+                "device=auto")
+    assert one_line_error(result) == expected
+
+
+@pytest.mark.parametrize(("name", "argument"), [("predict.py", "topk=abc"), ("evaluate.py", "batch_size=abc")])
+def test_numbers_that_are_not(run: Path, images: Path, name: str, argument: str) -> None:
+    key = argument.split("=")[0]
+    assert one_line_error(script(name, *model_args(name, run, images), argument)) == \
+        f"error: {key}='abc': must be a whole number >= 1"
+
+
+def _refused_before_running(name: str, run: Path, images: Path, out: str) -> tuple[str, str]:
+    result = script(name, *model_args(name, run, images), f"out={out}")
+    return one_line_error(result), result.stdout
+
+
+@pytest.mark.parametrize("name", ["predict.py", "evaluate.py"])
+def test_an_output_under_a_file_fails_fast(run: Path, images: Path, tmp_path: Path, name: str) -> None:
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file, not a folder")
+    error, stdout = _refused_before_running(name, run, images, f"{blocker}/results.out")
+    assert error.startswith(f"error: out={blocker} cannot be written (") and "choose a folder you can write to" in error
+    assert "accuracy" not in stdout and "beach80" not in stdout
+
+
+@NOT_ROOT
+@pytest.mark.parametrize("name", ["predict.py", "evaluate.py"])
+def test_a_read_only_output_folder_fails_fast(run: Path, images: Path, tmp_path: Path, name: str) -> None:
+    """Was: evaluate computed everything, then lost it; predict printed every row, then failed on the CSV."""
+    folder = tmp_path / "read_only"
+    folder.mkdir(mode=0o500)
+    try:
+        error, stdout = _refused_before_running(name, run, images, f"{folder}/results.out")
+    finally:
+        folder.chmod(0o700)
+    assert error.startswith(f"error: out={folder} cannot be written (Permission denied)")
+    assert "accuracy" not in stdout and "beach80" not in stdout
+
+
+def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path) -> None:
+    """Was: the message told the user to set dataset.skip_corrupt=true, a training setting."""
+    for name in ("b_broken.png", "z_broken.jpg"):
+        (images / name).write_bytes(b"not an image")
+    error = one_line_error(script("predict.py", f"model={run}", f"images={images}"))
+    assert error.startswith(f"error: 2 unreadable image(s): {images / 'b_broken.png'}, {images / 'z_broken.jpg'}; "
+                            "fix or remove them, or pass skip_corrupt=true to skip them (cannot read image")
+    assert "dataset.skip_corrupt" not in error
