@@ -17,20 +17,22 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
-from rsnet.data import build_datasets_from_config
+from rsnet.data import CorruptImageError, build_datasets_from_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
-from rsnet.settings import check_writable, int_setting, resolve_device
 from rsnet.export import ModelSource, load_model
 from rsnet.files import atomic_write
+from rsnet.settings import check_writable, int_setting, resolve_device
 
 
-def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> dict[str, Any]:
-    """The dataset to score on: the command line's, else the one the checkpoint was trained on."""
-    if cfg.get("dataset") is not None:
-        return OmegaConf.to_container(cfg.dataset, resolve=True)
+def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """The dataset to score on and whether it is the run's own: ``dataset=<name>`` from the command line, else the
+    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``)."""
+    given = OmegaConf.to_container(cfg.dataset, resolve=True) if cfg.get("dataset") is not None else {}
+    if "name" in given:
+        return given, False
     if train_config is None:
         raise ValueError("an exported model carries no dataset settings; pass dataset=<name> (and dataset.root=...)")
-    return train_config["dataset"]
+    return {**train_config["dataset"], **given}, True
 
 
 def output_path(cfg: DictConfig, source: ModelSource, dataset: dict[str, Any]) -> Path:
@@ -54,13 +56,17 @@ def main(cfg: DictConfig) -> None:
         batch_size = int_setting("batch_size", cfg.batch_size, 1)
         loaded = load_model(str(cfg.checkpoint), device)
         print(f"model: {loaded.source}")
-        dataset = dataset_settings(cfg, loaded.train_config)
+        dataset, runs_own = dataset_settings(cfg, loaded.train_config)
         seed = int_setting("seed", cfg.seed) if cfg.seed is not None else (loaded.train_config or {}).get("seed", 0)
         out = output_path(cfg, loaded.source, dataset)
         run_split = loaded.source.path.resolve().parent.parent / "split.json"
-        same_run = loaded.train_config is not None and cfg.get("dataset") is None and cfg.seed is None
-        data = build_datasets_from_config(dataset, seed, image_size=loaded.metadata["image_size"],
-                                          split_file=run_split if same_run and run_split.is_file() else None)
+        same_run = runs_own and cfg.seed is None
+        try:
+            data = build_datasets_from_config(dataset, seed, image_size=loaded.metadata["image_size"],
+                                              split_file=run_split if same_run and run_split.is_file() else None)
+        except CorruptImageError as error:  # name the override that works here (the run's dataset is not a group)
+            switch = "+dataset.skip_corrupt=true" if runs_own else "dataset.skip_corrupt=true"
+            raise CorruptImageError(error.paths, error.reason, switch) from None
         class_names = list(loaded.metadata["class_names"])
         if list(data.class_names) != class_names:
             raise ValueError(f"{loaded.source.path} was trained on {len(class_names)} classes "

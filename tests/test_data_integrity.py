@@ -43,7 +43,7 @@ def test_every_corrupt_file_is_named_in_one_line(tmp_path, cache):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("cannot decode 12 images")
     assert all(f"'{f}'" in msg for f in bad[:10]) and str(bad[10]) not in msg and "... and 2 more" in msg
-    assert "set dataset.skip_corrupt=true to skip them" in msg
+    assert "pass dataset.skip_corrupt=true to skip them" in msg
     assert err.value.paths == [str(f) for f in bad] and err.value.path == str(bad[0])
 
     with pytest.warns(CorruptImageWarning, match="skipped 12 undecodable"):

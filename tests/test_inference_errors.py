@@ -3,6 +3,7 @@ errors for bad settings, unwritable outputs and unreadable images (exit status 2
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rsnet.data import DATASETS
-from rsnet.engine.checkpoint import save_checkpoint
+from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.export import export_checkpoint
 from rsnet.models import build_model
 
@@ -173,3 +174,19 @@ def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path) -> 
     assert error.startswith(f"error: 2 unreadable image(s): {images / 'b_broken.png'}, {images / 'z_broken.jpg'}; "
                             "fix or remove them, or pass skip_corrupt=true to skip them (cannot read image")
     assert "dataset.skip_corrupt" not in error
+
+
+def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run: Path, tmp_path: Path) -> None:
+    """Was: the hint said dataset.skip_corrupt=true, which Hydra refuses when the dataset is the checkpoint's own,
+    and +dataset.skip_corrupt=true then failed with a KeyError traceback."""
+    root = tmp_path / "ucmerced-mini"
+    shutil.copytree(REPO / "data" / "ucmerced-mini", root)
+    (root / "Images" / "beach" / "beach80.jpg").write_bytes(b"not a jpeg")
+    checkpoint = load_checkpoint(run / "checkpoints" / "best.pt")
+    checkpoint["config"]["dataset"]["root"] = str(root)
+    moved = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint)
+    line = one_line_error(script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}"))
+    assert "beach80.jpg" in line and "pass +dataset.skip_corrupt=true to skip it" in line
+    result = script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}", "+dataset.skip_corrupt=true")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["num_samples"] in (209, 210)  # 419 images split in two

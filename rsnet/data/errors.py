@@ -38,9 +38,12 @@ class CorruptImageError(OSError):
         paths: every file (one for a single image, all of a decode pass).
         reason: why the first file failed ("OSError: image file is truncated"), or None.
         cause: the exception behind ``reason`` (None after unpickling or when given as text).
+        switch: the override that skips such files, as the user types it for the script at hand.
     """
 
-    def __init__(self, paths: str | os.PathLike | Sequence[str], cause: BaseException | str | None = None) -> None:
+    def __init__(self, paths: str | os.PathLike | Sequence[str], cause: BaseException | str | None = None,
+                 switch: str = "dataset.skip_corrupt=true") -> None:
+        self.switch = switch
         self.paths = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
         self.path = self.paths[0]
         self.cause = cause if isinstance(cause, BaseException) else None
@@ -51,15 +54,15 @@ class CorruptImageError(OSError):
         reason = f": {self.reason}" if self.reason else ""
         if len(self.paths) == 1:
             return (f"cannot decode image '{self.path}'{reason} "
-                    "(re-extract the archive, delete the file, or set dataset.skip_corrupt=true to skip it)")
+                    f"(re-extract the archive, delete the file, or pass {self.switch} to skip it)")
         listed = ", ".join(f"'{p}'" for p in self.paths[:_LISTED])
         more = f" ... and {len(self.paths) - _LISTED} more" if len(self.paths) > _LISTED else ""
         first = f" (first{reason})" if reason else ""
         return (f"cannot decode {len(self.paths)} images{first}: {listed}{more} "
-                "(re-extract the archive, delete the files, or set dataset.skip_corrupt=true to skip them)")
+                f"(re-extract the archive, delete the files, or pass {self.switch} to skip them)")
 
     def __reduce__(self):  # keep picklable across processes
-        return (type(self), (self.paths, self.reason))
+        return (type(self), (self.paths, self.reason, self.switch))
 
 
 class DatasetCountWarning(UserWarning):
