@@ -1,4 +1,4 @@
-"""Models: heads and shapes, CAM consistency, gradients, main-branch extraction, backbone errors."""
+"""Models: heads and shapes, CAM consistency, gradients, main-branch extraction (weights: test_weights.py)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_copy_branches_and_options() -> None:
 
 
 def test_unknown_backbone_suggests_names() -> None:
-    with pytest.raises(ValueError, match="resnet50"):
+    with pytest.raises(BackboneError, match="backbone.name='resnet5O'.*did you mean.*resnet50"):
         build_model("baseline", "resnet5O", 3)
 
 
@@ -82,40 +82,3 @@ def test_validate_image_size() -> None:
     validate_image_size("vgg16", 32)
     with pytest.raises(ValueError, match="too small"):
         validate_image_size("densenet121", 16)
-
-
-def test_pretrained_local_file(tmp_path) -> None:
-    torch.manual_seed(3)
-    source = timm.create_model("test_resnet")  # an ImageNet-style classifier: 1000 classes
-    path = tmp_path / "test_resnet.pth"
-    torch.save(source.state_dict(), path)
-    model = build_model("esd_mbenet", "test_resnet", 4, pretrained=str(path))
-    assert torch.equal(model.backbone.net.layer4[0].conv1.weight, source.layer4[0].conv1.weight)
-    assert model.backbone.net.fc.out_features == 4
-    assert model.model_config["pretrained"] == str(path)
-
-
-def test_pretrained_file_that_does_not_fit(tmp_path) -> None:
-    path = tmp_path / "resnet18.pth"
-    torch.save(timm.create_model("resnet18").state_dict(), path)
-    with pytest.raises(BackboneError, match="resnet18.pth.*does not fit.*conv1.weight"):
-        build_model("baseline", "test_resnet", 4, pretrained=str(path))
-    junk = tmp_path / "junk.pth"
-    junk.write_bytes(b"not a state dict")
-    with pytest.raises(BackboneError, match="junk.pth"):
-        build_model("baseline", "test_resnet", 4, pretrained=str(junk))
-    with pytest.raises(BackboneError, match="does not exist"):
-        build_model("baseline", "test_resnet", 4, pretrained=str(tmp_path / "missing.pth"))
-
-
-def test_pretrained_true_offline_suggests_a_local_file(monkeypatch) -> None:
-    real = timm.create_model
-
-    def offline(name, pretrained=False, **kwargs):
-        if pretrained:
-            raise OSError("Name or service not known")
-        return real(name, pretrained=False, **kwargs)
-
-    monkeypatch.setattr(timm, "create_model", offline)
-    with pytest.raises(BackboneError, match="pretrained=/path/to/test_resnet.pth"):
-        build_model("baseline", "test_resnet", 4, pretrained=True)

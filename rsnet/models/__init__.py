@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from rsnet.models.backbones import BackboneError, TimmBackbone, backbone_layout, validate_image_size
+from rsnet.models.backbones import (BackboneError, TimmBackbone, backbone_data_config, backbone_layout,
+                                    validate_image_size)
 from rsnet.models.baseline import Baseline, RSNetModel
 from rsnet.models.esd_mbenet import ESDMBENet
 from rsnet.models.mgml_fenet import MGMLFENet
@@ -42,5 +43,5 @@ def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | s
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
-           "TimmBackbone", "backbone_layout", "build_model", "extract_main_branch", "model_options",
+           "TimmBackbone", "backbone_data_config", "backbone_layout", "build_model", "extract_main_branch", "model_options",
            "validate_image_size"]

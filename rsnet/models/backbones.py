@@ -13,35 +13,33 @@ four levels that end in learned layers:
 * densenet121: S1 = denseblock1 ... S3 = denseblock3, S4 = transition3 + denseblock4 + norm5;
 * vgg16: S1..S4 = relu of conv2_2, conv3_3, conv4_3, conv5_3 (strides 2..16); the last
   max-pool, timm's ConvMlp (fc6 as a 7x7 conv, fc7) and fc form the main head, exactly as in timm.
+
+Names and weights are timm's: ``backbone.name`` is anything ``timm.create_model`` takes (``resnet50``,
+``resnet50.a1_in1k``, ``hf-hub:org/name``, ``local-dir:/folder``); ``backbone.pretrained`` is false, true (the
+weights the name selects) or a weights file that timm loads through the model's own checkpoint filter.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
 import timm
 import torch
+from timm.data import resolve_model_data_config
 from torch import Tensor, nn
 
 # children of timm models that belong to forward_head, not forward_features
 HEAD_MODULE_NAMES = ("global_pool", "head_drop", "fc", "classifier", "head", "pre_logits", "fc_norm", "flatten")
+# a run of more than five quoted keys in a state-dict error ("a", "b", ...): cut to the first five
+_KEY_RUN = re.compile(r'((?:"[^"]*", ){5})(?:"[^"]*", )+')
 
 
 class BackboneError(ValueError):
     """A backbone name, weights file or input size rsnet cannot use."""
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not timm.is_model(name):
-        names = timm.list_models()
-        close = difflib.get_close_matches(str(name), names, n=8, cutoff=0.5)
-        raise BackboneError(
-            f"unknown backbone {name!r}; the papers' backbones are vgg16, resnet50, densenet121 "
-            f"(resnet18 and test_resnet for quick runs); any timm model name works"
-            + (f"; did you mean one of {close}?" if close else "; see timm.list_models()"))
 
 
 def _ordered_children(module: nn.Module, targets: list[str], prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -96,75 +94,103 @@ def _level_layout(net: nn.Module) -> dict[str, Any]:
     }
 
 
-def _unwrap_state_dict(payload: Any) -> dict[str, Tensor]:
-    if isinstance(payload, dict):
-        for key in ("state_dict", "model", "model_state", "state_dict_ema"):
-            if key in payload and isinstance(payload[key], dict):
-                payload = payload[key]
-                break
-    if not isinstance(payload, dict) or not all(isinstance(v, Tensor) for v in payload.values()):
-        raise BackboneError("not a state dict of tensors")
-    return {k.removeprefix("module."): v for k, v in payload.items()}
+def _one_line(error: BaseException, limit: int = 600) -> str:
+    """``error`` as one short line; a long list of quoted state-dict keys keeps its first five."""
+    text = " ".join(_KEY_RUN.sub(r"\1... ", str(error)).split())
+    return f"{type(error).__name__}: {text if len(text) <= limit else text[:limit] + ' ...'}"
 
 
-def load_local_weights(net: nn.Module, path: str | Path, backbone: str) -> None:
-    """Load a local timm state dict into ``net``; the classifier is skipped when its class count differs."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise BackboneError(f"pretrained weights file {path} does not exist (pretrained=false|true|<path to a "
-                            f"state dict of timm.create_model({backbone!r})>)")
+def _check_name(name: str) -> None:
+    """Refuse a ``backbone.name`` that ``timm.create_model`` cannot resolve (nothing is downloaded here)."""
+    if not isinstance(name, str):
+        raise BackboneError(f"backbone.name must be a string, got {name!r}")
     try:
-        state = _unwrap_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except BackboneError as error:
-        raise BackboneError(f"weights file {path} is {error}; expected torch.save(timm.create_model("
-                            f"{backbone!r}).state_dict())") from error
-    except Exception as error:  # noqa: BLE001 - unreadable file of any kind
-        raise BackboneError(f"weights file {path} could not be read ({error})") from error
-    own = net.state_dict()
-    classifier = net.get_classifier()
-    classifier_keys = {f"{_module_path(net, classifier)}.{suffix}" for suffix in ("weight", "bias")}
-    state = {k: v for k, v in state.items()
-             if not (k in classifier_keys and k in own and own[k].shape != v.shape)}
-    missing = sorted(k for k in own if k not in state and k not in classifier_keys)
-    unexpected = sorted(k for k in state if k not in own)
-    mismatched = sorted(f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                        for k in state if k in own and state[k].shape != own[k].shape)
-    if missing or unexpected or mismatched:
-        def short(items: list[str]) -> str:
-            return ", ".join(items[:6]) + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
-        details = "; ".join(part for part in (
-            f"missing keys: {short(missing)}" if missing else "",
-            f"unexpected keys: {short(unexpected)}" if unexpected else "",
-            f"shape mismatches: {short(mismatched)}" if mismatched else "") if part)
-        raise BackboneError(f"weights file {path} does not fit timm backbone {backbone!r}: {details}")
-    net.load_state_dict(state, strict=False)
+        source, model_id = timm.models.parse_model_name(name)
+    except ValueError as error:  # a path or repo id without its source prefix, an unknown prefix
+        raise BackboneError(f"backbone.name={name!r}: {error}") from error
+    if source == "local-dir" and not (Path(model_id) / "config.json").is_file():
+        raise BackboneError(f"backbone.name={name!r}: {Path(model_id) / 'config.json'} does not exist; local-dir: "
+                            f"takes a folder written by timm.models.save_for_hf (config.json + model.safetensors)")
+    if source is None:
+        _check_registry_name(name)
 
 
-def _module_path(root: nn.Module, target: nn.Module) -> str:
-    for name, module in root.named_modules():
-        if module is target:
-            return name
-    raise BackboneError("classifier not found in the timm model")
-
-
-def create_timm_classifier(name: str, num_classes: int, pretrained: bool | str = False, **kwargs: Any) -> nn.Module:
-    """``timm.create_model(name, num_classes=...)`` with rsnet's pretrained semantics (bool or local path)."""
-    _check_name(name)
-    if isinstance(pretrained, str) and pretrained.lower() in ("true", "false", ""):
-        pretrained = pretrained.lower() == "true"
-    if pretrained is True:
+def _check_registry_name(name: str) -> None:
+    """A timm architecture, optionally with a weights tag (``resnet50.a1_in1k``); typos get close matches."""
+    arch, tag = timm.models.split_model_name_tag(name)
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=8, cutoff=0.5)
+        raise BackboneError(
+            f"unknown backbone.name={name!r}; the papers' backbones are vgg16, resnet50, densenet121 (resnet18 and "
+            f"test_resnet for quick runs); any timm model name works, also with a weights tag (resnet50.a1_in1k), "
+            f"hf-hub:org/name or local-dir:/path/to/folder"
+            + (f"; did you mean one of {close}?" if close else "; see timm.list_models()"))
+    if tag:
         try:
-            return timm.create_model(name, pretrained=True, num_classes=num_classes, **kwargs)
-        except Exception as error:  # noqa: BLE001 - hub/network errors come in many types
+            timm.models.get_pretrained_cfg(name, allow_unregistered=False)
+        except RuntimeError as error:
+            close = difflib.get_close_matches(name, timm.list_pretrained(f"{arch}.*"), n=8, cutoff=0.5)
             raise BackboneError(
-                f"could not load timm's ImageNet weights for {name!r} ({type(error).__name__}: {error}); "
-                f"without internet access, download them on another machine "
-                f"(torch.save(timm.create_model({name!r}, pretrained=True).state_dict(), '{name}.pth')) and pass "
-                f"pretrained=/path/to/{name}.pth") from error
-    net = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
-    if pretrained:
-        load_local_weights(net, pretrained, name)
+                f"backbone.name={name!r}: {arch} has no weights tag {tag!r}"
+                + (f"; did you mean one of {close}?" if close else f"; see timm.list_pretrained('{arch}.*')")) from error
+
+
+def _model_hint(name: str) -> str:
+    """What to do when timm cannot fetch the config or weights of ``name``."""
+    source, model_id = timm.models.parse_model_name(name)
+    if source == "local-dir":
+        return f"{model_id} needs config.json and model.safetensors as timm.models.save_for_hf writes them"
+    folder = timm.models.safe_model_name(name)
+    return (f"without internet, save the model on a machine with access (timm.models.save_for_hf(timm.create_model("
+            f"{name!r}, pretrained=True), {folder!r}, safe_serialization=True)), copy the folder here and set "
+            f"backbone.name=local-dir:/path/to/{folder}")
+
+
+def _create(name: str, failure: str, hint: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(name, **kwargs)``; a failure is one BackboneError line: what failed, why, what to do."""
+    try:
+        return timm.create_model(name, **kwargs)
+    except Exception as error:  # noqa: BLE001 - hub, file and state-dict errors come in many types
+        raise BackboneError(f"{failure} ({_one_line(error)}); {hint}") from error
+
+
+def _parse_pretrained(pretrained: bool | str | Path | None) -> bool | Path:
+    """``backbone.pretrained`` as False, True or the path of a weights file ("true" / "false" strings too)."""
+    if isinstance(pretrained, str) and pretrained.strip().lower() in ("true", "false", ""):
+        return pretrained.strip().lower() == "true"
+    if isinstance(pretrained, bool) or not pretrained:
+        return bool(pretrained)
+    return Path(pretrained).expanduser()
+
+
+def _create_from_file(name: str, num_classes: int, path: Path, **kwargs: Any) -> nn.Module:
+    """Load a weights file through timm (``pretrained_cfg_overlay=dict(file=path)``; ``source="file"`` so that a
+    local-dir: or hf-hub: name reads the file, not its folder or repo), so the model's own checkpoint filter applies
+    (torchvision key names, VGG's fc6/fc7 as convs). The load is strict: timm builds the classifier of the weights'
+    pretrained config and loads every key, then ``reset_classifier(num_classes)`` replaces that classifier."""
+    if not path.is_file():
+        raise BackboneError(f"backbone.pretrained={path} does not exist; set false, true or the path of a weights "
+                            f"file for backbone.name={name!r}")
+    net = _create(name, f"backbone.pretrained={path} does not load into backbone.name={name!r}",
+                  f"expected a state dict (.pth or .safetensors) of timm.create_model({name!r}) or of torchvision's "
+                  f"model of that name, with the class count of its pretrained config (1000 for ImageNet; for "
+                  f"another, save the model with timm.models.save_for_hf and use backbone.name=local-dir:<folder>)",
+                  pretrained=True, pretrained_cfg_overlay={"file": str(path), "source": "file"}, **kwargs)
+    if net.num_classes != num_classes:
+        net.reset_classifier(num_classes)
     return net
+
+
+def create_timm_classifier(name: str, num_classes: int, pretrained: bool | str | Path = False,
+                           **kwargs: Any) -> nn.Module:
+    """``timm.create_model(name, num_classes=...)`` with ``backbone.pretrained`` = false | true | a weights file."""
+    _check_name(name)
+    pretrained = _parse_pretrained(pretrained)
+    if isinstance(pretrained, Path):
+        return _create_from_file(name, num_classes, pretrained, **kwargs)
+    failure = (f"backbone.pretrained=true: could not load the weights of backbone.name={name!r}" if pretrained
+               else f"could not build backbone.name={name!r}")
+    return _create(name, failure, _model_hint(name), pretrained=pretrained, num_classes=num_classes, **kwargs)
 
 
 class TimmBackbone(nn.Module):
@@ -244,13 +270,36 @@ class TimmBackbone(nn.Module):
         return self.net(x)
 
 
-def backbone_layout(name: str) -> dict[str, Any]:
-    """Levels, channels and reductions of a backbone without allocating its weights."""
+def _meta_model(name: str) -> nn.Module:
+    """The timm model of ``name`` on the meta device: its layout and pretrained config, no weights."""
     _check_name(name)
     with torch.device("meta"):
-        net = timm.create_model(name, pretrained=False)
-    layout = _level_layout(net)
+        return _create(name, f"could not build backbone.name={name!r}", _model_hint(name), pretrained=False)
+
+
+def backbone_layout(name: str) -> dict[str, Any]:
+    """Levels, channels and reductions of a backbone without allocating its weights."""
+    layout = _level_layout(_meta_model(name))
     return {key: layout[key] for key in ("levels", "channels", "reductions", "max_reduction")}
+
+
+def backbone_data_config(name: str) -> dict[str, Any]:
+    """Preprocessing that the weights ``name`` selects expect, from their pretrained config (no weights loaded).
+
+    Returns ``mean`` and ``std`` (3-tuples of floats), ``input_size`` ((C, H, W)), ``interpolation``, ``crop_pct``
+    and ``crop_mode``, as ``timm.data.resolve_model_data_config`` resolves them: from the tag's registry config
+    (``inception_v3.tv_in1k``: mean 0.5; an untagged name: its default tag), a ``local-dir:`` folder's or a
+    ``hf-hub:`` repo's config.json. A ``backbone.pretrained`` file carries no config: name the tag it comes from.
+    """
+    config = resolve_model_data_config(_meta_model(name))
+    return {
+        "mean": tuple(float(v) for v in config["mean"]),
+        "std": tuple(float(v) for v in config["std"]),
+        "input_size": tuple(int(v) for v in config["input_size"]),
+        "interpolation": str(config["interpolation"]),
+        "crop_pct": float(config["crop_pct"]),
+        "crop_mode": str(config["crop_mode"]),
+    }
 
 
 def validate_image_size(backbone: str, image_size: int) -> None:
