@@ -7,8 +7,10 @@
 
 ``head="main"`` writes the pruned main branch, a plain ``timm.create_model(backbone, num_classes=N)``
 classifier; ``head="ensemble"`` writes the full multi-branch model returning its ensemble logits.
-Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX, opset 17, dynamic batch) or ``model.pt``
-(a state dict), always with ``model.json`` (class names, image size, mean/std, backbone, ...).
+Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX through ``torch.export``, opset 18, dynamic
+batch), ``model.pt`` (a state dict) or, for ``format="timm"`` (main branch only), timm's own
+``model.safetensors`` + ``config.json`` (``timm.create_model("local-dir:<folder>", pretrained=True)``
+rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...).
 
 ``load_model(path)`` is the one way the scripts go from a ``checkpoint=``/``model=`` path to a model:
 a file is that file (a checkpoint, or an export's model file / model.json); a folder is a run (its
@@ -19,6 +21,7 @@ written where it would overwrite or shadow a training checkpoint.
 from __future__ import annotations
 
 import json
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,10 @@ from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.models.prune import extract_main_branch
 
-FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt"}
+FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
+           "timm": "model.safetensors"}  # timm: with its config.json
+TIMM_CONFIG = "config.json"  # beside model.safetensors in a timm export
+ONNX_OPSET = 18
 HEADS = ("main", "ensemble")
 METADATA_FILE = "model.json"
 EXPORT_VERSION = 1
@@ -155,24 +161,61 @@ def check_export_dir(out_dir: Path) -> None:
     check_writable_dir(out_dir, "out")
 
 
-def _save_module(handle: IO[bytes], module: nn.Module, model: nn.Module, x: Tensor, format: str, head: str) -> None:
-    """Write the exported ``module`` (or, for a state dict of the ensemble, the full ``model``) to ``handle``."""
-    if format == "torchscript":
-        torch.jit.save(torch.jit.trace(module, x, check_trace=False), handle)
-    elif format == "onnx":
-        try:
-            torch.onnx.export(module, (x,), handle, input_names=["images"], output_names=["logits"],
-                              dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
-                              dynamo=False)
-        except OSError:  # a full disk is not a model ONNX cannot express
-            raise
-        except Exception as error:  # noqa: BLE001 - exporter failures come in many types
-            raise ExportError(
-                f"ONNX cannot express this model at {x.shape[-1]} px ({type(error).__name__}; typically an "
-                "adaptive pooling whose grid does not divide the feature map, as in MGML-FENet's 4x4 grids); "
-                "use format=torchscript or format=state_dict") from error
-    else:
-        torch.save(module.state_dict() if head == "main" else model.state_dict(), handle)
+def _save_torchscript(handle: IO[bytes], module: nn.Module, x: Tensor) -> None:
+    """Trace ``module`` at ``x``'s size and save it; torch's own deprecation notices about jit stay visible."""
+    with warnings.catch_warnings():
+        # Shape comparisons in the heads (e.g. "pool when the branch's map differs from S4's") are traced as
+        # constants: right at the traced image size, which model.json records and predict/evaluate resize to.
+        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean",
+                                category=torch.jit.TracerWarning)
+        traced = torch.jit.trace(module, x, check_trace=False)
+    torch.jit.save(traced, handle)
+
+
+def _onnx_bytes(module: nn.Module, x: Tensor) -> bytes:
+    """``module`` as an ONNX model (dynamo exporter, dynamic batch), or an ExportError saying what to use instead."""
+    batch = torch.export.Dim("batch", min=1)
+    try:
+        program = torch.onnx.export(module, (x,), dynamo=True, input_names=["images"], output_names=["logits"],
+                                    dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, verbose=False)
+    except Exception as error:  # noqa: BLE001 - exporter failures come in many types
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"ONNX (torch.export) cannot express this model at {x.shape[-1]} px "
+                          f"({type(error).__name__}: {reason}); use format=torchscript or format=state_dict") from error
+    return program.model_proto.SerializeToString()
+
+
+def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> None:
+    """Write the main branch the timm way (``save_for_hf``: model.safetensors + config.json with labels and
+    preprocessing), each file replaced atomically."""
+    from timm.models import save_for_hf
+
+    size = int(metadata["image_size"])
+    data_config = {"input_size": (3, size, size), "mean": tuple(metadata["mean"]), "std": tuple(metadata["std"]),
+                   "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear"}  # rsnet resizes the whole image
+    with tempfile.TemporaryDirectory(prefix=".timm-", dir=out_dir) as staging:
+        save_for_hf(module, staging, model_config={"label_names": list(metadata["class_names"])},
+                    safe_serialization=True, data_config=data_config)
+        for name in (FORMATS["timm"], TIMM_CONFIG):  # weights first: a config never names missing weights
+            with atomic_write(out_dir / name) as handle:
+                handle.write((Path(staging) / name).read_bytes())
+
+
+def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, format: str, head: str,
+                 metadata: dict[str, Any]) -> Path:
+    """Write the exported ``module`` (a state dict of the ensemble: the full ``model``) in ``format``."""
+    path = out_dir / FORMATS[format]
+    if format == "timm":
+        _save_timm(module, out_dir, metadata)
+        return path
+    with atomic_write(path) as handle:
+        if format == "torchscript":
+            _save_torchscript(handle, module, x)
+        elif format == "onnx":
+            handle.write(_onnx_bytes(module, x))
+        else:
+            torch.save(module.state_dict() if head == "main" else model.state_dict(), handle)
+    return path
 
 
 def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
@@ -188,6 +231,9 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         raise ExportError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
     if head not in HEADS:
         raise ExportError(f"head must be one of {HEADS}, got {head!r}")
+    if format == "timm" and head != "main":
+        raise ExportError("format=timm writes the main branch (a plain timm classifier); the ensemble is no timm "
+                          "model: use head=main, or format=torchscript|onnx|state_dict for head=ensemble")
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -199,16 +245,13 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     check_export_dir(out_dir)
     model = model.eval()
     config = model.model_config
-    path = out_dir / FORMATS[format]
     image_size = int(metadata["image_size"])
     x = _reference_batch(image_size, batch_size, seed)
     module = extract_main_branch(model) if head == "main" else EnsembleLogits(model).eval()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # jit deprecation notices and tracer warnings about constant shapes
+    with torch.no_grad():
         output = model(x)
         reference = output.main_logits if head == "main" else output.prediction_logits
-        with atomic_write(path) as handle:
-            _save_module(handle, module, model, x, format, head)
+        path = _write_model(out_dir, module, model, x, format, head, metadata)
     meta = {
         "rsnet_export": EXPORT_VERSION, "format": format, "head": head, "file": path.name,
         "class_names": list(metadata["class_names"]), "image_size": image_size,
@@ -269,7 +312,12 @@ class ExportedModel(nn.Module):
 
 
 def _find_metadata(path: Path) -> Path:
-    candidates = [path / METADATA_FILE] if path.is_dir() else [path, path.parent / METADATA_FILE]
+    if path.is_dir():
+        candidates = [path / METADATA_FILE]
+    elif path.name == TIMM_CONFIG:  # a timm export's config.json: its model.json is beside it
+        candidates = [path.parent / METADATA_FILE]
+    else:
+        candidates = [path, path.parent / METADATA_FILE]
     for candidate in candidates:
         if candidate.suffix == ".json" and candidate.is_file():
             return candidate
@@ -289,15 +337,17 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     if not isinstance(meta, dict) or "rsnet_export" not in meta or meta.get("format") not in FORMATS:
         raise ExportError(f"{metadata_path} is not the metadata of an rsnet export")
     file = metadata_path.parent / meta["file"]
-    if path.is_file() and path != metadata_path and path.name != meta["file"]:
+    own_files = (meta["file"], TIMM_CONFIG) if meta["format"] == "timm" else (meta["file"],)
+    if path.is_file() and path != metadata_path and path.name not in own_files:
         raise ExportError(f"{path} is not an exported model ({metadata_path} describes {file})")
     if not file.is_file():
         raise FileNotFoundError(f"{file} (named by {metadata_path}) does not exist")
     fmt = meta["format"]
     if fmt == "torchscript":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
+        return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
+    if fmt == "timm":
+        model = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=True)
+        return ExportedModel(model.eval(), meta)
     if fmt == "onnx":
         try:
             import onnxruntime

@@ -4,6 +4,10 @@ CAM needs no hooks: every rsnet model exposes ``cam_classifiers()`` (head -> its
 ``logits[k] == linear(GAP(features[k]))``) and returns the feature maps in ``MultiBranchOutput``.
 Grad-CAM differentiates the head's logit with respect to the returned feature map directly
 (``torch.autograd.grad``), so nothing is registered on the model and nothing lingers.
+
+A main head with layers between S4 and its global pool (VGG: pool5 and timm's ConvMlp, whose output
+is 1x1 at the papers' 224 px) is drawn on S4, the last spatial map (VGG's conv5_3); no linear layer
+reads S4 there, so its CAM takes Grad-CAM's channel weights (see :func:`attention_source`).
 """
 
 from __future__ import annotations
@@ -57,12 +61,28 @@ def normalize_maps(maps: Tensor, size: tuple[int, int] | None = None) -> Tensor:
     return maps / peak[:, None, None]
 
 
+def _needs_last_spatial_map(output: MultiBranchOutput, head: str) -> bool:
+    """True for a main head that is not GAP -> Linear of S4 (``features[head]`` is not ``features["stage4"]``,
+    e.g. VGG's pool5 -> ConvMlp map), so its attention maps are drawn on S4 instead."""
+    features = output.features
+    return head == output.main and "stage4" in features and features[head] is not features["stage4"]
+
+
+def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
+    """The (B, C, h, w) map ``head``'s CAM / Grad-CAM is drawn on: S4 for a main head that pools after
+    further layers (VGG), else the map the head pools."""
+    if head not in output.features:
+        raise KeyError(f"model output has no feature map for head {head!r} (has {sorted(output.features)})")
+    return output.features["stage4" if _needs_last_spatial_map(output, head) else head]
+
+
 def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
                           size: tuple[int, int] | None = None) -> dict[str, Tensor]:
     """CAM of every head in ``model.cam_classifiers()``.
 
     CAM_k = ReLU(sum_c W_k[class, c] * features[k][c]) normalised to [0, 1] and upsampled to ``size``
-    (default: the image size). ``class_idx`` None: each head's own predicted class.
+    (default: the image size). ``class_idx`` None: each head's own predicted class. A main head that
+    pools after further layers (VGG) has no linear layer on S4: its CAM is its Grad-CAM on S4.
 
     Returns:
         head -> float Tensor (B, H, W) in [0, 1], on the images' device, detached.
@@ -73,17 +93,20 @@ def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Ten
         output = _forward(model, images)
         maps: dict[str, Tensor] = {}
         for head, linear in heads.items():
+            if _needs_last_spatial_map(output, head):
+                continue
             features = output.features[head]
             classes = _target_classes(output.logits[head], class_idx)
             weights = linear.weight[classes].to(features.dtype)  # (B, C)
             cam = torch.einsum("bc,bchw->bhw", weights, features)
             maps[head] = normalize_maps(cam, size)
-    return maps
+    return {head: maps[head] if head in maps else grad_cam(model, images, head, class_idx, size) for head in heads}
 
 
 def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: int | Tensor | None = None,
              size: tuple[int, int] | None = None) -> Tensor:
-    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) w.r.t. ``features[head]``.
+    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) w.r.t. ``attention_source(output, head)``
+    (``features[head]``; S4 for a main head that pools after further layers, e.g. VGG's conv5_3).
 
     alpha_c = mean_{i,j} d logit / d F[c, i, j];  map = ReLU(sum_c alpha_c F[c]), normalised to [0, 1]
     and upsampled to ``size`` (default: the image size). For a GAP -> Linear head this equals its CAM.
@@ -98,9 +121,7 @@ def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: in
     inputs = images.detach().clone().requires_grad_(True)
     with eval_mode(model), torch.enable_grad():
         output = _forward(model, inputs)
-        if head not in output.features:
-            raise KeyError(f"model output has no feature map for head {head!r} (has {sorted(output.features)})")
-        features = output.features[head]
+        features = attention_source(output, head)
         logits = output.logits[head]
         classes = _target_classes(logits, class_idx)
         score = logits.gather(1, classes[:, None]).sum()  # samples are independent in eval mode

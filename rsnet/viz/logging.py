@@ -1,15 +1,17 @@
-"""TensorBoard logging: scalars, a confusion-matrix image and attention-map grids.
+"""TensorBoard logging: scalars, a confusion-matrix image, attention-map grids, hparams, projector.
 
 Tags (see docs/tensorboard.md): whatever the caller passes to ``scalars`` (``split/metric``, e.g.
 ``train/loss``, ``test/oa_main``), ``test/confusion_matrix``, ``attention/cam_<head>`` for every CAM
-head and ``attention/gradcam_main``. A logger built with ``enabled=False`` (non-primary ranks) does
-nothing and creates no files.
+head and ``attention/gradcam_main``, ``hparam/<metric>`` with the run config in the HParams tab, and
+projector embeddings (``<step>/<tag>/`` next to the event files). A logger built with
+``enabled=False`` (non-primary ranks) does nothing and creates no files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -102,6 +104,43 @@ def attention_grids(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: S
     return grids
 
 
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """Nested config -> ``{"optimizer.lr": 0.02, ...}``; bools, numbers and strings are kept, anything else
+    (lists, None, ...) becomes its ``str``."""
+    flat: dict[str, bool | int | float | str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, f"{name}."))
+        else:
+            flat[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
+
+
+def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Final metrics for the HParams tab from a run summary (``metrics.json``) or ``compute_metrics``:
+    ``accuracy``, ``average_accuracy``, ``kappa``, ``best_accuracy`` (those present) and ``oa_<head>``."""
+    metrics = {key: float(summary[key]) for key in ("accuracy", "average_accuracy", "kappa", "best_accuracy")
+               if isinstance(summary.get(key), (int, float))}
+    metrics.update({f"oa_{head}": float(value) for head, value in summary.get("oa", {}).items()})
+    return metrics
+
+
+def _keep_projector_entries(config_path: Path, earlier: str) -> None:
+    """Re-add to ``projector_config.pbtxt`` the entries of ``earlier`` (the file as an earlier writer, i.e.
+    the run before a resume, left it) that the current writer did not rewrite."""
+    from google.protobuf import text_format
+    from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
+
+    current = text_format.Parse(config_path.read_text(), ProjectorConfig())
+    names = {embedding.tensor_name for embedding in current.embeddings}
+    merged = ProjectorConfig()
+    merged.embeddings.extend(e for e in text_format.Parse(earlier, ProjectorConfig()).embeddings
+                             if e.tensor_name not in names)
+    merged.embeddings.extend(current.embeddings)
+    config_path.write_text(text_format.MessageToString(merged))
+
+
 class TensorBoardLogger:
     """Thin wrapper over ``SummaryWriter`` with rsnet's figures. ``enabled=False`` makes every call a no-op."""
 
@@ -109,6 +148,7 @@ class TensorBoardLogger:
         self.log_dir = Path(log_dir)
         self.enabled = enabled
         self._writer = None
+        self._earlier_projector: str | None = None  # projector_config.pbtxt before this logger's first embedding
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -138,6 +178,30 @@ class TensorBoardLogger:
             return
         for tag, grid in attention_grids(model, images_uint8, mean, std).items():
             self._writer.add_image(tag, grid, step, dataformats="HWC")
+
+    def hparams(self, config: Mapping[str, Any], metrics: Mapping[str, float], step: int = 0) -> None:
+        """HParams tab: the flattened ``config`` (:func:`flatten_config`) and ``metrics`` as scalars
+        ``hparam/<name>``, written into this run's own event file (``add_hparams`` would open a sub-run)."""
+        if self._writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        values = {f"hparam/{name}": float(value) for name, value in metrics.items()}
+        for summary in hparams_summaries(flatten_config(config), values):
+            self._writer.file_writer.add_summary(summary, step)
+        self.scalars(values, step)
+
+    def embeddings(self, features: Tensor, labels: Sequence[str], images: Tensor | None, step: int,
+                   tag: str = "main") -> None:
+        """Projector entry ``<tag>:<step>``: one point per row of ``features`` (N, D), labelled by its class
+        name, drawn as its thumbnail from ``images`` ((N, 3, h, w) in [0, 1]) when given."""
+        if self._writer is None:
+            return
+        config_path = self.log_dir / "projector_config.pbtxt"
+        if self._earlier_projector is None:
+            self._earlier_projector = config_path.read_text() if config_path.is_file() else ""
+        self._writer.add_embedding(features, metadata=list(labels), label_img=images, global_step=step, tag=tag)
+        _keep_projector_entries(config_path, self._earlier_projector)
 
     def image(self, tag: str, image_uint8: np.ndarray, step: int) -> None:
         """Log one uint8 (H, W, 3) image."""
