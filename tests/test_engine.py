@@ -13,7 +13,7 @@ from rsnet.engine.config_checks import ConfigError, check_resume_identity, check
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = {
-    "seed": 0, "epochs": 2, "batch_size": 16, "eval_batch_size": 8, "amp": True,
+    "seed": 0, "epochs": 2, "batch_size": 16, "eval_batch_size": 8, "amp": "bf16", "compile": False,
     "optimizer": {"lr": 0.02, "momentum": 0.9},
     "dataset": {"name": "ucmerced_mini", "train_ratio": 0.8, "image_size": 64},
     "model": {"arch": "baseline"}, "backbone": {"name": "test_resnet"},
@@ -73,7 +73,9 @@ def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     (("seed",), "abc", "seed='abc': must be a whole number"),
     (("seed",), 1.5, "seed=1.5"),
     (("epochs",), True, "epochs=True"),
-    (("amp",), "yes", "amp='yes': must be true or false"),
+    (("compile",), "yes", "compile='yes': must be true or false"),
+    (("amp",), True, "amp=True: use bf16"),  # the old boolean: say which precision
+    (("optimizer", "name"), "sgdd", "optimizer.name='sgdd' is not a timm optimizer \\(did you mean sgd"),
     (("trainer", "timeout_s"), None, "trainer.timeout_s=None"),
 ])
 def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, needle: str) -> None:

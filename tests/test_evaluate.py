@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import csv
+import importlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from PIL import Image
 from torch import nn
 
+from rsnet.engine.evaluate import (
+    EvalResult,
+    cohen_kappa,
+    compute_metrics,
+    confusion_matrix,
+    evaluate,
+    precision_recall_f1,
+    write_confusion_csv,
+    write_confusion_png,
+)
+from rsnet.export import LoadedModel, ModelSource
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -55,13 +76,26 @@ class TensorDataset(torch.utils.data.Dataset):
         return self.x[i], int(self.labels[i])
 
 
+CLASSES = list("abcd")
+EVALUATE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
+
+
+def run_evaluate_script(model: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *overrides: str) -> None:
+    """scripts/evaluate.py in-process, its command line ``overrides`` parsed by Hydra from conf/evaluate.yaml; the
+    checkpoint is ``model`` (classes a-d, 16 px) and its test split ``TensorDataset(n=8, size=16)``."""
+    script = importlib.import_module("rsnet.commands.evaluate")  # the code of scripts/evaluate.py (a thin wrapper)
+    loaded = LoadedModel(model, ModelSource(tmp_path / "run" / "checkpoints" / "best.pt", "checkpoint"),
+                         {"class_names": CLASSES, "image_size": 16, "mean": [0.5] * 3, "std": [0.5] * 3},
+                         {"dataset": {"name": "stand_in", "train_ratio": 0.5}, "seed": 0})
+    monkeypatch.setattr(script, "load_model", lambda path, device: loaded)
+    monkeypatch.setattr(script, "build_datasets_from_config", lambda *args, **kwargs: SimpleNamespace(
+        test=TensorDataset(n=8, size=16), class_names=CLASSES))
+    with initialize_config_dir(config_dir=str(EVALUATE_SCRIPT.parents[1] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="evaluate", overrides=["checkpoint=stand_in", *overrides])
+    script.main(cfg)
+
+
 # --------------------------------------------------------------------------------------------- tests
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from rsnet.engine.evaluate import EvalResult, cohen_kappa, compute_metrics, confusion_matrix, evaluate  # noqa: E402
 
 
 def _result(preds: dict[str, list[int]], targets: list[int], reported: str = "main") -> EvalResult:
@@ -184,3 +218,53 @@ def test_inference_settings_name_themselves(tmp_path) -> None:
     assert (tmp_path / "new").is_dir() and list((tmp_path / "new").iterdir()) == []
     with pytest.raises(ValueError, match="out=.* is a folder"):
         check_writable(tmp_path, "out")
+
+
+def test_precision_recall_f1_by_hand() -> None:
+    """c is never predicted, d is predicted once but has no samples, e has neither."""
+    targets = [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    preds = [0, 0, 0, 1, 0, 1, 1, 0, 3]  # cm rows a [3,1,0,0,0], b [1,2,0,0,0], c [1,0,0,1,0]
+    with np.errstate(all="raise"):  # no 0/0 anywhere
+        precision, recall, f1 = precision_recall_f1(confusion_matrix(np.array(targets), np.array(preds), 5))
+        metrics = compute_metrics(_result({"main": preds}, targets), list("abcde"))
+    np.testing.assert_allclose(precision, [3 / 5, 2 / 3, 0, 0, 0])
+    np.testing.assert_allclose(recall, [3 / 4, 2 / 3, 0, 0, 0])
+    np.testing.assert_allclose(f1, [2 * 0.6 * 0.75 / 1.35, 2 / 3, 0, 0, 0])
+    json.dumps(metrics, allow_nan=False)
+    assert metrics["per_class_precision"] == pytest.approx({"a": 60.0, "b": 200 / 3, "c": 0.0, "d": 0.0, "e": 0.0})
+    assert metrics["per_class_recall"] == pytest.approx({"a": 75.0, "b": 200 / 3, "c": 0.0, "d": 0.0, "e": 0.0})
+    assert metrics["per_class_f1"]["a"] == pytest.approx(200 / 3) and metrics["per_class_f1"]["c"] == 0.0
+    # macro over a-d (in the targets or the predictions), not e
+    assert metrics["macro_precision"] == pytest.approx((60 + 200 / 3) / 4)
+    assert metrics["macro_recall"] == pytest.approx((75 + 200 / 3) / 4)
+    assert metrics["macro_f1"] == pytest.approx((200 / 3 + 200 / 3) / 4)
+
+
+def test_confusion_matrix_files(tmp_path: Path) -> None:
+    cm = np.array([[4, 0, 1], [0, 3, 0], [2, 1, 2]])
+    write_confusion_csv(tmp_path / "cm.csv", cm, ["forest", "river", "beach"])
+    with (tmp_path / "cm.csv").open() as handle:
+        rows = list(csv.reader(handle))
+    assert rows == [["true/predicted", "forest", "river", "beach"], ["forest", "4", "0", "1"],
+                    ["river", "0", "3", "0"], ["beach", "2", "1", "2"]]
+    write_confusion_png(tmp_path / "cm.png", cm, ["forest", "river", "beach"])
+    image = Image.open(tmp_path / "cm.png")
+    assert image.format == "PNG" and image.mode == "RGB" and min(image.size) > 3 * 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cm.csv", "cm.png"]  # no temporary file left
+
+
+def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results" / "eval.v1.json"
+    run_evaluate_script(StandInModel(), monkeypatch, tmp_path, f"out={out}")
+    metrics = json.loads(out.read_text())
+    assert metrics["tta"] == "none" and metrics["dataset"] == "stand_in" and metrics["num_samples"] == 8
+    assert set(metrics["per_class_f1"]) == set(CLASSES) and "macro_f1" in metrics
+    assert sorted(p.name for p in out.parent.iterdir()) == ["eval.v1.json", "eval.v1_confusion.csv",
+                                                            "eval.v1_confusion.png"]
+    with (out.parent / "eval.v1_confusion.csv").open() as handle:
+        table = list(csv.reader(handle))
+    assert table[0] == ["true/predicted", *CLASSES]
+    assert [[int(n) for n in row[1:]] for row in table[1:]] == metrics["confusion_matrix"]
+    printed = capsys.readouterr().out
+    assert "tta none" in printed
+    assert f"macro average        8  {metrics['macro_precision']:>9.2f}" in printed

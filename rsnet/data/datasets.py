@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 import re
@@ -66,10 +67,19 @@ def get_spec(name: str | DatasetSpec) -> DatasetSpec:
 
 
 def default_root(name: str) -> Path | None:
-    """Default root: the bundled sample for ``ucmerced_mini`` (repo's data/ucmerced-mini), else None."""
-    if get_spec(name).name == "ucmerced_mini":
-        return Path(__file__).resolve().parents[2] / "data" / "ucmerced-mini"
-    return None
+    """Default root: the bundled sample for ``ucmerced_mini``, else None.
+
+    The sample is the package data ``rsnet.sample`` (the checkout's data/ folder, installed inside the package);
+    where that cannot be imported as a folder, the checkout's data/ucmerced-mini."""
+    if get_spec(name).name != "ucmerced_mini":
+        return None
+    try:
+        sample = importlib.resources.files("rsnet.sample") / "ucmerced-mini"
+    except ModuleNotFoundError:
+        sample = None
+    if isinstance(sample, Path) and sample.is_dir():
+        return sample
+    return Path(__file__).resolve().parents[2] / "data" / "ucmerced-mini"
 
 
 def _natural_key(s: str) -> list:
@@ -516,10 +526,12 @@ def _require_train_and_test(scan: ScanResult, train_rows: np.ndarray, test_rows:
 
 
 def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size: int | None = None,
-                               split_file: str | os.PathLike | None = None) -> DataBundle:
-    """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's)."""
+                               split_file: str | os.PathLike | None = None, mean: Sequence[float] = IMAGENET_MEAN,
+                               std: Sequence[float] = IMAGENET_STD) -> DataBundle:
+    """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's;
+    ``mean``/``std``: the model's normalisation)."""
     return build_datasets(
         dataset["name"], dataset.get("root"), train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset.get("cache", "memory"),
         cache_dir=dataset.get("cache_dir"), skip_corrupt=bool(dataset.get("skip_corrupt", False)),
-        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))
+        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH), mean=mean, std=std)

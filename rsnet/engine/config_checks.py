@@ -12,6 +12,8 @@ class ConfigError(ValueError):
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
+    from rsnet.engine.acceleration import check_amp
+    from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import MODELS, validate_image_size
     from rsnet.parallel.schedule import check_batch_settings
 
@@ -44,6 +46,12 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
                                  int(trainer.get("batch_max", 1024)), int(trainer.get("batch_multiple", 8)))
         except ValueError as error:
             raise ConfigError(str(error)) from error
+    for key, check in (("amp", check_amp), ("optimizer.name", check_optimizer_name)):
+        if _has(config, key):
+            try:
+                check(_lookup(config, key))
+            except ValueError as error:
+                raise ConfigError(str(error)) from error
     if config["lr_schedule"]["name"] not in ("cosine", "step"):
         raise ConfigError(f"lr_schedule.name={config['lr_schedule']['name']!r}: use 'cosine' or 'step'")
 
@@ -55,13 +63,14 @@ NUMBER_SETTINGS: dict[str, type] = {
     "optimizer.lr": float, "optimizer.momentum": float, "optimizer.weight_decay": float,
     "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
     "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,
-    "log.attention_every": int, "log.attention_images": int,
+    "log.attention_every": int, "log.attention_images": int, "log.embedding_images": int,
     "trainer.timeout_s": float, "trainer.merge_interval": int, "trainer.batch_min": int, "trainer.batch_max": int,
     "trainer.batch_multiple": int, "trainer.ref_batch": int, "trainer.damping": float, "trainer.deadband": float,
     "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
     "trainer.average_every": int, "trainer.cpu_threads": int,
 }
-BOOLEAN_SETTINGS = ("amp", "prefetch", "log.progress_bar", "optimizer.nesterov", "trainer.resume", "trainer.overwrite",
+BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar", "trainer.resume",
+                    "trainer.overwrite",
                     "dataset.skip_corrupt", "trainer.log_intervals")
 _NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads"}
 

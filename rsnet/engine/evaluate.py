@@ -1,4 +1,5 @@
-"""Evaluation: run a model over a dataset, then overall / average accuracy, kappa, per-class, confusion.
+"""Evaluation: run a model over a dataset, then overall / average accuracy, kappa, per-class accuracy,
+precision, recall and F1, and the confusion matrix (also written as CSV and PNG); test-time augmentation.
 
 Works the same for a full multi-branch model (``forward -> MultiBranchOutput``) and for an exported
 plain classifier (``forward -> Tensor`` logits, scored as the head ``"main"``).
@@ -6,18 +7,24 @@ plain classifier (``forward -> Tensor`` logits, scored as the head ``"main"``).
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
+from rsnet.viz.logging import render_confusion_matrix
 
 ENSEMBLE_PREFIX = "ensemble"
+TTA_MODES = ("none", "d4")
 
 
 @dataclass
@@ -49,6 +56,44 @@ def _as_output(raw: Any) -> MultiBranchOutput:
     if isinstance(raw, Tensor):
         return MultiBranchOutput(logits={"main": raw})
     raise TypeError(f"model returned {type(raw).__name__}; expected MultiBranchOutput or a logits Tensor")
+
+
+def tta_setting(value: Any, setting: str = "tta") -> str:
+    """``value`` if it names a test-time augmentation (``none`` or ``d4``); else one line naming ``setting``."""
+    if value not in TTA_MODES:
+        raise ValueError(f"{setting}={value!r}: must be none or d4 (d4 averages the logits of the 8 flips and "
+                         "90-degree rotations of each image)")
+    return str(value)
+
+
+def d4_views(x: Tensor) -> list[Tensor]:
+    """The 8 dihedral views of an image batch (..., H, W): rotations by 0, 90, 180 and 270 degrees, then each of
+    them flipped left-right. View 0 is ``x`` itself."""
+    rotations = [torch.rot90(x, k, dims=(-2, -1)) for k in range(4)]
+    return rotations + [torch.flip(view, dims=(-1,)) for view in rotations]
+
+
+class TTAModel(nn.Module):
+    """Test-time augmentation: ``model`` runs on the 8 :func:`d4_views` of its input and the **logits** of the
+    views are averaged, not their probabilities (softmax of the mean logits is the normalised geometric mean of
+    the views' probabilities).
+
+    Returns what ``model`` returns: a logits Tensor, or a ``MultiBranchOutput`` with every head averaged (its
+    feature maps, one per view, are not kept). One forward pass per view, so memory is that of ``model``.
+    """
+
+    def __init__(self, model: nn.Module | Callable[[Tensor], Any]) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor | MultiBranchOutput:
+        raw = [self.model(view) for view in d4_views(x)]
+        outputs = [_as_output(output) for output in raw]
+        logits = {head: torch.stack([output.logits[head] for output in outputs]).mean(dim=0)
+                  for head in outputs[0].logits}
+        if isinstance(raw[0], Tensor):
+            return logits["main"]
+        return MultiBranchOutput(logits=logits, main=outputs[0].main, ensemble=outputs[0].ensemble)
 
 
 def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
@@ -128,6 +173,48 @@ def cohen_kappa(cm: np.ndarray) -> float:
     return float((p_o - p_e) / (1.0 - p_e))
 
 
+def precision_recall_f1(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class precision, recall and F1 (fractions) from a confusion matrix (rows = true class). Where one is
+    undefined it is 0, never NaN: precision of a class never predicted, recall of a class without samples, F1
+    when precision and recall are both 0."""
+    cm = np.asarray(cm, dtype=np.float64)
+    hits, predicted, actual = np.diag(cm), cm.sum(axis=0), cm.sum(axis=1)
+    precision = np.divide(hits, predicted, out=np.zeros_like(hits), where=predicted > 0)
+    recall = np.divide(hits, actual, out=np.zeros_like(hits), where=actual > 0)
+    both = precision + recall
+    f1 = np.divide(2 * precision * recall, both, out=np.zeros_like(hits), where=both > 0)
+    return precision, recall, f1
+
+
+def _precision_recall_f1_metrics(cm: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+    """``per_class_<precision|recall|f1>`` (class -> %) and their ``macro_*`` means over the classes that occur
+    in the targets or the predictions (as scikit-learn does)."""
+    scores = dict(zip(("precision", "recall", "f1"), precision_recall_f1(cm)))
+    seen = (cm.sum(axis=0) + cm.sum(axis=1)) > 0
+    metrics: dict[str, Any] = {}
+    for name, values in scores.items():
+        metrics[f"per_class_{name}"] = {str(c): float(v * 100.0) for c, v in zip(class_names, values)}
+        metrics[f"macro_{name}"] = float(values[seen].mean() * 100.0) if seen.any() else 0.0
+    return metrics
+
+
+def write_confusion_csv(path: str | Path, cm: np.ndarray | Sequence[Sequence[int]],
+                        class_names: Sequence[str]) -> None:
+    """Write the confusion matrix as CSV, atomically: a header row of the predicted class names, then one row
+    per true class (its name, then its counts)."""
+    with atomic_write(path, "w") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(["true/predicted", *class_names])
+        writer.writerows([name, *map(int, row)] for name, row in zip(class_names, np.asarray(cm)))
+
+
+def write_confusion_png(path: str | Path, cm: np.ndarray | Sequence[Sequence[int]],
+                        class_names: Sequence[str]) -> None:
+    """Write the row-normalised confusion matrix as a PNG heat map (the TensorBoard image), atomically."""
+    with atomic_write(path, "wb") as handle:
+        Image.fromarray(render_confusion_matrix(cm, class_names)).save(handle, format="PNG")
+
+
 def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str, Any]:
     """JSON-safe metrics of an :class:`EvalResult` (accuracies in %).
 
@@ -135,8 +222,10 @@ def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str,
     ``accuracy`` and ``reported_head`` (the ensemble head if the model has one, else ``main``),
     ``kappa``, ``average_accuracy`` (macro mean over classes with test samples),
     ``per_class_accuracy`` (class -> %, ``None`` for a class without test samples),
-    ``confusion_matrix`` (list of lists, rows = true class) and ``num_samples`` -- the last four of the
-    reported head. ``kappa/<head>`` gives kappa of every head.
+    ``per_class_precision`` / ``per_class_recall`` / ``per_class_f1`` (class -> %, 0 where undefined, see
+    :func:`precision_recall_f1`), ``macro_precision`` / ``macro_recall`` / ``macro_f1`` (their means over the
+    classes in the targets or the predictions), ``confusion_matrix`` (list of lists, rows = true class) and
+    ``num_samples`` -- all but the last of the reported head. ``kappa/<head>`` gives kappa of every head.
     """
     num_classes = len(class_names)
     targets = result.targets
@@ -160,6 +249,7 @@ def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str,
         kappa=cohen_kappa(cm),
         average_accuracy=float(np.mean(present)) if present else 0.0,
         per_class_accuracy=per_class,
+        **_precision_recall_f1_metrics(cm, class_names),
         confusion_matrix=cm.astype(int).tolist(),
     )
     return metrics

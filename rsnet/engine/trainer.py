@@ -20,19 +20,22 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
+from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
 from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
+from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir
 from rsnet.engine.step_timer import StepTimer
 from rsnet.files import atomic_write
 from rsnet.losses import MultiBranchLoss
-from rsnet.models import build_model
+from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Strategy
-from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
+from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
+from rsnet.viz.logging import TensorBoardLogger, hparam_metrics, pick_attention_images
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +120,16 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     seed = int(config["seed"])
     if ctx.world_size > 1:  # tqdm's default lock is a multiprocessing semaphore, leaked when a worker is stopped
         tqdm.set_lock(threading.RLock())
+    set_deterministic(config)
     torch.manual_seed(seed)  # identical initial replicas on every worker
     data = load_data(config, run_dir, write_split=ctx.is_primary)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
                         pretrained=config["backbone"].get("pretrained", False),
                         **config["model"].get("options", {})).to(ctx.device)
+    if use_channels_last(config, ctx.device):
+        model = model.to(memory_format=torch.channels_last)
     criterion = MultiBranchLoss(**config["model"].get("loss", {}))
-    opt_cfg = config["optimizer"]
-    optimizer = torch.optim.SGD(model.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
-                                weight_decay=opt_cfg["weight_decay"], nesterov=opt_cfg["nesterov"])
+    optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, optimizer, len(data.train), config["batch_size"], seed)
     state = {"epoch": 0, "best_accuracy": -1.0, "history": [], "wall_time_s": 0.0}
     if resume_from:
@@ -161,7 +165,9 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
     """Build the train/test sets of the config; reuse the run's saved split when resuming."""
     split_file = run_dir / "split.json"
     reuse_split = split_file.is_file() and config["trainer"].get("resume")
-    data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None)
+    weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
+    data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None,
+                                      mean=weights["mean"], std=weights["std"])
     if write_split:
         data.split.save(split_file)
     return data
@@ -213,7 +219,9 @@ class _StepRunner:
         self.ctx, self.config, self.strategy, self.criterion, self.optimizer = ctx, config, strategy, criterion, optimizer
         self.meter = meter
         self.timer = StepTimer(ctx.device, every_step=strategy.needs_step_seconds)
-        self.amp = _use_amp(config, ctx.device)
+        self.precision = StepPrecision.for_device(config.get("amp", "bf16"), ctx.device)
+        self.channels_last = use_channels_last(config, ctx.device)
+        self.forward = compiled_forward(strategy.model, config)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=ctx.device)
         self.last_terms: dict[str, torch.Tensor] = {}
         self.first_unchecked = 1
@@ -236,17 +244,16 @@ class _StepRunner:
         lr = _lr(self.config, position) * self.strategy.lr_scale(len(labels))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        model = self.strategy.model
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         self.timer.start()
         try:
-            with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext():
-                output = model(images)
+            with self.precision.autocast():
+                output = self.forward(images)
                 losses = self.criterion(output, labels, epoch=position)
             self.optimizer.zero_grad(set_to_none=True)
-            losses.total.backward()
-            if self.config.get("max_grad_norm"):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.config["max_grad_norm"])
-            self.optimizer.step()
+            self.precision.backward_and_step(losses.total, self.optimizer, self.strategy.model.parameters(),
+                                             self.config.get("max_grad_norm"))
         finally:
             seconds = self.timer.stop()
         self.nonfinite |= ~torch.isfinite(losses.total.detach())
@@ -295,8 +302,7 @@ def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: to
                    int(row.get("interval", state["epoch"])))
     tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), data.class_names, state["epoch"])
     if last_epoch or state["epoch"] % config["log"]["attention_every"] == 0:
-        images = np.stack([data.test.raw(index) for index in attention_ids])
-        tb.attention_maps(model, images, data.mean, data.std, state["epoch"])
+        log_what_the_model_sees(config, data, model, tb, attention_ids, state["epoch"])
     accuracy = metrics["accuracy"]
     improved = accuracy > state["best_accuracy"]
     if improved:
@@ -316,9 +322,23 @@ def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: to
         save_checkpoint(checkpoints / "best.pt", payload)
     summary = run_summary(config, data, metrics, state, strategy.report())
     _write_json(run_dir / "metrics.json", summary)
+    if last_epoch:
+        tb.hparams(config, hparam_metrics(summary), state["epoch"])
     log.info("epoch %d/%d: test accuracy %.2f %% (best %.2f %%), %s", state["epoch"], config["epochs"], accuracy,
              state["best_accuracy"], ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
     return summary
+
+
+def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
+                            attention_ids: list[int], epoch: int) -> None:
+    """Attention maps of every branch, and the main branch's pooled features of test images in the embedding
+    projector (the same class-balanced subset of at most ``log.embedding_images`` every time: the projector writes
+    text, about 10 bytes a number, so a whole test set of VGG features would take gigabytes)."""
+    images = np.stack([data.test.raw(index) for index in attention_ids])
+    tb.attention_maps(model, images, data.mean, data.std, epoch)
+    indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
+    features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
+    tb.embeddings(features, names, thumbnails, epoch)
 
 
 def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any], state: dict[str, Any],
@@ -341,10 +361,6 @@ def _lr(config: dict[str, Any], epoch: float) -> float:
     return learning_rate(epoch, base_lr=config["optimizer"]["lr"], epochs=config["epochs"], name=schedule["name"],
                          warmup_epochs=schedule["warmup_epochs"], milestones=schedule["milestones"],
                          gamma=schedule["gamma"], min_lr_ratio=schedule["min_lr_ratio"])
-
-
-def _use_amp(config: dict[str, Any], device: torch.device) -> bool:
-    return bool(config.get("amp")) and device.type == "cuda"
 
 
 def _seed_augmentation(data: DataBundle, seed: int, rank: int, epoch: int) -> None:

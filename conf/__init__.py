@@ -1,0 +1,1 @@
+"""Hydra configs, installed as package data (``config_path="pkg://rsnet.conf"``); kept at the top of the checkout."""

@@ -1,0 +1,98 @@
+"""Optimizer (timm) and step settings: mixed precision, channels_last, torch.compile, deterministic."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import timm
+import torch
+
+from rsnet.engine import acceleration
+from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
+from rsnet.engine.optim import build_optimizer
+
+CUDA = torch.device("cuda")  # only inspected, never used: the tests run without a GPU
+
+
+def _optimizer(name: str) -> torch.optim.Optimizer:
+    model = timm.create_model("test_resnet", num_classes=3)
+    return build_optimizer(model, {"name": name, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4})
+
+
+def test_no_weight_decay_on_norm_layers_and_biases() -> None:
+    model = timm.create_model("test_resnet", num_classes=3)
+    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4})
+    decay = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    for name, parameter in model.named_parameters():
+        expected = 0.0 if parameter.ndim <= 1 else 5e-4  # biases and norm weights are 1-D
+        assert decay[id(parameter)] == expected, name
+    assert len(decay) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("name, kind, nesterov", [("sgd", torch.optim.SGD, True), ("momentum", torch.optim.SGD, False),
+                                                  ("adamw", torch.optim.AdamW, None)])
+def test_optimizer_names_are_timms(name: str, kind: type, nesterov: bool | None) -> None:
+    optimizer = _optimizer(name)
+    assert isinstance(optimizer, kind)
+    if nesterov is not None:
+        assert all(group["nesterov"] is nesterov for group in optimizer.param_groups)
+
+
+def test_precision_is_float32_on_cpu_and_chosen_on_cuda() -> None:
+    assert StepPrecision.for_device("bf16", torch.device("cpu")).dtype is None
+    assert StepPrecision.for_device("fp16", torch.device("cpu")).scaler is None
+    bf16 = StepPrecision.for_device("bf16", CUDA)
+    assert bf16.dtype is torch.bfloat16 and bf16.scaler is None  # bf16 needs no loss scaling
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA is not available. Disabling" on this machine
+        fp16 = StepPrecision.for_device("fp16", CUDA)
+    assert fp16.dtype is torch.float16 and isinstance(fp16.scaler, torch.amp.GradScaler)
+    assert StepPrecision.for_device("none", CUDA).dtype is None
+    with pytest.raises(ValueError, match="amp='fp8'"):
+        StepPrecision.for_device("fp8", CUDA)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_backward_and_step_clips_and_updates(scaled: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = torch.amp.GradScaler("cuda") if scaled else None  # disabled without CUDA: the same code path's API
+    precision = StepPrecision(torch.device("cpu"), None, scaler)
+    before = model.weight.detach().clone()
+    loss = (model(torch.randn(8, 4)) * 100).pow(2).mean()
+    precision.backward_and_step(loss, optimizer, model.parameters(), max_grad_norm=0.5)
+    step = torch.cat([(before - model.weight.detach()).flatten(), model.bias.grad.flatten() * 0])
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert grads.norm() <= 0.5 + 1e-5  # clipped (unscaled first when a scaler is used)
+    assert step.abs().sum() > 0
+
+
+def test_channels_last_only_on_cuda_workers() -> None:
+    assert use_channels_last({"channels_last": True}, CUDA)
+    assert not use_channels_last({"channels_last": True}, torch.device("cpu"))
+    assert not use_channels_last({"channels_last": False}, CUDA)
+
+
+def test_compile_wraps_the_forward_with_dynamic_shapes(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(acceleration.torch, "compile", lambda module, **kwargs: calls.append(kwargs) or "compiled")
+    model = torch.nn.Linear(2, 2)
+    assert compiled_forward(model, {"compile": False}) is model and not calls
+    assert compiled_forward(model, {"compile": True}) == "compiled" and calls == [{"dynamic": True}]
+
+
+def test_deterministic_switches_torch_to_deterministic_algorithms(monkeypatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        set_deterministic({"deterministic": False})
+        assert not torch.are_deterministic_algorithms_enabled()
+        set_deterministic({"deterministic": True})
+        assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
