@@ -1,85 +1,9 @@
-"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON.
+"""Evaluate a checkpoint or an exported model: ``python scripts/evaluate.py checkpoint=outputs/.../seed0``.
 
-    python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt
-    python scripts/evaluate.py checkpoint=outputs/.../seed0                # a run folder: its best.pt, else last.pt
-    python scripts/evaluate.py checkpoint=exported/ dataset=ucmerced dataset.root=/data/UCMerced_LandUse
-
-The summary is printed before the JSON is written; an unwritable ``out`` is refused before evaluating.
+The same as the ``rsnet-evaluate`` command (the code is rsnet/commands/evaluate.py; the settings conf/evaluate.yaml).
 """
 
-from __future__ import annotations
-
-import json
-from pathlib import Path
-from typing import Any
-
-import hydra
-from omegaconf import DictConfig, OmegaConf
-
-from rsnet.cli import user_errors
-from rsnet.data import CorruptImageError, build_datasets_from_config
-from rsnet.engine.evaluate import compute_metrics, evaluate
-from rsnet.export import ModelSource, load_model
-from rsnet.files import atomic_write
-from rsnet.settings import check_writable, int_setting, resolve_device
-
-
-def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
-    """The dataset to score on and whether it is the run's own: ``dataset=<name>`` from the command line, else the
-    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``)."""
-    given = OmegaConf.to_container(cfg.dataset, resolve=True) if cfg.get("dataset") is not None else {}
-    if "name" in given:
-        return given, False
-    if train_config is None:
-        raise ValueError("an exported model carries no dataset settings; pass dataset=<name> (and dataset.root=...)")
-    return {**train_config["dataset"], **given}, True
-
-
-def output_path(cfg: DictConfig, source: ModelSource, dataset: dict[str, Any]) -> Path:
-    """``out=``, else ``eval_<dataset>_test.json`` beside the model file; checked writable now, not after scoring."""
-    out = Path(cfg.out) if cfg.out else source.path.parent / f"eval_{dataset['name']}_test.json"
-    return check_writable(out, "out")
-
-
-def summary(metrics: dict[str, Any]) -> str:
-    """One line: accuracy of the reported head, kappa and every head's accuracy."""
-    heads = ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items())
-    return (f"{metrics['dataset']} test split ({metrics['num_samples']} images): accuracy {metrics['accuracy']:.2f} % "
-            f"[{metrics['reported_head']}], kappa {metrics['kappa']:.4f}; per head: {heads}")
-
-
-@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Score the model, print the main figures, then write the metrics JSON."""
-    with user_errors():
-        device = resolve_device(str(cfg.device))
-        batch_size = int_setting("batch_size", cfg.batch_size, 1)
-        loaded = load_model(str(cfg.checkpoint), device)
-        print(f"model: {loaded.source}")
-        dataset, runs_own = dataset_settings(cfg, loaded.train_config)
-        seed = int_setting("seed", cfg.seed) if cfg.seed is not None else (loaded.train_config or {}).get("seed", 0)
-        out = output_path(cfg, loaded.source, dataset)
-        run_split = loaded.source.path.resolve().parent.parent / "split.json"
-        same_run = runs_own and cfg.seed is None
-        try:
-            data = build_datasets_from_config(dataset, seed, image_size=loaded.metadata["image_size"],
-                                              split_file=run_split if same_run and run_split.is_file() else None)
-        except CorruptImageError as error:  # name the override that works here (the run's dataset is not a group)
-            switch = "+dataset.skip_corrupt=true" if runs_own else "dataset.skip_corrupt=true"
-            raise CorruptImageError(error.paths, error.reason, switch) from None
-        class_names = list(loaded.metadata["class_names"])
-        if list(data.class_names) != class_names:
-            raise ValueError(f"{loaded.source.path} was trained on {len(class_names)} classes "
-                             f"({', '.join(class_names[:4])}, ...) which differ from dataset "
-                             f"{dataset['name']!r} ({len(data.class_names)} classes); pass the matching dataset=")
-        metrics = compute_metrics(evaluate(loaded.model, data.test, device, batch_size=batch_size), data.class_names)
-        metrics.update(checkpoint=str(loaded.source.path), dataset=dataset["name"],
-                       train_ratio=dataset["train_ratio"], seed=seed)
-        print(summary(metrics))
-        with atomic_write(out, "w") as handle:
-            handle.write(json.dumps(metrics, indent=2))
-        print(f"metrics written to {out}")
-
+from rsnet.commands.evaluate import run
 
 if __name__ == "__main__":
-    main()
+    run()

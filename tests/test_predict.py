@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +22,8 @@ CLASSES = ["forest", "river", "beach", "harbor"]
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("rsnet_predict_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
+    """The code of scripts/predict.py (a thin wrapper) and of the rsnet-predict command."""
+    return importlib.import_module("rsnet.commands.predict")
 
 
 @pytest.fixture(scope="module")

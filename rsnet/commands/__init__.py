@@ -1,0 +1,31 @@
+"""The command-line tools (rsnet-train, rsnet-evaluate, rsnet-export, rsnet-predict, rsnet-aggregate); scripts/*.py
+in a checkout are thin wrappers that run the same code.
+
+The Hydra configs are the package ``rsnet.conf``: the checkout's conf/ folder, installed inside the package
+(pyproject.toml maps it; an editable install reads the checkout's own). Where that package cannot be imported
+(rsnet on ``PYTHONPATH``, or an editable install made before the mapping existed) the checkout's conf/ is used.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+CHECKOUT_CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def conf_folder() -> Traversable:
+    """The folder of the configs: the package ``rsnet.conf``, else the checkout's conf/."""
+    try:
+        return files("rsnet.conf")
+    except ModuleNotFoundError:
+        return CHECKOUT_CONF
+
+
+def hydra_config_path() -> str:
+    """``config_path`` of ``@hydra.main``: ``pkg://rsnet.conf``, else the checkout's conf/ folder."""
+    return "pkg://rsnet.conf" if conf_folder() is not CHECKOUT_CONF else str(CHECKOUT_CONF)

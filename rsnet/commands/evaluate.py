@@ -1,0 +1,130 @@
+"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON
+(``rsnet-evaluate``; in a checkout also ``python scripts/evaluate.py``).
+
+    rsnet-evaluate checkpoint=outputs/.../checkpoints/best.pt
+    rsnet-evaluate checkpoint=outputs/.../seed0                # a run folder: its best.pt, else last.pt
+    rsnet-evaluate checkpoint=exported/ dataset=ucmerced dataset.root=/data/UCMerced_LandUse
+    rsnet-evaluate checkpoint=outputs/.../seed0 tta=d4         # average the logits of 8 flips/rotations
+
+The summary and a per-class precision / recall / F1 table are printed before the metrics JSON is written, with
+the confusion matrix beside it (``<out stem>_confusion.csv`` and ``.png``); an unwritable ``out`` is refused
+before evaluating.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from rsnet.cli import user_errors
+from rsnet.commands import hydra_config_path
+from rsnet.data import CorruptImageError, build_datasets_from_config
+from rsnet.engine.evaluate import (
+    TTAModel,
+    compute_metrics,
+    evaluate,
+    tta_setting,
+    write_confusion_csv,
+    write_confusion_png,
+)
+from rsnet.export import ModelSource, load_model
+from rsnet.files import atomic_write
+from rsnet.settings import check_writable, int_setting, resolve_device
+
+SCORES = ("precision", "recall", "f1")
+
+
+def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """The dataset to score on and whether it is the run's own: ``dataset=<name>`` from the command line, else the
+    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``)."""
+    given = OmegaConf.to_container(cfg.dataset, resolve=True) if cfg.get("dataset") is not None else {}
+    if "name" in given:
+        return given, False
+    if train_config is None:
+        raise ValueError("an exported model carries no dataset settings; pass dataset=<name> (and dataset.root=...)")
+    return {**train_config["dataset"], **given}, True
+
+
+def output_path(cfg: DictConfig, source: ModelSource, dataset: dict[str, Any]) -> Path:
+    """``out=``, else ``eval_<dataset>_test.json`` beside the model file; checked writable now, not after scoring."""
+    out = Path(cfg.out) if cfg.out else source.path.parent / f"eval_{dataset['name']}_test.json"
+    return check_writable(out, "out")
+
+
+def summary(metrics: dict[str, Any]) -> str:
+    """One line: accuracy of the reported head, kappa, every head's accuracy and the test-time augmentation."""
+    heads = ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items())
+    return (f"{metrics['dataset']} test split ({metrics['num_samples']} images): accuracy {metrics['accuracy']:.2f} % "
+            f"[{metrics['reported_head']}], kappa {metrics['kappa']:.4f}; per head: {heads}; tta {metrics['tta']}")
+
+
+def class_table(metrics: dict[str, Any]) -> str:
+    """Per-class support, precision, recall and F1 (%) of the reported head, then their macro averages."""
+    names = list(metrics["per_class_f1"])
+    support = [sum(row) for row in metrics["confusion_matrix"]]
+    width = max(len("macro average"), *map(len, names))
+    rows = [(name, count, *(metrics[f"per_class_{key}"][name] for key in SCORES))
+            for name, count in zip(names, support)]
+    rows.append(("macro average", sum(support), *(metrics[f"macro_{key}"] for key in SCORES)))
+    header = f"{'class':<{width}}  {'support':>7}" + "".join(f"  {key:>9}" for key in SCORES)
+    return "\n".join([header, *(f"{name:<{width}}  {count:>7}" + "".join(f"  {value:>9.2f}" for value in values)
+                                 for name, count, *values in rows)])
+
+
+def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) -> None:
+    """The metrics JSON at ``out``, the confusion matrix beside it as ``<stem>_confusion.csv`` and ``.png``."""
+    with atomic_write(out, "w") as handle:
+        handle.write(json.dumps(metrics, indent=2))
+    print(f"metrics written to {out}")
+    table, image = (out.with_name(f"{out.stem}_confusion{suffix}") for suffix in (".csv", ".png"))
+    write_confusion_csv(table, metrics["confusion_matrix"], class_names)
+    write_confusion_png(image, metrics["confusion_matrix"], class_names)
+    print(f"confusion matrix written to {table} and {image}")
+
+
+@hydra.main(config_path=hydra_config_path(), config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Score the model, print the main figures and per-class table, then write the metrics and confusion."""
+    with user_errors():
+        device = resolve_device(str(cfg.device))
+        batch_size = int_setting("batch_size", cfg.batch_size, 1)
+        tta = tta_setting(cfg.tta)
+        loaded = load_model(str(cfg.checkpoint), device)
+        print(f"model: {loaded.source}")
+        dataset, runs_own = dataset_settings(cfg, loaded.train_config)
+        seed = int_setting("seed", cfg.seed) if cfg.seed is not None else (loaded.train_config or {}).get("seed", 0)
+        out = output_path(cfg, loaded.source, dataset)
+        run_split = loaded.source.path.resolve().parent.parent / "split.json"
+        same_run = runs_own and cfg.seed is None
+        try:
+            data = build_datasets_from_config(dataset, seed, image_size=loaded.metadata["image_size"],
+                                              split_file=run_split if same_run and run_split.is_file() else None,
+                                              mean=loaded.metadata["mean"], std=loaded.metadata["std"])
+        except CorruptImageError as error:  # name the override that works here (the run's dataset is not a group)
+            switch = "+dataset.skip_corrupt=true" if runs_own else "dataset.skip_corrupt=true"
+            raise CorruptImageError(error.paths, error.reason, switch) from None
+        class_names = list(loaded.metadata["class_names"])
+        if list(data.class_names) != class_names:
+            raise ValueError(f"{loaded.source.path} was trained on {len(class_names)} classes "
+                             f"({', '.join(class_names[:4])}, ...) which differ from dataset "
+                             f"{dataset['name']!r} ({len(data.class_names)} classes); pass the matching dataset=")
+        model = TTAModel(loaded.model) if tta == "d4" else loaded.model
+        metrics = compute_metrics(evaluate(model, data.test, device, batch_size=batch_size), data.class_names)
+        metrics.update(checkpoint=str(loaded.source.path), dataset=dataset["name"],
+                       train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
+        print(summary(metrics))
+        print(class_table(metrics))
+        write_outputs(out, metrics, class_names)
+
+
+def run() -> None:
+    """The ``rsnet-evaluate`` command (and scripts/evaluate.py)."""
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,272 @@
+"""Classify a folder of images with a training checkpoint or an exported model.
+
+    rsnet-predict model=outputs/run/checkpoints/best.pt images=my_scenes/ \
+        [out=preds.csv] [topk=3] [attention_dir=attn/] [head=main|ensemble] [device=cpu] \
+        [batch_size=32] [recursive=false] [skip_corrupt=false] [tta=none|d4]
+
+``model`` is a checkpoint written by rsnet-train (the full model: every head and attention maps), a
+run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (its
+folder, ``model.ts``/``model.onnx``/``model.pt`` or ``model.json``); a file path always means that file.
+Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the datasets decode them)
+and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
+predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only) every
+image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
+An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
+they are skipped and listed). ``device`` is auto, cpu or cuda[:i]. ``out`` and ``attention_dir`` are
+checked writable before any image is classified; the CSV is written atomically. ``tta=d4`` classifies every
+image by the mean logits of its 8 flips and 90-degree rotations (attention maps stay those of the image itself).
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from rsnet.cli import user_errors
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
+from rsnet.data.errors import CorruptImageError
+from rsnet.engine.evaluate import TTAModel, tta_setting
+from rsnet.export import load_model
+from rsnet.files import atomic_write, check_writable_dir
+from rsnet.settings import check_writable, int_setting, resolve_device
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
+KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
+        "device": "cpu", "batch_size": "32", "recursive": "false",
+        "skip_corrupt": "false", "tta": "none"}
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, str | None]:
+    """``key=value`` arguments (Hydra-style, ``+``/``--`` prefixes tolerated) -> dict with defaults."""
+    args = dict(KEYS)
+    for item in argv:
+        if item in ("-h", "--help", "help"):
+            print(__doc__)
+            sys.exit(0)
+        key, sep, value = item.lstrip("+-").partition("=")
+        if not sep or key not in KEYS:
+            raise ValueError(f"unexpected argument {item!r}; use key=value with keys {', '.join(KEYS)}")
+        args[key] = value
+    for required in ("model", "images"):
+        if not args[required]:
+            raise ValueError(f"missing {required}=...; usage: predict.py model=<checkpoint or export> images=<folder>")
+    return args
+
+
+def _bool(value: str | None) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Predictor:
+    """Everything prediction needs, from either kind of model file."""
+
+    forward: Callable[[Tensor], Tensor]  # normalised images -> logits of the scored head
+    class_names: list[str]
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    full_model: nn.Module | None  # only for checkpoints: the multi-branch model (attention maps)
+    description: str
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH  # how 16-bit/float images become 8 bit, as in training
+
+
+def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:
+        output = model(x)
+        if isinstance(output, Tensor):
+            return output
+        if head is None:
+            return output.prediction_logits
+        if head not in output.logits:
+            raise ValueError(f"the model has no head {head!r}; heads: {', '.join(output.logits)}")
+        return output.logits[head]
+
+    return forward
+
+
+def load_predictor(path: str | Path, device: torch.device, head: str | None = None, tta: str = "none") -> Predictor:
+    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.export.load_model` resolves it;
+    with ``tta="d4"`` its forward averages the logits of the 8 dihedral views (:class:`TTAModel`)."""
+    loaded = load_model(path, device, setting="model")
+    meta, model = loaded.metadata, loaded.model
+    scored = TTAModel(model) if tta == "d4" else model
+    settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
+                    mean=list(meta["mean"]), std=list(meta["std"]),
+                    high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))
+    if loaded.source.kind == "export":
+        if head is not None and head != meta.get("head", head):
+            raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
+        return Predictor(forward=scored, full_model=None, **settings, description=f"{loaded.source}: "
+                         f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head, tta {tta})")
+    with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
+        size = settings["image_size"]
+        probe = model(torch.zeros(1, 3, size, size, device=device))
+    heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
+    if head is not None and head not in heads:
+        raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")
+    head_name = head or ("main" if isinstance(probe, Tensor) else probe.ensemble or probe.main)
+    epoch = "?" if loaded.epoch is None else loaded.epoch
+    return Predictor(forward=_head_logits(scored, head), full_model=model, **settings,
+                     description=f"{loaded.source}: {model.model_config.get('arch', '?')} "
+                                 f"({head_name} head, epoch {epoch}, tta {tta})")
+
+
+def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
+    """Sorted image files of ``folder`` (or ``folder`` itself when it is one image)."""
+    folder = Path(folder)
+    if folder.is_file():
+        if folder.suffix.lower() not in IMAGE_SUFFIXES:
+            raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_SUFFIXES)})")
+        return [folder]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    pattern = folder.rglob("*") if recursive else folder.iterdir()
+    files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {folder}"
+                         + ("" if recursive else " (sub-folders are searched with recursive=true)"))
+    return files
+
+
+class UnreadableImageError(ValueError):
+    """An image that cannot be decoded; ``path`` names it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot read image {path}: {' '.join(reason.split())}")
+        self.path = path
+
+
+def read_image(path: Path, image_size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+               report: DecodeReport | None = None) -> np.ndarray:
+    """Decode to RGB uint8 (image_size, image_size) exactly as the datasets do (rsnet.data.decode_image)."""
+    try:
+        return decode_image(path, image_size, high_bit_depth, report)
+    except CorruptImageError as error:  # undecodable and missing files; its own text hints at a training setting
+        raise UnreadableImageError(path, error.reason or "cannot be decoded") from error
+
+
+def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableImageError],
+            report: DecodeReport) -> tuple[list[Path], list[np.ndarray]]:
+    """The readable ``paths`` and their pixels; every unreadable one is appended to ``bad``, every one rescaled
+    from 16-bit or float pixels recorded in ``report``."""
+    good, pixels = [], []
+    for path in paths:
+        try:
+            pixels.append(read_image(path, predictor.image_size, predictor.high_bit_depth, report))
+            good.append(path)
+        except UnreadableImageError as error:
+            bad.append(error)
+    return good, pixels
+
+
+def _listing(bad: Sequence[UnreadableImageError], limit: int = 10) -> str:
+    names = ", ".join(str(error.path) for error in bad[:limit])
+    return names + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+
+
+def _normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    x = torch.from_numpy(images).float().div_(255.0).permute(0, 3, 1, 2)
+    return (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[None, :, None, None]
+
+
+def _safe_name(path: Path, root: Path) -> str:
+    try:
+        relative = path.relative_to(root) if root.is_dir() else Path(path.name)
+    except ValueError:
+        relative = Path(path.name)
+    return "__".join(relative.with_suffix("").parts)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write the predictions as CSV, atomically."""
+    with atomic_write(path, "w") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["file", "class", "probability", "top_k"])
+        writer.writeheader()
+        writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
+
+
+def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Classify every image of ``args["images"]``: print one line each, then write the CSV and attention maps."""
+    device = resolve_device(str(args["device"]))
+    topk = int_setting("topk", args["topk"], 1)
+    batch_size = int_setting("batch_size", args["batch_size"], 1)
+    tta = tta_setting(args["tta"])
+    out = check_writable(args["out"], "out") if args["out"] else None  # before the long part, not after it
+    files = list_images(args["images"], _bool(args["recursive"]))  # cheap checks before loading the model
+    predictor = load_predictor(args["model"], device, args["head"], tta)
+    attention_dir = Path(args["attention_dir"]) if args["attention_dir"] else None
+    if attention_dir is not None:
+        if predictor.full_model is None:
+            raise ValueError(f"attention maps are not available for an exported model ({args['model']}): "
+                             "CAM and Grad-CAM need every head's feature maps; pass the training checkpoint instead")
+        check_writable_dir(attention_dir, "attention_dir")
+    print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
+          f"{len(files)} images", file=sys.stderr)
+    k = min(topk, len(predictor.class_names))
+    rows: list[dict[str, Any]] = []
+    skip_corrupt, bad, report = _bool(args["skip_corrupt"]), [], DecodeReport()
+    for start in range(0, len(files), batch_size):
+        batch_files, decoded = _decode(files[start:start + batch_size], predictor, bad, report)
+        if bad and not skip_corrupt:
+            _decode(files[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
+            raise ValueError(f"{len(bad)} unreadable image(s): {_listing(bad)}; fix or remove them, or pass "
+                             f"skip_corrupt=true to skip them ({bad[0]})")
+        if not batch_files:
+            continue
+        images = np.stack(decoded)
+        inputs = _normalise(images, predictor.mean, predictor.std).to(device)
+        with torch.no_grad():
+            probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
+        top_p, top_i = probs.topk(k, dim=1)
+        for path, p_row, i_row in zip(batch_files, top_p.tolist(), top_i.tolist()):
+            names = [predictor.class_names[i] for i in i_row]
+            rows.append({"file": str(path), "class": names[0], "probability": p_row[0],
+                         "top_k": "; ".join(f"{n} {p:.4f}" for n, p in zip(names, p_row))})
+            print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
+        if attention_dir is not None:
+            _save_attention(predictor.full_model, images, inputs, batch_files, Path(args["images"]), attention_dir)
+    if bad:
+        print(f"skipped {len(bad)} unreadable image(s) (skip_corrupt=true): {_listing(bad)}", file=sys.stderr)
+    if report.rescaled:
+        print(f"warning: {describe_rescaled(report.rescaled.values(), len(files), predictor.high_bit_depth)}",
+              file=sys.stderr)
+    if not rows:
+        raise ValueError(f"none of the {len(files)} images in {args['images']} could be read")
+    if out is not None:
+        write_csv(out, rows)
+        print(f"wrote {out}", file=sys.stderr)
+    if attention_dir is not None:
+        print(f"wrote attention maps to {attention_dir}", file=sys.stderr)
+    return rows
+
+
+def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, files: list[Path], root: Path,
+                    attention_dir: Path) -> None:
+    from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+
+    maps = {f"cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
+    maps["gradcam_main"] = grad_cam(model, inputs, head="main")
+    for tag, cams in maps.items():
+        for image, cam, path in zip(images, cams.cpu().numpy(), files):
+            target = attention_dir / f"{_safe_name(path, root)}_{tag}.png"
+            Image.fromarray(overlay(image, cam)).save(target)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    with user_errors():
+        predict(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

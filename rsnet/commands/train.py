@@ -1,0 +1,133 @@
+"""Train a scene classifier: ``rsnet-train dataset=aid model=esd_mbenet backbone=resnet50`` (in a checkout also
+``python scripts/train.py ...``).
+
+Every setting lives in ``conf/`` (Hydra; installed as the package ``rsnet.conf``); outputs go to the run directory
+(``hydra.run.dir``): checkpoints/, metrics.json, split.json, tensorboard/. ``trainer.resume=true`` continues a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rsnet.cli import USER_ERRORS, user_errors
+from rsnet.commands import conf_folder, hydra_config_path
+from rsnet.engine.checkpoint import load_checkpoint
+from rsnet.engine.config_checks import check_top_level_keys
+from rsnet.engine.trainer import NonFiniteLossError, train
+from rsnet.files import DiskFullError, atomic_write
+from rsnet.parallel.launcher import WorkerError
+
+log = logging.getLogger("rsnet.train")
+CONF = conf_folder()  # the package rsnet.conf: the checkout's conf/ or its installed copy
+RECORD_SUBDIR = ".hydra"
+
+
+@hydra.main(config_path=hydra_config_path(), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps).
+
+    Under torchrun only rank 0 gets the figures; the other ranks return None without printing.
+    """
+    config = OmegaConf.to_container(cfg, resolve=True)
+    with user_errors():
+        check_top_level_keys(config, known_top_level_keys())
+        try:
+            summary = train(config, on_accepted=lambda run_dir: record_config(cfg, run_dir))
+        except WorkerError as error:
+            report_worker_error(error)
+        except NonFiniteLossError as error:
+            stop(error)
+        except KeyboardInterrupt:
+            interrupted(config)
+    if summary is None:
+        return None
+    print(f"run dir: {config['run_dir']}")
+    print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
+          f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "
+          f"{summary['epochs']} epochs, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
+    return float(summary["accuracy"])
+
+
+def report_worker_error(error: WorkerError) -> NoReturn:
+    """A worker's input error or full disk is reported as if it had happened here (one line); a diverged loss
+    in one line too; anything else (a bug, a killed or stopped worker) with what the workers said."""
+    if isinstance(error.cause, (*USER_ERRORS, DiskFullError)):
+        raise error.cause from None
+    stop(error.cause if isinstance(error.cause, NonFiniteLossError) else error)
+
+
+def stop(error: BaseException) -> NoReturn:
+    print(f"error: the run stopped: {error}", file=sys.stderr)
+    sys.exit(1)
+
+
+def interrupted(config: dict) -> NoReturn:
+    """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
+    if os.environ.get("RANK", "0") == "0":
+        last = Path(config["run_dir"]) / "checkpoints" / "last.pt"
+        if last.is_file():
+            epoch = load_checkpoint(last, mmap=True)["epoch"]
+            print(f"interrupted: {last} holds epoch {epoch} of {config['epochs']}; continue with\n"
+                  f"  {resume_command(sys.argv, config['run_dir'])}", file=sys.stderr)
+        else:
+            print("interrupted before the first epoch ended: no checkpoint was written, nothing to resume",
+                  file=sys.stderr)
+    sys.exit(130)
+
+
+def resume_command(argv: list[str], run_dir: str) -> str:
+    """The command line that continues this run: the same overrides, in the same run dir, with resume."""
+    replaced = ("trainer.resume=", "trainer.overwrite=", "hydra.run.dir=")
+    kept = [arg for arg in argv[1:] if not arg.lstrip("+~").startswith(replaced)]
+    command = ["python", argv[0]] if argv[0].endswith(".py") else [argv[0]]  # a script, or the rsnet-train command
+    return shlex.join([*command, *kept, f"hydra.run.dir={run_dir}", "trainer.resume=true"])
+
+
+def record_config(cfg: DictConfig, run_dir: Path) -> None:
+    """Write what Hydra would write to ``<run_dir>/.hydra/`` (config, hydra config, overrides), once the run is
+    accepted: conf/config.yaml sets ``hydra.output_subdir: null`` so that a refused re-run leaves the earlier
+    run's record untouched."""
+    hydra_cfg = HydraConfig.get()
+    folder = run_dir / RECORD_SUBDIR
+    folder.mkdir(exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)):
+        with atomic_write(folder / name, "w") as handle:
+            handle.write(OmegaConf.to_yaml(node))
+
+
+def known_top_level_keys() -> set[str]:
+    """The top-level keys of conf/config.yaml and the config groups (the folders of conf/), as in a composed config."""
+    keys = {str(key) for key in OmegaConf.create(CONF.joinpath("config.yaml").read_text())} - {"defaults", "hydra"}
+    return keys | {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+
+
+def argv_for_this_rank(argv: list[str]) -> list[str]:
+    """``argv`` plus, on a torchrun rank other than 0, an override that keeps Hydra out of the run dir.
+
+    Every rank runs Hydra, so without it all would append to ``train.log`` in the shared run dir at once.
+    Appended last, it wins over the user's: console-only logging (the ``stdout`` job logging evaluate.py
+    uses too). Rank 0 keeps the file, and only rank 0 records the config (:func:`record_config`).
+    """
+    if os.environ.get("RANK", "0") == "0":
+        return argv
+    return [*argv, "hydra/job_logging=stdout"]
+
+
+def run() -> None:
+    """The ``rsnet-train`` command (and scripts/train.py): :func:`main` with this rank's command line."""
+    sys.argv = argv_for_this_rank(sys.argv)
+    main()
+
+
+if __name__ == "__main__":
+    run()
