@@ -75,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run before it is killed (a FAIL)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report (Markdown) to this file")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="extra train.py overrides for every run, e.g. --set amp=fp16 channels_last=false compile=true")
     parser.add_argument("--cpu-stand-in", action="store_true",
                         help="replace every cuda:i by cpu: tests this script on a machine without a GPU")
     return parser.parse_args()
@@ -96,8 +98,9 @@ def device_configs(names: list[str], gpus: int, stand_in: bool) -> tuple[dict[st
     return selected, skipped
 
 
-def header(stand_in: bool) -> list[str]:
-    """Machine facts: GPU names, torch, CUDA and NCCL versions; a loud warning under the stand-in."""
+def header(stand_in: bool, extra: list[str]) -> list[str]:
+    """Machine facts: GPU names, torch, CUDA and NCCL versions, the extra overrides; a loud warning under the
+    stand-in."""
     lines = [f"# GPU check: rsnet, {time.strftime('%Y-%m-%d %H:%M')}", ""]
     if stand_in:
         lines += ["**!!! CPU STAND-IN: every cuda:i below ran on the CPU. This tests the check script, "
@@ -105,7 +108,8 @@ def header(stand_in: bool) -> list[str]:
     gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpus else "n/a"
     lines += [f"- GPUs: {'; '.join(gpus) or 'none'}",
-              f"- torch {torch.__version__}, CUDA {torch.version.cuda or 'n/a'} (torch build), NCCL {nccl}", ""]
+              f"- torch {torch.__version__}, CUDA {torch.version.cuda or 'n/a'} (torch build), NCCL {nccl}",
+              f"- extra overrides: {' '.join(extra) or 'none (the config defaults: amp=bf16, channels_last=true)'}", ""]
     return lines
 
 
@@ -117,7 +121,7 @@ def overrides(trainer: str, model: str, devices: list[str], args: argparse.Names
               f"trainer.timeout_s={max(1, args.timeout // 2)}"]  # a hung collective is reported by the trainer before the kill
     if args.image_size:
         values.append(f"dataset.image_size={args.image_size}")
-    return values
+    return [*values, *args.set]
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -217,7 +221,7 @@ def main() -> int:
         return 0
     configs, skipped = device_configs(args.configs, gpus, args.cpu_stand_in)
     runs = [(c, devices, t, m) for c, devices in configs.items() for t in args.trainers for m in args.models]
-    head = header(args.cpu_stand_in)
+    head = header(args.cpu_stand_in, args.set)
     print("\n".join(head), flush=True)
     started = time.perf_counter()
     results: list[Result] = []
