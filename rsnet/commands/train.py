@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import USER_ERRORS, user_errors
 from rsnet.commands import conf_folder, hydra_config_path
-from rsnet.engine.checkpoint import load_checkpoint
+from rsnet.engine.checkpoint import last_checkpoint
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
@@ -73,10 +73,9 @@ def stop(error: BaseException) -> NoReturn:
 def interrupted(config: dict) -> NoReturn:
     """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
     if os.environ.get("RANK", "0") == "0":
-        last = Path(config["run_dir"]) / "checkpoints" / "last.pt"
-        if last.is_file():
-            epoch = load_checkpoint(last, mmap=True)["epoch"]
-            print(f"interrupted: {last} holds epoch {epoch} of {config['epochs']}; continue with\n"
+        saved = last_checkpoint(config["run_dir"])
+        if saved is not None:
+            print(f"interrupted: {saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"
                   f"  {resume_command(sys.argv, config['run_dir'])}", file=sys.stderr)
         else:
             print("interrupted before the first epoch ended: no checkpoint was written, nothing to resume",

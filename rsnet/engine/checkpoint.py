@@ -22,6 +22,15 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return Path(path)
 
 
+def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
+    """A run's ``checkpoints/last.pt`` and the epoch it holds (its tensors mapped, not read), or None if the run
+    has written none."""
+    last = Path(run_dir) / "checkpoints" / "last.pt"
+    if not last.is_file():
+        return None
+    return last, load_checkpoint(last, mmap=True)["epoch"]
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load an rsnet checkpoint, with a clear error when the file is missing or not one of ours. ``mmap``: map the
     tensors from the file instead of reading them (cheap when only the metadata, e.g. the config, is needed)."""

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
-from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.engine.checkpoint import last_checkpoint, load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.evaluate import compute_metrics, evaluate
 from rsnet.engine.lr_schedule import learning_rate
@@ -276,11 +276,10 @@ class _StepRunner:
 
 def _last_good_checkpoint(run_dir: Path) -> str:
     """Where the run's last good state is, or that none was written (never claim a file that does not exist)."""
-    last = run_dir / "checkpoints" / "last.pt"
-    if not last.is_file():
+    saved = last_checkpoint(run_dir)
+    if saved is None:
         return "No checkpoint was written before it diverged (nothing to resume)."
-    epoch = load_checkpoint(last, mmap=True).get("epoch")
-    return f"Its last good checkpoint is {last} (after epoch {epoch})."
+    return f"Its last good checkpoint is {saved[0]} (after epoch {saved[1]})."
 
 
 def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: torch.nn.Module,
