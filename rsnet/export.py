@@ -35,7 +35,7 @@ from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
-from rsnet.models.prune import extract_main_branch
+from rsnet.models.prune import baseline_from_main_branch, extract_main_branch
 
 FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
            "timm": "model.safetensors"}  # timm: with its config.json
@@ -362,6 +362,38 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
         state = {f"model.{k}": v for k, v in state.items()}
     module.load_state_dict(state)
     return ExportedModel(module.eval(), meta)
+
+
+def attention_model(exported: ExportedModel) -> nn.Module:
+    """The export as an rsnet model for CAM / Grad-CAM (feature maps, gradients), rebuilt from the export's own
+    weights: the main branch as a ``Baseline``, an ensemble export as its full model. It is checked to give the
+    export's logits; an ONNX file keeps neither gradients nor the layers' weights (batch norms are folded)."""
+    meta = exported.metadata
+    if exported.module is None:
+        raise ExportError(f"attention maps cannot be drawn from the ONNX export {meta['file']}: it keeps neither "
+                          "gradients nor the layers' own weights (its batch norms are folded into the convolutions); "
+                          "use the training checkpoint, or a format=torchscript|state_dict|timm export")
+    state = exported.module.state_dict()
+    device = next(iter(state.values())).device
+    try:
+        if meta["head"] == "main":
+            model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]))
+        else:
+            model = build_model(**meta["model_config"]).eval()
+            model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)
+    except RuntimeError as error:  # weights that do not fit the architecture model.json names
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"the weights of {meta['file']} do not fit the model its model.json describes "
+                          f"({meta['backbone']}: {reason}); use the checkpoint") from error
+    model.to(device)
+    x = _reference_batch(int(meta["image_size"]), 2, seed=0).to(device)
+    with torch.no_grad():
+        output, expected = model(x), exported(x)
+    rebuilt = output.main_logits if meta["head"] == "main" else output.prediction_logits
+    if not torch.allclose(rebuilt, expected, rtol=1e-2, atol=1e-3):
+        raise ExportError(f"the model rebuilt from {meta['file']} for attention maps does not give the export's "
+                          f"logits (max difference {float((rebuilt - expected).abs().max()):.3g}); use the checkpoint")
+    return model
 
 
 @dataclass

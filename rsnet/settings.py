@@ -44,6 +44,13 @@ def int_setting(setting: str, value: Any, minimum: int | None = None) -> int:
     return number
 
 
+def bool_setting(setting: str, value: Any) -> bool:
+    """``value`` as a bool (true/false, as Hydra parses them); else one line naming ``setting``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{setting}={value!r}: must be true or false")
+    return value
+
+
 def check_writable(path: str | Path, setting: str) -> Path:
     """Fail fast, naming ``setting``, when the file ``path`` could not be written (its folder is created)."""
     path = Path(path)

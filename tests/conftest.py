@@ -22,6 +22,18 @@ MINI_ROOT = REPO / "data" / "ucmerced-mini"
 TIF_SAMPLE_ROOT = Path(__file__).resolve().parent / "fixtures" / "ucmerced-tif-sample"
 
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_command(config_name: str, *overrides: str):
+    """A command's settings as its Hydra app receives them for these command-line ``overrides``
+    (conf/<config_name>.yaml); pass them to the command's ``main(cfg)``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
 def label_value(label: int) -> int:
     """Red-channel value of a fake image of class ``label`` (distinct for up to 45 classes)."""
     return 10 + 5 * label

@@ -1,14 +1,18 @@
-"""Training/eval transforms: output contract, randomness, and the cv2 fast paths against albumentations."""
+"""Training/eval transforms: output contract, randomness, our own transforms (crop draw, dihedral group,
+colour jitter) and the rule that they use only albumentations' public custom-transform API."""
 
 from __future__ import annotations
 
+import ast
 import itertools
+import random
+from pathlib import Path
 
 import albumentations as A
+import cv2
 import numpy as np
 import pytest
 import torch
-from albumentations.augmentations.geometric import functional as fgeometric
 
 from rsnet.data import build_datasets
 from rsnet.data.transforms import (
@@ -16,7 +20,9 @@ from rsnet.data.transforms import (
     IMAGENET_STD,
     ColorJitterAffine,
     Dihedral,
-    RandomResizedCropCV2,
+    RandomResizedCrop,
+    crop_box,
+    dihedral_numpy,
     eval_transform,
     train_transform,
 )
@@ -58,7 +64,7 @@ def test_train_transform_knobs():
     assert ColorJitterAffine not in kinds and A.ColorJitter not in kinds
     assert A.ColorJitter in [type(t) for t in train_transform(16, hue=0.05).transforms]
     crop = train_transform(16, scale=(0.3, 0.6)).transforms[0]
-    assert isinstance(crop, RandomResizedCropCV2) and tuple(crop.scale) == (0.3, 0.6)
+    assert isinstance(crop, RandomResizedCrop) and tuple(crop.scale) == (0.3, 0.6)
 
 
 def test_get_batch_matches_per_item_normalisation(mini_root):
@@ -75,21 +81,204 @@ def test_get_batch_matches_per_item_normalisation(mini_root):
     assert [type(t).__name__ for t in eval_transform(24).transforms] == ["Resize", "Normalize", "ToTensorV2"]
 
 
-@pytest.mark.parametrize("shape", [(17, 17, 3), (12, 20, 3), (9, 14, 1)])
-def test_dihedral_matches_albumentations_d4(shape):
-    img = _image(*shape[:2])[..., : shape[2]]
-    img = np.ascontiguousarray(img)
-    for g in ["e", "r90", "r180", "r270", "v", "hvt", "h", "t"]:
-        out = Dihedral(p=1.0).apply(img, g)
-        assert np.array_equal(out.reshape(fgeometric.d4(img, g).shape), fgeometric.d4(img, g)), g
+_D4 = ["e", "r90", "r180", "r270", "v", "hvt", "h", "t"]
 
 
-def test_resized_crop_matches_albumentations():
-    img = _image(50, 50)
-    ours = RandomResizedCropCV2(size=(32, 32), scale=(0.5, 1.0))
-    ref = A.RandomResizedCrop(size=(32, 32), scale=(0.5, 1.0))
-    for coords in [(0, 0, 50, 50), (3, 7, 40, 45), (10, 2, 30, 49)]:
-        assert np.array_equal(ours.apply(img, coords), ref.apply(img, coords))
+def _d4_images():
+    rng = np.random.default_rng(3)
+    imgs = {f"u8-{h}x{w}x{c}": np.ascontiguousarray(_image(h, w)[..., :c])
+            for h, w, c in [(17, 17, 3), (12, 20, 3), (9, 14, 1)]}
+    imgs["f32-11x7x3"] = rng.random((11, 7, 3), dtype=np.float32)
+    imgs["u8-2d-6x9"] = rng.integers(0, 256, (6, 9), dtype=np.uint8)
+    return imgs
+
+
+@pytest.mark.parametrize("name", list(_d4_images()))
+def test_dihedral_cv2_numpy_and_public_d4_agree(name):
+    img = _d4_images()[name]
+    h, w = img.shape[:2]
+    seen = set()
+    for g in _D4:
+        ours = Dihedral(p=1.0).apply(img, group_element=g)  # cv2 path where it applies
+        fallback = dihedral_numpy(img, g)
+        ref = A.D4(p=1.0).apply(img, group_element=g)  # public transform, public apply
+        assert ours.shape == fallback.shape == ref.shape, g
+        assert ours.dtype == img.dtype and fallback.dtype == img.dtype, g
+        assert np.array_equal(ours, ref), g
+        assert np.array_equal(fallback, ref), g
+        assert fallback.flags.c_contiguous and ours.flags.c_contiguous, g
+        expect_shape = img.shape if g in ("e", "r180", "v", "h") else (w, h) + img.shape[2:]
+        assert ours.shape == expect_shape, g
+        seen.add(ours.tobytes() + bytes(str(ours.shape), "ascii"))
+    assert len(seen) == 8  # the 8 elements are 8 different maps (random images have no symmetry)
+    with pytest.raises(ValueError):
+        dihedral_numpy(img, "x")
+
+
+def test_dihedral_draw_covers_the_group_and_is_seeded():
+    t = Dihedral(p=1.0)
+    t.set_random_seed(0)
+    draws = [t.get_params()["group_element"] for _ in range(400)]
+    assert set(draws) == set(_D4)
+    t.set_random_seed(0)
+    assert [t.get_params()["group_element"] for _ in range(400)] == draws
+
+
+def _check_box(box, height, width):
+    top, left, h, w = box
+    assert all(isinstance(v, int) for v in box)
+    assert 0 < h <= height and 0 < w <= width
+    assert 0 <= top <= height - h and 0 <= left <= width - w
+
+
+@pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (3 / 4, 4 / 3)),
+                                          ((0.2, 0.3), (0.5, 2.0)), ((0.5, 0.8), (1.0, 1.0)),
+                                          ((0.2, 0.4), (1.2, 2.0))])
+def test_crop_box_within_scale_and_ratio(scale, ratio):
+    height, width = 50, 40
+    area = height * width
+    fallbacks = 0
+    boxes = set()
+    for seed in range(500):
+        box = crop_box(height, width, scale, ratio, random.Random(seed))
+        _check_box(box, height, width)
+        boxes.add(box)
+        top, left, h, w = box
+        if box == crop_box(height, width, (5.0, 6.0), ratio, random.Random(0)):  # the central fallback
+            fallbacks += 1
+            continue
+        # w, h are round(sqrt(area·r)), round(sqrt(area/r)): the unrounded values lie within 0.5
+        assert (w - 0.5) * (h - 0.5) <= scale[1] * area + 1e-9
+        assert (w + 0.5) * (h + 0.5) >= scale[0] * area - 1e-9
+        assert (w - 0.5) / (h + 0.5) <= ratio[1] + 1e-9
+        assert (w + 0.5) / (h - 0.5) >= ratio[0] - 1e-9
+    assert fallbacks < 50 and len(boxes) > 20  # random, and mostly not the fallback
+    # the same seed, the same box
+    assert crop_box(height, width, scale, ratio, random.Random(11)) == crop_box(height, width, scale, ratio,
+                                                                                  random.Random(11))
+
+
+def test_crop_box_fallback_is_central():
+    never = (2.0, 3.0)  # target area larger than the image: no attempt can fit
+    for seed in range(20):
+        # aspect ratio of the image (40/50 = 0.8) inside the range: the whole image
+        assert crop_box(50, 40, never, (3 / 4, 4 / 3), random.Random(seed)) == (0, 0, 50, 40)
+        # too tall for ratio >= 1: full width, height clamped to width / 1.0, centred vertically
+        assert crop_box(50, 40, never, (1.0, 2.0), random.Random(seed)) == (5, 0, 40, 40)
+        # too wide for ratio <= 1: full height, width height * 1.0, centred horizontally
+        assert crop_box(40, 51, never, (0.5, 1.0), random.Random(seed)) == (0, 5, 40, 40)
+        # too tall for ratio >= 2: height round(30 / 2) = 15, top (40 - 15) // 2
+        assert crop_box(40, 30, never, (2.0, 3.0), random.Random(seed)) == (12, 0, 15, 30)
+
+
+@pytest.mark.parametrize("shape, dtype", [((50, 40, 3), np.uint8), ((50, 40, 3), np.float32), ((50, 40), np.uint8),
+                                          ((50, 40, 1), np.uint8), ((50, 40, 6), np.uint8)])
+def test_resized_crop_apply_is_cv2_resize_of_the_box(shape, dtype):
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, shape).astype(dtype)
+    if dtype == np.float32:
+        img /= 255.0
+    t = RandomResizedCrop(size=(16, 24), scale=(0.3, 0.9), interpolation=cv2.INTER_LINEAR)
+    t.set_random_seed(1)
+    boxes = set()
+    for _ in range(10):
+        params = t.get_params()
+        top, left, h, w = t.crop_box(img.shape, params["crop_seed"])
+        assert (top, left, h, w) == crop_box(50, 40, t.scale, t.ratio, random.Random(params["crop_seed"]))
+        boxes.add((top, left, h, w))
+        out = t.apply(img, **params)
+        assert out.shape == (16, 24) + shape[2:] and out.dtype == img.dtype
+        patch = np.ascontiguousarray(img[top:top + h, left:left + w])
+        if img.ndim == 3 and img.shape[2] > 4:
+            ref = np.concatenate([cv2.resize(np.ascontiguousarray(patch[..., c:c + 3]), (24, 16),
+                                             interpolation=cv2.INTER_LINEAR) for c in (0, 3)], axis=2)
+        else:
+            ref = cv2.resize(patch, (24, 16), interpolation=cv2.INTER_LINEAR).reshape(out.shape)
+        assert np.array_equal(out, ref)
+    assert len(boxes) > 1
+
+
+def test_resized_crop_reproducible_under_compose_seed():
+    img = _image(50, 40)
+
+    def run(seed, n=6):
+        pipe = A.Compose([RandomResizedCrop(size=(20, 20), scale=(0.1, 1.0)), Dihedral(p=1.0)], seed=seed)
+        return [pipe(image=img)["image"] for _ in range(n)]
+
+    a, b, c = run(3), run(3), run(4)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert not all(np.array_equal(a[0], x) for x in a[1:])  # random across calls
+    t = RandomResizedCrop(size=(20, 20))
+    t.set_random_seed(9)
+    s1 = [t.get_params()["crop_seed"] for _ in range(5)]
+    t.set_random_seed(9)
+    assert [t.get_params()["crop_seed"] for _ in range(5)] == s1 and len(set(s1)) == 5
+    with pytest.raises(ValueError):
+        RandomResizedCrop(size=(20, 20), scale=(0.9, 0.1))
+
+
+_RSNET = Path(__file__).resolve().parents[1] / "rsnet"
+
+
+_ALBU_DIR = Path(A.__file__).parent
+_ALLOWED_ALBU = ("albumentations.pytorch",)
+
+
+def _is_albu_submodule(name: str) -> bool:
+    first = name.split(".")[1]
+    return (_ALBU_DIR / first).is_dir() or (_ALBU_DIR / f"{first}.py").exists()
+
+
+def _internal_albumentations_imports(path: Path) -> list[str]:
+    """albumentations submodules other than ``albumentations.pytorch`` that ``path`` imports, via
+    ``import albumentations.x``, ``from albumentations.x import ...`` or ``from albumentations import x``
+    (``from albumentations import Compose`` imports a public name and is fine)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "albumentations":
+                names += [f"albumentations.{alias.name}" for alias in node.names
+                          if _is_albu_submodule(f"albumentations.{alias.name}")]
+        else:
+            continue
+        found += [n for n in names if n.startswith("albumentations.")
+                  and not any(n == ok or n.startswith(ok + ".") for ok in _ALLOWED_ALBU)]
+    return found
+
+
+def test_rsnet_imports_only_public_albumentations_modules():
+    files = sorted(_RSNET.rglob("*.py"))
+    assert any(f.name == "transforms.py" for f in files)
+    bad = {str(f.relative_to(_RSNET.parent)): mods for f in files
+           if (mods := _internal_albumentations_imports(f))}
+    assert not bad, ("rsnet imports albumentations internals (only `albumentations` and "
+                     f"`albumentations.pytorch` are allowed): {bad}")
+
+
+def test_import_scanner_flags_internal_modules(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import albumentations as A\nfrom albumentations import Compose\n"
+                 "from albumentations.pytorch import ToTensorV2\nimport albumentations.pytorch.transforms\n"
+                 "from albumentations.augmentations.geometric import functional\n"
+                 "import albumentations.core.composition\nfrom albumentations import core\n"
+                 "def f():\n    from albumentations.augmentations import functional as F\n")
+    assert sorted(_internal_albumentations_imports(f)) == sorted([
+        "albumentations.augmentations.geometric", "albumentations.core.composition", "albumentations.core",
+        "albumentations.augmentations"])
+
+
+@pytest.mark.parametrize("cls", [RandomResizedCrop, Dihedral, ColorJitterAffine])
+def test_own_transforms_subclass_image_only_transform_directly(cls):
+    assert cls.__mro__[1] is A.ImageOnlyTransform
+    t = cls(size=(8, 8)) if cls is RandomResizedCrop else cls()
+    assert type(t).__mro__[1] is A.ImageOnlyTransform
+    # serialisable through the public API: every init arg name is an attribute
+    for name in t.get_transform_init_args_names():
+        assert hasattr(t, name), name
 
 
 def _sequential_jitter(img, factors, order):

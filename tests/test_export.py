@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_command
 
 import rsnet
 from rsnet.engine.checkpoint import save_checkpoint
@@ -260,7 +261,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path,
 
     monkeypatch.setattr(rsnet.export.torch, "save", full)
     with pytest.raises(SystemExit) as stop:
-        _export_script().main([f"checkpoint={checkpoint}", "format=state_dict", f"out={out}"])
+        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=state_dict",
+                                              f"out={out}"))
     err = capsys.readouterr().err
     assert stop.value.code == 1 and err.startswith(f"error: no space left on device while writing {out / 'model.pt'}")
     assert len(err.strip().splitlines()) == 1
@@ -270,7 +272,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path,
 
 def test_export_script_numbers_are_checked(checkpoint: Path, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
-        _export_script().main([f"checkpoint={checkpoint}", "batch_size=abc", f"out={tmp_path}"])
+        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "batch_size=abc",
+                                              f"out={tmp_path}"))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err == "error: batch_size='abc': must be a whole number >= 1\n"
 

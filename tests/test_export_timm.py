@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from conftest import compose_command
 from test_export import (CLASSES, SIZE, _export_script, deprecations_from_rsnet, export_recording, full_logits,
                          write_checkpoint)
 
@@ -76,14 +77,15 @@ def test_timm_refuses_the_ensemble(checkpoint: Path, tmp_path: Path, capsys) -> 
     with pytest.raises(ExportError, match=refused):
         export_checkpoint(checkpoint, tmp_path / "a", format="timm", head="ensemble")
     with pytest.raises(SystemExit) as stop:
-        _export_script().main([f"checkpoint={checkpoint}", "format=timm", "head=ensemble", f"out={tmp_path / 'b'}"])
+        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", "head=ensemble",
+                                              f"out={tmp_path / 'b'}"))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: format=timm") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_export_script_prints_the_timm_reload(checkpoint: Path, tmp_path: Path, capsys) -> None:
-    _export_script().main([f"checkpoint={checkpoint}", "format=timm", f"out={tmp_path}"])
+    _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", f"out={tmp_path}"))
     out = capsys.readouterr().out
     assert f"timm.create_model('local-dir:{tmp_path}', pretrained=True)" in out
     assert "max abs logit difference vs the full model's main logits: 0" in out

@@ -69,7 +69,7 @@ def script(name: str, *args: str, full_disk: bool = False) -> subprocess.Complet
 
 def model_args(name: str, run: Path, images: Path) -> list[str]:
     """The model (and, for predict, the images) of a run of script ``name``."""
-    return [f"model={run}", f"images={images}"] if name == "predict.py" else [f"checkpoint={run}"]
+    return [f"checkpoint={run}", f"images={images}"] if name == "predict.py" else [f"checkpoint={run}"]
 
 
 def one_line_error(result: subprocess.CompletedProcess, status: int = 2) -> str:
@@ -92,7 +92,7 @@ def test_export_into_a_run_is_refused(run: Path) -> None:
 
 def test_a_checkpoint_file_is_that_file_even_beside_an_export(run: Path, images: Path) -> None:
     """Was: predict model=.../best.pt silently ran the model.pt exported beside it."""
-    result = script("predict.py", f"model={run / 'checkpoints' / 'best.pt'}", f"images={images}")
+    result = script("predict.py", f"checkpoint={run / 'checkpoints' / 'best.pt'}", f"images={images}")
     assert result.returncode == 0, result.stderr
     assert f"checkpoint {run / 'checkpoints' / 'best.pt'}: esd_mbenet" in result.stderr
     assert len(result.stdout.splitlines()) == 2
@@ -170,7 +170,7 @@ def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path) -> 
     """Was: the message told the user to set dataset.skip_corrupt=true, a training setting."""
     for name in ("b_broken.png", "z_broken.jpg"):
         (images / name).write_bytes(b"not an image")
-    error = one_line_error(script("predict.py", f"model={run}", f"images={images}"))
+    error = one_line_error(script("predict.py", f"checkpoint={run}", f"images={images}"))
     assert error.startswith(f"error: 2 unreadable image(s): {images / 'b_broken.png'}, {images / 'z_broken.jpg'}; "
                             "fix or remove them, or pass skip_corrupt=true to skip them (cannot read image")
     assert "dataset.skip_corrupt" not in error

@@ -99,6 +99,7 @@ def test_installed_commands_train_export_predict_outside_the_checkout(venv, tmp_
 
     assert "dataset: aid, nwpu_resisc45, ucmerced, ucmerced_mini" in _ok(
         _run([str(bin_dir / "rsnet-train"), "--help"], cwd=work, env=env))
+    assert "checkpoint: ???" in _ok(_run([str(bin_dir / "rsnet-predict"), "--help"], cwd=work, env=env))
 
     run_dir = tmp_path / "run"
     out = _ok(_run([str(bin_dir / "rsnet-train"), *TINY, f"hydra.run.dir={run_dir}"], cwd=work, env=env))
@@ -112,7 +113,7 @@ def test_installed_commands_train_export_predict_outside_the_checkout(venv, tmp_
     images = tmp_path / "images"
     shutil.copytree(Path(where[2]) / "Images" / "beach", images)
     preds = tmp_path / "preds.csv"
-    _ok(_run([str(bin_dir / "rsnet-predict"), f"model={exported}", f"images={images}", f"out={preds}"],
+    _ok(_run([str(bin_dir / "rsnet-predict"), f"checkpoint={exported}", f"images={images}", f"out={preds}"],
              cwd=work, env=env))
     with preds.open(newline="") as handle:
         assert len(list(csv.DictReader(handle))) == len(list(images.glob("*.jpg"))) > 0
@@ -121,6 +122,6 @@ def test_installed_commands_train_export_predict_outside_the_checkout(venv, tmp_
     out = _ok(_run([str(bin_dir / "rsnet-evaluate"), f"checkpoint={run_dir}", f"out={metrics}"], cwd=work, env=env))
     assert "ucmerced_mini test split (210 images)" in out and metrics.is_file()
 
-    out = _ok(_run([str(bin_dir / "rsnet-aggregate"), str(run_dir)], cwd=work, env=env))
+    out = _ok(_run([str(bin_dir / "rsnet-aggregate"), f"folders={run_dir}"], cwd=work, env=env))
     assert "| ucmerced_mini | esd_mbenet | test_resnet | 0 |" in out
     assert not list(work.iterdir())  # nothing written to the working folder: every output went where it was sent

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import compose_command
 from test_evaluate import StandInModel
 
 from rsnet.engine.checkpoint import save_checkpoint
@@ -42,18 +43,23 @@ def image_dir(tmp_path: Path) -> Path:
     return folder
 
 
+def predict_command(arguments: list[str]):
+    """rsnet-predict's settings for this command line (conf/predict.yaml)."""
+    return compose_command("predict", *arguments)
+
+
 def _payload(model_config: dict, state: dict) -> dict:
     return {"model_config": model_config, "model_state": state, "class_names": CLASSES, "image_size": 32,
             "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "epoch": 1}
 
 
-def test_parse_args(predict_mod) -> None:
-    args = predict_mod.parse_args(["model=m.pt", "images=x", "topk=5", "+out=p.csv"])
-    assert args["model"] == "m.pt" and args["topk"] == "5" and args["out"] == "p.csv"
-    with pytest.raises(ValueError, match="unexpected argument"):
-        predict_mod.parse_args(["model=m.pt", "images=x", "colour=red"])
-    with pytest.raises(ValueError, match="missing images"):
-        predict_mod.parse_args(["model=m.pt"])
+def test_settings_come_from_conf_predict_yaml(predict_mod, capsys) -> None:
+    args = compose_command("predict", "checkpoint=m.pt", "images=x", "topk=5", "out=p.csv")
+    assert args.checkpoint == "m.pt" and args.topk == 5 and args.out == "p.csv"
+    assert args.device == "auto" and args.tta == "none" and args.recursive is False  # the defaults of the config
+    with pytest.raises(SystemExit) as stop:  # a required setting left out: one line naming it
+        predict_mod.main(compose_command("predict", "checkpoint=m.pt"))
+    assert stop.value.code == 2 and "images=... is required" in capsys.readouterr().err
 
 
 def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
@@ -80,8 +86,8 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
-    rows = predict_mod.predict(predict_mod.parse_args(
-        [f"model={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}", "topk=2"]))
+    rows = predict_mod.predict(predict_command(
+        [f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}", "topk=2"]))
     assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
     with out.open() as handle:
         table = list(csv.DictReader(handle))
@@ -92,7 +98,7 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1", "gradcam_main"))
     assert np.asarray(Image.open(attn / "a_gradcam_main.png")).shape == (32, 32, 3)
     # head=main scores the main branch
-    rows_main = predict_mod.predict(predict_mod.parse_args([f"model={ckpt}", f"images={image_dir}", "head=main"]))
+    rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
     images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
     with torch.no_grad():
         expected = model(predict_mod._normalise(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
@@ -110,7 +116,7 @@ def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES))
     ckpt = save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
-    result = _run(f"model={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}")
+    result = _run(f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}")
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.strip().splitlines()) == 3
     with out.open() as handle:
@@ -126,11 +132,12 @@ def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_pa
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, {}))
     empty = tmp_path / "empty"
     empty.mkdir()
-    for argv, needle in [([f"model={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
-                         ([f"model={ckpt}", f"images={empty}"], f"no images (.jpg, .jpeg, .png, .tif, .tiff) found in {empty}"),
-                         ([f"model={ckpt}", f"images={image_dir}", "colour=red"], "colour=red")]:
+    for argv, needle in [([f"checkpoint={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
+                         ([f"checkpoint={ckpt}", f"images={empty}"],
+                          f"no images (.jpg, .jpeg, .png, .tif, .tiff) found in {empty}"),
+                         ([f"checkpoint={ckpt}", f"images={image_dir}", "topk=abc"], "topk='abc'")]:
         with pytest.raises(SystemExit) as stop:
-            predict_mod.main(argv)
+            predict_mod.main(predict_command(argv))
         assert stop.value.code == 2 and needle in capsys.readouterr().err
     with pytest.raises(ValueError, match="zz_broken.png"):
         predict_mod.read_image(image_dir / "zz_broken.png", 32)
@@ -145,12 +152,12 @@ def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     (image_dir / "b2_broken.png").write_bytes(b"garbage")
     (image_dir / "d_broken.jpg").write_bytes(b"garbage")
-    args = [f"model={ckpt}", f"images={image_dir}", "batch_size=2"]
+    args = [f"checkpoint={ckpt}", f"images={image_dir}", "batch_size=2"]
     listed = r"2 unreadable image\(s\): .*b2_broken.png, .*d_broken.jpg; .*skip_corrupt=true"
     with pytest.raises(ValueError, match=listed):
-        predict_mod.predict(predict_mod.parse_args(args))
+        predict_mod.predict(predict_command(args))
     assert len(capsys.readouterr().out.splitlines()) == 2  # stopped at the batch holding the first bad image
-    rows = predict_mod.predict(predict_mod.parse_args([*args, "skip_corrupt=true"]))
+    rows = predict_mod.predict(predict_command([*args, "skip_corrupt=true"]))
     assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
     err = capsys.readouterr().err
     assert "skipped 2 unreadable image(s) (skip_corrupt=true): " in err and "d_broken.jpg" in err
@@ -166,35 +173,91 @@ def test_a_run_folder_without_best_pt_means_its_last(predict_mod, image_dir: Pat
     monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
     run = tmp_path / "run"
     save_checkpoint(run / "checkpoints" / "last.pt", _payload({"arch": "stand_in"}, model.state_dict()))
-    predict_mod.predict(predict_mod.parse_args([f"model={run}", f"images={image_dir}"]))
+    predict_mod.predict(predict_command([f"checkpoint={run}", f"images={image_dir}"]))
     assert f"checkpoint {run / 'checkpoints' / 'last.pt'} (the last checkpoint of {run}: it has no best.pt)" in \
         capsys.readouterr().err
 
 
-def test_predict_exported_model_and_attention_refused(image_dir: Path, tmp_path: Path, predict_mod) -> None:
-    pytest.importorskip("rsnet.models")
-    export = pytest.importorskip("rsnet.export")
-    if not (ROOT / "scripts" / "export_main_branch.py").is_file():
-        pytest.skip("scripts/export_main_branch.py not written yet")
+def _image_names(folder: Path, tags: list[str]) -> set[str]:
+    return {f"{stem}_{tag}.png" for stem in "abc" for tag in tags}
+
+
+@pytest.fixture
+def esd_checkpoint(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     from rsnet.models import build_model
 
     torch.manual_seed(0)
-    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES))
-    ckpt = save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
-    out_dir = tmp_path / "exported"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_main_branch.py"), f"checkpoint={ckpt}",
-                           "format=torchscript", f"out={out_dir}"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert export.load_exported(out_dir).metadata["class_names"] == CLASSES
-    exported_rows = predict_mod.predict(predict_mod.parse_args([f"model={out_dir}", f"images={image_dir}"]))
-    full_rows = predict_mod.predict(predict_mod.parse_args([f"model={ckpt}", f"images={image_dir}", "head=main"]))
+    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES)).eval()
+    return model, save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "state_dict", "timm"])
+def test_an_export_predicts_like_the_main_branch_and_draws_its_attention(fmt, esd_checkpoint, image_dir: Path,
+                                                                         tmp_path: Path, predict_mod) -> None:
+    from rsnet.export import attention_model, export_checkpoint, load_exported
+    from rsnet.viz.attention import grad_cam
+
+    model, ckpt = esd_checkpoint
+    export_checkpoint(ckpt, tmp_path / "exported", format=fmt)
+    attn = tmp_path / "attn"
+    exported_rows = predict_mod.predict(predict_command([f"checkpoint={tmp_path / 'exported'}", f"images={image_dir}",
+                                                         f"attention_dir={attn}"]))
+    full_rows = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
     assert [r["class"] for r in exported_rows] == [r["class"] for r in full_rows]
     for a, b in zip(exported_rows, full_rows):
         assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
-    with pytest.raises(ValueError, match="not available for an exported model"):
-        predict_mod.predict(predict_mod.parse_args([f"model={out_dir}", f"images={image_dir}",
-                                                    f"attention_dir={tmp_path / 'attn'}"]))
+    assert {p.name for p in attn.iterdir()} == _image_names(attn, ["cam_main", "gradcam_main"])
+    # the maps are the main branch's own: Grad-CAM of the rebuilt export == the full model's main-head Grad-CAM
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(grad_cam(attention_model(load_exported(tmp_path / "exported")), x),
+                               grad_cam(model, x, head="main"), atol=1e-5, rtol=1e-4)
+
+
+def test_an_ensemble_export_draws_every_heads_attention(esd_checkpoint, image_dir: Path, tmp_path: Path,
+                                                        predict_mod) -> None:
+    from rsnet.export import export_checkpoint
+
+    model, ckpt = esd_checkpoint
+    export_checkpoint(ckpt, tmp_path / "exported", format="torchscript", head="ensemble")
+    attn = tmp_path / "attn"
+    predict_mod.predict(predict_command([f"checkpoint={tmp_path / 'exported'}", f"images={image_dir}",
+                                         f"attention_dir={attn}"]))
+    tags = [*(f"cam_{head}" for head in model.cam_classifiers()), "gradcam_main"]
+    assert {p.name for p in attn.iterdir()} == _image_names(attn, tags)
+
+
+def test_attention_from_an_onnx_export_is_refused_before_any_image(esd_checkpoint, image_dir: Path, tmp_path: Path,
+                                                                    predict_mod, capsys) -> None:
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx packages (pip install -e .[onnx])")
+    pytest.importorskip("onnxruntime")
+    from rsnet.export import export_checkpoint
+
+    export_checkpoint(esd_checkpoint[1], tmp_path / "onnx", format="onnx")
+    with pytest.raises(SystemExit) as stop:
+        predict_mod.main(predict_command([f"checkpoint={tmp_path / 'onnx'}", f"images={image_dir}",
+                                          f"attention_dir={tmp_path / 'attn'}"]))
+    captured = capsys.readouterr()
+    assert stop.value.code == 2 and captured.out == ""
+    assert "attention maps cannot be drawn from the ONNX export model.onnx" in captured.err
+    assert "format=torchscript|state_dict|timm" in captured.err
+
+
+def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoint, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    import rsnet.export
+    from rsnet.models.prune import baseline_from_main_branch
+
+    rsnet.export.export_checkpoint(esd_checkpoint[1], tmp_path / "exported", format="state_dict")
+    exported = rsnet.export.load_exported(tmp_path / "exported")
+
+    def other_weights(state, backbone, num_classes):
+        model = baseline_from_main_branch(state, backbone, num_classes)
+        torch.nn.init.normal_(model.backbone.classifier.weight, std=1.0)
+        return model
+
+    monkeypatch.setattr(rsnet.export, "baseline_from_main_branch", other_weights)
+    with pytest.raises(rsnet.export.ExportError, match="does not give the export's logits"):
+        rsnet.export.attention_model(exported)
 
 
 @pytest.mark.parametrize("high_bit_depth", [None, "refuse"])
@@ -213,7 +276,7 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
     folder.mkdir()
     gradient = np.tile(np.linspace(1000, 4000, 40).astype("<u2"), (40, 1))  # 12 bits used of 16
     Image.frombytes("I;16", (40, 40), gradient.tobytes()).save(folder / "dem.tif")
-    args = predict_mod.parse_args([f"model={ckpt}", f"images={folder}"])
+    args = predict_command([f"checkpoint={ckpt}", f"images={folder}"])
     if high_bit_depth == "refuse":  # the run's own setting applies, naming the file
         with pytest.raises(ValueError, match=r"dem\.tif.*I;16"):
             predict_mod.predict(args)

@@ -142,11 +142,11 @@ def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
     for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
         shutil.copy(REPO / "data" / "ucmerced-mini" / "Images" / name, images)
     predictions = tmp_path / "preds.csv"
-    run_script("predict.py", f"model={export_dir}", f"images={images}", f"out={predictions}")
+    run_script("predict.py", f"checkpoint={export_dir}", f"images={images}", f"out={predictions}")
     rows = predictions.read_text().strip().splitlines()
     assert len(rows) == 3  # header + 2 images
     attention = tmp_path / "attention"
-    run_script("predict.py", f"model={esd_run / 'checkpoints' / 'best.pt'}", f"images={images}",
+    run_script("predict.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"images={images}",
                f"attention_dir={attention}")
     assert list(attention.glob("*.png"))
     out = tmp_path / "eval.json"
@@ -163,7 +163,7 @@ def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
 
 
 def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
-    result = run_script("aggregate.py", str(esd_run.parent))
+    result = run_script("aggregate.py", f"folders={esd_run.parent}")
     assert "ucmerced_mini | esd_mbenet | test_resnet" in result.stdout and "±" in result.stdout
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import compose_command
 from test_evaluate import CLASSES, PlainClassifier, StandInModel, TensorDataset, run_evaluate_script
 from test_predict import _load_script, _payload
 from test_predict import CLASSES as PREDICT_CLASSES
@@ -126,7 +127,8 @@ def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
     rng = np.random.default_rng(0)
     for name in ("a.png", "b.png"):
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(images / name)
-    rows = predict_mod.predict(predict_mod.parse_args([f"model={ckpt}", f"images={images}", "head=main", "tta=d4"]))
+    rows = predict_mod.predict(compose_command("predict", f"checkpoint={ckpt}", f"images={images}", "head=main",
+                                               "tta=d4"))
     pixels = np.stack([predict_mod.read_image(images / name, 32) for name in ("a.png", "b.png")])
     x = predict_mod._normalise(pixels, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     with torch.no_grad():
@@ -135,6 +137,6 @@ def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
     assert [r["probability"] for r in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-5)
     assert "tta d4)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
-        predict_mod.main([f"model={ckpt}", f"images={images}", "tta=abc"])
+        predict_mod.main(compose_command("predict", f"checkpoint={ckpt}", f"images={images}", "tta=abc"))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: tta='abc': must be none or d4") and err.count("\n") == 1

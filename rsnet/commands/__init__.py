@@ -29,3 +29,8 @@ def conf_folder() -> Traversable:
 def hydra_config_path() -> str:
     """``config_path`` of ``@hydra.main``: ``pkg://rsnet.conf``, else the checkout's conf/ folder."""
     return "pkg://rsnet.conf" if conf_folder() is not CHECKOUT_CONF else str(CHECKOUT_CONF)
+
+
+from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, defined above
+
+register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)

@@ -1,18 +1,25 @@
-"""Protocol table: mean ± std of overall accuracy over repeated seeds.
+"""Protocol table: mean ± std of overall accuracy over repeated seeds (``rsnet-aggregate``; in a checkout also
+``python scripts/aggregate.py``; its setting is in conf/aggregate.yaml).
 
     rsnet-train -m model=baseline,esd_mbenet,mgml_fenet seed=0,1,2      # or python scripts/train.py -m ...
-    rsnet-aggregate multirun/            # every metrics.json below the given folders
+    rsnet-aggregate folders=multirun/                                   # every metrics.json below the folder(s)
+    rsnet-aggregate folders=[multirun/a,outputs/aid]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import hydra
+from omegaconf import DictConfig, ListConfig
+
+from rsnet.cli import check_no_bare_words, user_errors
+from rsnet.commands import hydra_config_path
 
 
 def collect(folders: list[Path]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
@@ -50,19 +57,31 @@ def table(groups: dict[tuple[str, str, str], list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def folder_list(folders: Any) -> list[Path]:
+    """``folders=`` as paths: one folder, or a list of them."""
+    items = list(folders) if isinstance(folders, (list, tuple, ListConfig)) else [folders]
+    if not items:
+        raise ValueError("folders=[] names no folder; pass folders=<run or multirun folder> or folders=[a,b]")
+    return [Path(str(item)) for item in items]
+
+
+@hydra.main(config_path=hydra_config_path(), config_name="aggregate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
     """Print the table for the given folders."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="+", type=Path, help="run or multirun folders holding metrics.json files")
-    args = parser.parse_args(argv)
-    try:
-        groups = collect(args.folders)
-    except FileNotFoundError as error:
-        sys.exit(f"error: {error}")
-    if not groups:
-        sys.exit(f"error: no finished run (metrics.json) below {', '.join(map(str, args.folders))}")
-    print(table(groups))
+    with user_errors():
+        folders = folder_list(cfg.folders)
+        groups = collect(folders)
+        if not groups:
+            raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}")
+        print(table(groups))
+
+
+def run() -> None:
+    """The ``rsnet-aggregate`` command (and scripts/aggregate.py)."""
+    with user_errors():
+        check_no_bare_words(sys.argv[1:], "folders")
+    main()
 
 
 if __name__ == "__main__":
-    main()
+    run()

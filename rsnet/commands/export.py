@@ -1,7 +1,9 @@
-"""Export a trained model's main branch (a plain timm classifier) or its full ensemble.
+"""Export a trained model's main branch (a plain timm classifier) or its full ensemble (``rsnet-export``; in a
+checkout also ``python scripts/export_main_branch.py``). Every setting, with its default, is in conf/export.yaml
+(``--help`` lists them).
 
-    rsnet-export checkpoint=outputs/run/checkpoints/best.pt \
-        [format=torchscript|onnx|state_dict|timm] [head=main|ensemble] [out=exported/] [batch_size=2] [seed=0]
+    rsnet-export checkpoint=outputs/run [format=torchscript|onnx|state_dict|timm] [head=main|ensemble] \
+        [out=exported/] [batch_size=2] [seed=0]
 
 ``checkpoint`` is a training checkpoint file or a run folder (its checkpoints/best.pt, else last.pt).
 Writes ``out/model.{ts,onnx,pt}`` (or, for format=timm, timm's ``model.safetensors`` + ``config.json``,
@@ -13,36 +15,20 @@ between the exported model's logits and the full model's main-branch (or ensembl
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+import hydra
+from omegaconf import DictConfig
 
 from rsnet.cli import user_errors
+from rsnet.commands import hydra_config_path
+from rsnet.export import export_checkpoint
+from rsnet.settings import int_setting
 
-DEFAULTS = {"checkpoint": None, "format": "torchscript", "head": "main", "out": "exported", "batch_size": "2",
-            "seed": "0"}
-
-
-def parse_args(argv: Sequence[str]) -> dict[str, str]:
-    """``key=value`` arguments (``+``/``--`` prefixes tolerated) merged over the defaults."""
-    args = dict(DEFAULTS)
-    for item in argv:
-        key, sep, value = item.lstrip("+-").partition("=")
-        if not sep or key not in DEFAULTS:
-            raise ValueError(f"bad argument {item!r}; use key=value with keys {sorted(DEFAULTS)}")
-        args[key] = value
-    if not args["checkpoint"]:
-        raise ValueError("checkpoint=PATH is required (a run's checkpoints/best.pt or last.pt)")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> None:
+@hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Export, then say what was written and how far its logits are from the full model's."""
     with user_errors():
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        from rsnet.settings import int_setting
-        from rsnet.export import export_checkpoint
-
-        batch_size, seed = int_setting("batch_size", args["batch_size"], 1), int_setting("seed", args["seed"])
-        result = export_checkpoint(args["checkpoint"], args["out"], format=args["format"], head=args["head"],
+        batch_size, seed = int_setting("batch_size", cfg.batch_size, 1), int_setting("seed", cfg.seed)
+        result = export_checkpoint(str(cfg.checkpoint), str(cfg.out), format=str(cfg.format), head=str(cfg.head),
                                    batch_size=batch_size, seed=seed)
         meta = result.metadata
         print(f"from {result.source}")
@@ -57,5 +43,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"max abs logit difference vs the full model's {meta['head']} logits: {result.max_abs_diff:.3g}")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``rsnet-export`` command (and scripts/export_main_branch.py)."""
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,71 +1,49 @@
-"""Classify a folder of images with a training checkpoint or an exported model.
+"""Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``; in a checkout
+also ``python scripts/predict.py``). Every setting, with its default, is in conf/predict.yaml (``--help`` lists them).
 
-    rsnet-predict model=outputs/run/checkpoints/best.pt images=my_scenes/ \
-        [out=preds.csv] [topk=3] [attention_dir=attn/] [head=main|ensemble] [device=cpu] \
-        [batch_size=32] [recursive=false] [skip_corrupt=false] [tta=none|d4]
+    rsnet-predict checkpoint=outputs/run images=my_scenes/ [out=preds.csv] [topk=3] [attention_dir=attn/] \
+        [head=main|ensemble] [device=auto] [batch_size=32] [recursive=false] [skip_corrupt=false] [tta=none|d4]
 
-``model`` is a checkpoint written by rsnet-train (the full model: every head and attention maps), a
-run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (its
-folder, ``model.ts``/``model.onnx``/``model.pt`` or ``model.json``); a file path always means that file.
+``checkpoint`` is a checkpoint written by rsnet-train (the full model: every head and attention maps), a
+run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (its folder,
+``model.ts``/``model.onnx``/``model.pt``/``model.safetensors`` or ``model.json``); a file path always means that file.
 Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the datasets decode them)
 and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
-predicted class, its probability and the top-k classes. With ``attention_dir`` (checkpoints only) every
-image gets ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``.
+predicted class, its probability and the top-k classes. With ``attention_dir`` every image gets
+``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``; an export (main branch: its CAM and
+Grad-CAM) is rebuilt as a PyTorch model from its own weights for them, which an ONNX file does not allow.
 An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
-they are skipped and listed). ``device`` is auto, cpu or cuda[:i]. ``out`` and ``attention_dir`` are
-checked writable before any image is classified; the CSV is written atomically. ``tta=d4`` classifies every
-image by the mean logits of its 8 flips and 90-degree rotations (attention maps stay those of the image itself).
+they are skipped and listed). ``out`` and ``attention_dir`` are checked writable before any image is classified;
+the CSV is written atomically. ``tta=d4`` classifies every image by the mean logits of its 8 flips and 90-degree
+rotations (attention maps stay those of the image itself).
 """
 
 from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hydra
 import numpy as np
 import torch
 from PIL import Image
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from rsnet.cli import user_errors
+from rsnet.cli import check_renamed_setting, user_errors
+from rsnet.commands import hydra_config_path
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
 from rsnet.data.errors import CorruptImageError
 from rsnet.engine.evaluate import TTAModel, tta_setting
-from rsnet.export import load_model
+from rsnet.export import attention_model, load_model
 from rsnet.files import atomic_write, check_writable_dir
-from rsnet.settings import check_writable, int_setting, resolve_device
+from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
-KEYS = {"model": None, "images": None, "out": None, "attention_dir": None, "topk": "3", "head": None,
-        "device": "cpu", "batch_size": "32", "recursive": "false",
-        "skip_corrupt": "false", "tta": "none"}
-
-
-def parse_args(argv: Sequence[str]) -> dict[str, str | None]:
-    """``key=value`` arguments (Hydra-style, ``+``/``--`` prefixes tolerated) -> dict with defaults."""
-    args = dict(KEYS)
-    for item in argv:
-        if item in ("-h", "--help", "help"):
-            print(__doc__)
-            sys.exit(0)
-        key, sep, value = item.lstrip("+-").partition("=")
-        if not sep or key not in KEYS:
-            raise ValueError(f"unexpected argument {item!r}; use key=value with keys {', '.join(KEYS)}")
-        args[key] = value
-    for required in ("model", "images"):
-        if not args[required]:
-            raise ValueError(f"missing {required}=...; usage: predict.py model=<checkpoint or export> images=<folder>")
-    return args
-
-
-def _bool(value: str | None) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
-
-
 @dataclass
 class Predictor:
     """Everything prediction needs, from either kind of model file."""
@@ -94,10 +72,12 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
     return forward
 
 
-def load_predictor(path: str | Path, device: torch.device, head: str | None = None, tta: str = "none") -> Predictor:
+def load_predictor(path: str | Path, device: torch.device, head: str | None = None, tta: str = "none",
+                   attention: bool = False) -> Predictor:
     """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.export.load_model` resolves it;
-    with ``tta="d4"`` its forward averages the logits of the 8 dihedral views (:class:`TTAModel`)."""
-    loaded = load_model(path, device, setting="model")
+    with ``tta="d4"`` its forward averages the logits of the 8 dihedral views (:class:`TTAModel`). ``attention``:
+    an export is also rebuilt as an rsnet model for its attention maps (:func:`rsnet.export.attention_model`)."""
+    loaded = load_model(path, device, setting="checkpoint")
     meta, model = loaded.metadata, loaded.model
     scored = TTAModel(model) if tta == "d4" else model
     settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
@@ -106,7 +86,8 @@ def load_predictor(path: str | Path, device: torch.device, head: str | None = No
     if loaded.source.kind == "export":
         if head is not None and head != meta.get("head", head):
             raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
-        return Predictor(forward=scored, full_model=None, **settings, description=f"{loaded.source}: "
+        full_model = attention_model(model) if attention else None
+        return Predictor(forward=scored, full_model=full_model, **settings, description=f"{loaded.source}: "
                          f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head, tta {tta})")
     with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
         size = settings["image_size"]
@@ -195,26 +176,25 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
 
 
-def predict(args: dict[str, Any]) -> list[dict[str, Any]]:
-    """Classify every image of ``args["images"]``: print one line each, then write the CSV and attention maps."""
+def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Classify every image of ``args["images"]`` (the settings of conf/predict.yaml): print one line each, then
+    write the CSV and attention maps."""
     device = resolve_device(str(args["device"]))
     topk = int_setting("topk", args["topk"], 1)
     batch_size = int_setting("batch_size", args["batch_size"], 1)
     tta = tta_setting(args["tta"])
-    out = check_writable(args["out"], "out") if args["out"] else None  # before the long part, not after it
-    files = list_images(args["images"], _bool(args["recursive"]))  # cheap checks before loading the model
-    predictor = load_predictor(args["model"], device, args["head"], tta)
-    attention_dir = Path(args["attention_dir"]) if args["attention_dir"] else None
+    out = check_writable(str(args["out"]), "out") if args["out"] else None  # before the long part, not after it
+    # cheap checks before loading the model
+    files = list_images(str(args["images"]), bool_setting("recursive", args["recursive"]))
+    attention_dir = Path(str(args["attention_dir"])) if args["attention_dir"] else None
     if attention_dir is not None:
-        if predictor.full_model is None:
-            raise ValueError(f"attention maps are not available for an exported model ({args['model']}): "
-                             "CAM and Grad-CAM need every head's feature maps; pass the training checkpoint instead")
         check_writable_dir(attention_dir, "attention_dir")
+    predictor = load_predictor(str(args["checkpoint"]), device, args["head"], tta, attention=attention_dir is not None)
     print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
           f"{len(files)} images", file=sys.stderr)
     k = min(topk, len(predictor.class_names))
     rows: list[dict[str, Any]] = []
-    skip_corrupt, bad, report = _bool(args["skip_corrupt"]), [], DecodeReport()
+    skip_corrupt, bad, report = bool_setting("skip_corrupt", args["skip_corrupt"]), [], DecodeReport()
     for start in range(0, len(files), batch_size):
         batch_files, decoded = _decode(files[start:start + batch_size], predictor, bad, report)
         if bad and not skip_corrupt:
@@ -262,11 +242,19 @@ def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, files:
             Image.fromarray(overlay(image, cam)).save(target)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@hydra.main(config_path=hydra_config_path(), config_name="predict", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Classify the images; a bad setting or input is one line (exit status 2)."""
     with user_errors():
-        predict(parse_args(sys.argv[1:] if argv is None else argv))
-    return 0
+        predict(cfg)
+
+
+def run() -> None:
+    """The ``rsnet-predict`` command (and scripts/predict.py)."""
+    with user_errors():
+        check_renamed_setting(sys.argv[1:], "model", "checkpoint")
+    main()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -3,12 +3,24 @@
 Images reach the transforms as uint8 H×W×3 arrays already resized to the working size, so the eval
 ``Resize`` is a no-op for cached data and only matters for images fed from elsewhere (prediction).
 
+Rule: rsnet's own transforms (:class:`RandomResizedCrop`, :class:`Dihedral`, :class:`ColorJitterAffine`)
+use only albumentations' public custom-transform API: they subclass ``A.ImageOnlyTransform``, draw
+their random parameters in ``get_params()`` with ``self.py_random`` (which ``A.Compose(seed=...)`` and
+``SceneDataset.set_seed`` seed, so runs are reproducible), apply them in ``apply(img, **params)`` with
+OpenCV/numpy, and list their constructor arguments in ``get_transform_init_args_names``. Nothing
+imports albumentations' internal modules (``albumentations.augmentations.*``, ``albumentations.core.*``)
+or overrides a built-in transform's methods. Why: albumentations 2.0.x is the last MIT-licensed release;
+keeping our augmentations independent of its internals means its ``Compose`` (and the stock
+``Normalize``/``Resize``/``ColorJitter``/``ToTensorV2``, all public API) could be replaced without
+touching the augmentations. ``tests/test_data_transforms.py`` checks the rule.
+
 Every augmenting step of the training pipeline works on uint8 and costs a few tens of µs at 128 px:
 
-- ``RandomResizedCrop`` (one ``cv2.resize`` of the crop);
-- :class:`Dihedral`: one of the eight flips/rotations of the square (``A.D4``), applied with
-  ``cv2.flip``/``cv2.rotate``/``cv2.transpose`` instead of ``np.rot90`` views, whose later copy into a
-  contiguous array cost ~0.1 ms per image;
+- :class:`RandomResizedCrop`: torchvision's crop draw (:func:`crop_box`), then one ``cv2.resize`` of
+  the crop view;
+- :class:`Dihedral`: one of the eight flips/rotations of the square (the elements of ``A.D4``), applied
+  with ``cv2.flip``/``cv2.rotate``/``cv2.transpose`` instead of ``np.rot90`` views, whose later copy
+  into a contiguous array cost ~0.1 ms per image;
 - :class:`ColorJitterAffine`: brightness, contrast and saturation jitter (same factor ranges and random
   order as ``A.ColorJitter``/torchvision), composed into one 3×4 colour matrix and applied by a single
   ``cv2.transform`` (≈ 15 µs instead of ≈ 130 µs for ``A.ColorJitter``);
@@ -18,12 +30,13 @@ Every augmenting step of the training pipeline works on uint8 and costs a few te
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any, Sequence
 
 import albumentations as A
 import cv2
 import numpy as np
-from albumentations.augmentations.geometric import functional as _fgeometric
 from albumentations.pytorch import ToTensorV2
 
 __all__ = [
@@ -31,7 +44,9 @@ __all__ = [
     "IMAGENET_STD",
     "ColorJitterAffine",
     "Dihedral",
-    "RandomResizedCropCV2",
+    "RandomResizedCrop",
+    "crop_box",
+    "dihedral_numpy",
     "train_transform",
     "eval_transform",
 ]
@@ -42,6 +57,7 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 # ITU-R 601 luma weights (RGB), as torchvision's rgb_to_grayscale and albumentations' ColorJitter
 _LUMA = (0.299, 0.587, 0.114)
 
+# The 8 symmetries of the square, named as albumentations' D4 names them.
 _CV2_D4 = {
     "e": lambda x: x,
     "r90": lambda x: cv2.rotate(x, cv2.ROTATE_90_COUNTERCLOCKWISE),  # np.rot90(x, 1)
@@ -53,31 +69,136 @@ _CV2_D4 = {
     "t": lambda x: cv2.transpose(x),
 }
 
+_NP_D4 = {
+    "e": lambda x: x,
+    "r90": lambda x: np.rot90(x, 1),  # counter-clockwise
+    "r180": lambda x: np.rot90(x, 2),
+    "r270": lambda x: np.rot90(x, 3),
+    "v": lambda x: x[::-1],  # upside down
+    "hvt": lambda x: np.swapaxes(np.rot90(x, 2), 0, 1),  # reflect over the anti-diagonal
+    "h": lambda x: x[:, ::-1],  # left-right
+    "t": lambda x: np.swapaxes(x, 0, 1),  # reflect over the main diagonal
+}
 
 _D4_ELEMENTS = tuple(_CV2_D4)
 
 
-class RandomResizedCropCV2(A.RandomResizedCrop):
-    """``A.RandomResizedCrop`` (same crop draw, same pixels) that resizes H×W×C images with one direct
-    ``cv2.resize`` call on the crop view, skipping albumentations' generic resize wrappers (chunking
-    for > 4 channels, channel-dim checks), which cost about as much as the resize at 128 px."""
-
-    def apply(self, img: np.ndarray, crop_coords: tuple[int, int, int, int], **params: Any) -> np.ndarray:
-        if img.ndim != 3 or img.shape[2] > 4 or getattr(self, "area_for_downscale", None) is not None:
-            return super().apply(img, crop_coords, **params)
-        x1, y1, x2, y2 = crop_coords
-        h, w = self.size
-        return cv2.resize(img[y1:y2, x1:x2], (w, h), interpolation=self.interpolation)
+def dihedral_numpy(img: np.ndarray, group_element: str) -> np.ndarray:
+    """Apply one of the 8 symmetries (``"e", "r90", "r180", "r270", "v", "hvt", "h", "t"``) to the
+    first two axes of ``img`` (any number of trailing axes, any dtype); returns a contiguous array."""
+    if group_element not in _NP_D4:
+        raise ValueError(f"unknown dihedral group element {group_element!r}; expected one of {_D4_ELEMENTS}")
+    return np.ascontiguousarray(_NP_D4[group_element](img))
 
 
-class Dihedral(A.D4):
-    """``A.D4`` (uniform over the 8 symmetries of the square) with OpenCV kernels for H×W×C images.
+def crop_box(
+    height: int,
+    width: int,
+    scale: Sequence[float],
+    ratio: Sequence[float],
+    rng: random.Random,
+) -> tuple[int, int, int, int]:
+    """The crop ``(top, left, h, w)`` of torchvision's ``RandomResizedCrop.get_params``, drawn from ``rng``.
 
-    Same group elements, same random draw and the same pixels as ``A.D4`` (and as HorizontalFlip(0.5)
-    + VerticalFlip(0.5) + RandomRotate90, whose product is also uniform over the group); the result
-    is a contiguous array, so no later step pays for copying a strided ``np.rot90`` view. Masks,
-    boxes and key points go through ``A.D4``'s own code.
+    Up to 10 attempts: target area ``height·width·U(scale)``, aspect ratio (w/h) log-uniform in
+    ``ratio``, ``w = round(sqrt(area·ratio))``, ``h = round(sqrt(area/ratio))``; the first that fits
+    (``0 < w <= width`` and ``0 < h <= height``) gets a uniform top-left corner. Otherwise a central crop:
+    the whole image, or its largest central part whose aspect ratio is clamped to ``ratio``.
     """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _resize(img: np.ndarray, size: tuple[int, int], interpolation: int) -> np.ndarray:
+    """``cv2.resize`` to ``size`` = (height, width) keeping the input's layout (H×W or H×W×C, any C)."""
+    dsize = (int(size[1]), int(size[0]))  # cv2 wants (width, height)
+    if img.ndim == 2:
+        return cv2.resize(img, dsize, interpolation=interpolation)
+    channels = img.shape[2]
+    if channels <= 4:
+        out = cv2.resize(img, dsize, interpolation=interpolation)
+        return out[..., None] if out.ndim == 2 else out  # cv2 drops a single channel axis
+    # more than 4 channels: resize 4 at a time (not every OpenCV build/interpolation takes more)
+    parts = [_resize(np.ascontiguousarray(img[..., c:c + 4]), size, interpolation) for c in range(0, channels, 4)]
+    return np.concatenate(parts, axis=2)
+
+
+class RandomResizedCrop(A.ImageOnlyTransform):
+    """Crop a random part of the image (torchvision's draw, :func:`crop_box`) and resize it to ``size``
+    = (height, width) with one ``cv2.resize`` of the crop view.
+
+    ``get_params()`` does not see the image, so it only draws a 32-bit seed from ``self.py_random``;
+    ``apply`` draws the box from ``random.Random(crop_seed)`` and the image's shape. The result is as
+    reproducible as any other draw under ``A.Compose(seed=...)`` / ``set_random_seed``. Works on H×W
+    and H×W×C images (uint8, float32, ...).
+    """
+
+    def __init__(
+        self,
+        size: tuple[int, int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        interpolation: int = cv2.INTER_LINEAR,
+        p: float = 1.0,
+    ) -> None:
+        super().__init__(p=p)
+        if len(size) != 2 or min(size) <= 0:
+            raise ValueError(f"size must be (height, width) > 0, got {size!r}")
+        if not (0 < scale[0] <= scale[1]):
+            raise ValueError(f"scale must be 0 < min <= max, got {scale!r}")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio must be 0 < min <= max, got {ratio!r}")
+        self.size = (int(size[0]), int(size[1]))
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = interpolation
+
+    def get_params(self) -> dict[str, Any]:
+        return {"crop_seed": self.py_random.getrandbits(32)}
+
+    def crop_box(self, img_shape: Sequence[int], crop_seed: int) -> tuple[int, int, int, int]:
+        """The ``(top, left, h, w)`` that :meth:`apply` crops from an image of shape ``img_shape``."""
+        return crop_box(int(img_shape[0]), int(img_shape[1]), self.scale, self.ratio, random.Random(crop_seed))
+
+    def apply(self, img: np.ndarray, crop_seed: int, **params: Any) -> np.ndarray:
+        top, left, h, w = self.crop_box(img.shape, crop_seed)
+        return _resize(img[top:top + h, left:left + w], self.size, self.interpolation)
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("size", "scale", "ratio", "interpolation")
+
+
+class Dihedral(A.ImageOnlyTransform):
+    """Uniform over the 8 symmetries of the square (the elements of ``A.D4``: ``"e", "r90", "r180",
+    "r270", "v", "hvt", "h", "t"``), with OpenCV kernels for H×W×C images.
+
+    Same elements and same pixels as ``A.D4`` (and a draw as uniform as HorizontalFlip(0.5) +
+    VerticalFlip(0.5) + RandomRotate90, whose product is also uniform over the group); the result is a
+    contiguous array, so no later step pays for copying a strided ``np.rot90`` view. Images the cv2
+    path does not take (2-D, > 4 channels, other dtypes) go through :func:`dihedral_numpy`.
+    """
+
+    def __init__(self, p: float = 1.0) -> None:
+        super().__init__(p=p)
 
     def get_params(self) -> dict[str, str]:
         # Python's RNG (seeded by Compose like numpy's): Generator.choice costs ~10 µs a call
@@ -85,8 +206,12 @@ class Dihedral(A.D4):
 
     def apply(self, img: np.ndarray, group_element: str, **params: Any) -> np.ndarray:
         if img.ndim == 3 and img.shape[2] <= 4 and img.dtype in (np.uint8, np.float32):
-            return _CV2_D4[group_element](img)
-        return _fgeometric.d4(img, group_element)
+            out = _CV2_D4[group_element](img)
+            return out[..., None] if out.ndim == 2 else out  # cv2 drops a single channel axis
+        return dihedral_numpy(img, group_element)
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ()
 
 
 class ColorJitterAffine(A.ImageOnlyTransform):
@@ -175,7 +300,7 @@ def train_transform(
     :meth:`SceneDataset.get_batch`.
     """
     steps: list = [
-        RandomResizedCropCV2(size=(image_size, image_size), scale=scale, interpolation=cv2.INTER_LINEAR),
+        RandomResizedCrop(size=(image_size, image_size), scale=scale, interpolation=cv2.INTER_LINEAR),
         Dihedral(p=1.0),
     ]
     if hue > 0:

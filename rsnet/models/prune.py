@@ -1,9 +1,13 @@
-"""Main-branch extraction: the trained model's main branch as a plain timm classifier."""
+"""Main-branch extraction: the trained model's main branch as a plain timm classifier, and back."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import timm
-from torch import nn
+from torch import Tensor, nn
+
+from rsnet.models.baseline import Baseline
 
 
 def extract_main_branch(model: nn.Module) -> nn.Module:
@@ -21,3 +25,11 @@ def extract_main_branch(model: nn.Module) -> nn.Module:
     plain = timm.create_model(config["backbone"], pretrained=False, num_classes=config["num_classes"])
     plain.load_state_dict(net.state_dict(), strict=True)
     return plain.eval()
+
+
+def baseline_from_main_branch(state: Mapping[str, Tensor], backbone: str, num_classes: int) -> Baseline:
+    """The inverse of :func:`extract_main_branch`: a plain timm classifier's state dict as an rsnet ``Baseline``
+    (its one head, with the feature maps CAM and Grad-CAM draw on); strict load, eval mode."""
+    model = Baseline(backbone, num_classes)
+    model.backbone.net.load_state_dict(state, strict=True)
+    return model.eval()

@@ -1,0 +1,91 @@
+"""One CLI style: every command is a Hydra app whose --help lists its own settings and groups, from its config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rsnet.cli import check_no_bare_words, check_renamed_setting
+from rsnet.commands.help import command_help
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+# command config -> the config groups its help must list (the others it does not read)
+COMMANDS = {"config": {"dataset", "model", "backbone", "trainer"}, "evaluate": {"dataset"}, "predict": set(),
+            "export": set(), "aggregate": set()}
+GROUPS = {"dataset", "model", "backbone", "trainer"}
+
+
+def own_keys(config_name: str) -> set[str]:
+    config = OmegaConf.load(CONF / f"{config_name}.yaml")
+    return {str(key) for key in config} - {"defaults", "hydra"}
+
+
+@pytest.mark.parametrize("config_name", sorted(COMMANDS))
+def test_help_lists_the_commands_own_keys_and_groups_only(config_name: str) -> None:
+    text = command_help(config_name).replace("$$", "$")
+    settings = text.split("== Settings (key=value) ==", 1)[1]
+    for key in own_keys(config_name):
+        assert f"\n{key}:" in settings, key
+    listed = {line.split(":", 1)[0] for line in text.splitlines() if line.split(":", 1)[0] in GROUPS}
+    assert listed == COMMANDS[config_name]
+    assert text.startswith(f"rsnet-{'train' if config_name == 'config' else config_name}: ")  # what it does
+
+
+@pytest.mark.parametrize("config_name", sorted(COMMANDS))
+def test_every_command_config_renders_its_own_help(config_name: str) -> None:
+    config = OmegaConf.load(CONF / f"{config_name}.yaml")
+    assert OmegaConf.to_container(config.hydra.help)["template"] == f"${{rsnet_help:{config_name}}}"
+
+
+def test_help_escapes_dollar_signs_for_hydras_template() -> None:
+    # config.yaml has run_dir: ${hydra:runtime.output_dir}; string.Template would fail on a single "$"
+    assert "run_dir: $${hydra:runtime.output_dir}" in command_help("config")
+
+
+def test_the_same_device_default_everywhere() -> None:
+    assert OmegaConf.load(CONF / "predict.yaml").device == OmegaConf.load(CONF / "evaluate.yaml").device == "auto"
+    for trainer in (CONF / "trainer").glob("*.yaml"):
+        assert OmegaConf.load(trainer).devices == "auto", trainer
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+def test_evaluate_help_through_hydra_lists_dataset_but_not_training_groups() -> None:
+    result = _script("evaluate.py", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "dataset: aid, nwpu_resisc45, ucmerced, ucmerced_mini  (default: the run's own)" in result.stdout
+    assert "tta: none" in result.stdout and "backbone:" not in result.stdout and "trainer:" not in result.stdout
+
+
+def test_predict_help_through_hydra_and_its_old_model_key_is_named() -> None:
+    result = _script("predict.py", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint: ???" in result.stdout and "attention_dir: null" in result.stdout
+    refused = _script("predict.py", "model=run/best.pt", "images=x")
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "error: model=run/best.pt: this command takes checkpoint=... (model= is a training config group here)")
+
+
+def test_a_missing_required_setting_is_one_line() -> None:
+    result = _script("export_main_branch.py", "format=onnx")
+    assert result.returncode == 2 and result.stderr == (
+        "error: checkpoint=... is required (export_main_branch.py --help lists every setting)\n")
+
+
+def test_bare_words_and_renamed_keys_are_refused_with_the_key_to_use() -> None:
+    with pytest.raises(ValueError, match=r"multirun/: settings are key=value; did you mean folders=multirun/\?"):
+        check_no_bare_words(["multirun/"], "folders")
+    with pytest.raises(ValueError, match=r"did you mean folders=\[a,b\]\?"):
+        check_no_bare_words(["a", "b", "--help"], "folders")
+    check_no_bare_words(["folders=a", "--cfg", "job", "--config-dir", "mine", "-m"], "folders")  # Hydra's flags pass
+    with pytest.raises(ValueError, match=r"\+model=x: this command takes checkpoint="):
+        check_renamed_setting(["+model=x"], "model", "checkpoint")
+    check_renamed_setting(["checkpoint=model=x"], "model", "checkpoint")
