@@ -3,6 +3,7 @@ errors for bad settings, unwritable outputs and unreadable images (exit status 2
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -67,6 +68,23 @@ def script(name: str, *args: str, full_disk: bool = False) -> subprocess.Complet
                           capture_output=True, text=True, timeout=300)
 
 
+def in_process(name: str, *args: str, capsys: pytest.CaptureFixture) -> subprocess.CompletedProcess:
+    """scripts/<name> (predict.py or evaluate.py) run in this process: its config composed from ``args`` as Hydra
+    composes the command line, then the command's ``main`` (no interpreter start: for the cases that stop early)."""
+    from conftest import compose_command
+
+    command = name.removesuffix(".py")
+    main = importlib.import_module(f"rsnet.commands.{command}").main
+    capsys.readouterr()
+    try:
+        main(compose_command(command, *args))
+        status = 0
+    except SystemExit as stop:
+        status = stop.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([name, *args], status, captured.out, captured.err)
+
+
 def model_args(name: str, run: Path, images: Path) -> list[str]:
     """The model (and, for predict, the images) of a run of script ``name``."""
     return [f"checkpoint={run}", f"images={images}"] if name == "predict.py" else [f"checkpoint={run}"]
@@ -121,9 +139,9 @@ def test_evaluate_prints_its_result_before_a_full_disk(run: Path, tmp_path: Path
 @NO_CUDA
 @pytest.mark.parametrize(("name", "device"), [("predict.py", "cuda"), ("evaluate.py", "cuda:0"),
                                               ("predict.py", "tpu")])
-def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: str) -> None:
+def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: str, capsys) -> None:
     """Was (evaluate): the checkpoint file was blamed for an absent CUDA device."""
-    result = script(name, *model_args(name, run, images), f"device={device}")
+    result = in_process(name, *model_args(name, run, images), f"device={device}", capsys=capsys)
     expected = (f"error: device={device}: not a device rsnet runs on; use auto, cpu or cuda:<index> (this machine "
                 "has: cpu)" if device == "tpu" else
                 f"error: device={device}: no such CUDA device here (this machine has: cpu); use device=cpu or "
@@ -132,34 +150,35 @@ def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: 
 
 
 @pytest.mark.parametrize(("name", "argument"), [("predict.py", "topk=abc"), ("evaluate.py", "batch_size=abc")])
-def test_numbers_that_are_not(run: Path, images: Path, name: str, argument: str) -> None:
+def test_numbers_that_are_not(run: Path, images: Path, name: str, argument: str, capsys) -> None:
     key = argument.split("=")[0]
-    assert one_line_error(script(name, *model_args(name, run, images), argument)) == \
+    assert one_line_error(in_process(name, *model_args(name, run, images), argument, capsys=capsys)) == \
         f"error: {key}='abc': must be a whole number >= 1"
 
 
-def _refused_before_running(name: str, run: Path, images: Path, out: str) -> tuple[str, str]:
-    result = script(name, *model_args(name, run, images), f"out={out}")
+def _refused_before_running(name: str, run: Path, images: Path, out: str,
+                            capsys: pytest.CaptureFixture) -> tuple[str, str]:
+    result = in_process(name, *model_args(name, run, images), f"out={out}", capsys=capsys)
     return one_line_error(result), result.stdout
 
 
 @pytest.mark.parametrize("name", ["predict.py", "evaluate.py"])
-def test_an_output_under_a_file_fails_fast(run: Path, images: Path, tmp_path: Path, name: str) -> None:
+def test_an_output_under_a_file_fails_fast(run: Path, images: Path, tmp_path: Path, name: str, capsys) -> None:
     blocker = tmp_path / "notes.txt"
     blocker.write_text("a file, not a folder")
-    error, stdout = _refused_before_running(name, run, images, f"{blocker}/results.out")
+    error, stdout = _refused_before_running(name, run, images, f"{blocker}/results.out", capsys)
     assert error.startswith(f"error: out={blocker} cannot be written (") and "choose a folder you can write to" in error
     assert "accuracy" not in stdout and "beach80" not in stdout
 
 
 @NOT_ROOT
 @pytest.mark.parametrize("name", ["predict.py", "evaluate.py"])
-def test_a_read_only_output_folder_fails_fast(run: Path, images: Path, tmp_path: Path, name: str) -> None:
+def test_a_read_only_output_folder_fails_fast(run: Path, images: Path, tmp_path: Path, name: str, capsys) -> None:
     """Was: evaluate computed everything, then lost it; predict printed every row, then failed on the CSV."""
     folder = tmp_path / "read_only"
     folder.mkdir(mode=0o500)
     try:
-        error, stdout = _refused_before_running(name, run, images, f"{folder}/results.out")
+        error, stdout = _refused_before_running(name, run, images, f"{folder}/results.out", capsys)
     finally:
         folder.chmod(0o700)
     assert error.startswith(f"error: out={folder} cannot be written (Permission denied)")
