@@ -35,7 +35,7 @@ from .errors import (
     DatasetValidationError,
     HighBitDepthWarning,
 )
-from .specs import DATASETS, IMAGE_EXTENSIONS, DatasetSpec
+from .specs import DATASETS, IMAGE_EXTENSIONS, IMAGE_FOLDER, DatasetSpec, image_folder_spec
 from .splits import Split, check_train_ratio, stratified_split
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
@@ -56,14 +56,19 @@ _MAX_DEPTH = 4  # how far below the given root the class folders may be
 _MAX_DIRS = 5000  # stop searching after this many folders
 
 
-def get_spec(name: str | DatasetSpec) -> DatasetSpec:
-    """The :class:`DatasetSpec` of a config name; ValueError listing valid names."""
+def get_spec(name: str | DatasetSpec, root: str | os.PathLike | None = None) -> DatasetSpec:
+    """The :class:`DatasetSpec` of a config name; ValueError listing valid names.
+
+    ``image_folder`` (the user's own data) has no fixed spec: it is read from ``root`` (required) by
+    :func:`~rsnet.data.specs.image_folder_spec`; the other names ignore ``root``."""
     if isinstance(name, DatasetSpec):
         return name
+    if name == IMAGE_FOLDER:
+        return image_folder_spec(root)
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset.name {name!r}; valid names: {sorted(DATASETS)}") from None
+        raise ValueError(f"unknown dataset.name {name!r}; valid names: {sorted([*DATASETS, IMAGE_FOLDER])}") from None
 
 
 def default_root(name: str) -> Path | None:
@@ -114,7 +119,7 @@ def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
     Raises:
         DatasetNotFoundError: root missing, empty, or no class folder found below it.
     """
-    spec = get_spec(spec)
+    spec = get_spec(spec, root)
     root = Path(root).expanduser()
     if not root.exists():
         raise _not_found(spec, root, "the root folder does not exist")
@@ -179,11 +184,12 @@ def scan_dataset(spec: DatasetSpec | str, root: str | os.PathLike, check_counts:
     without images. Warning (:class:`DatasetCountWarning`): per-class counts that differ from the
     official archive (only when ``check_counts``). Hidden folders and non-image files are ignored.
     """
-    spec = get_spec(spec)
+    spec = get_spec(spec, root)
     class_root = find_class_root(spec, root)
     dirs = {p.name: p for p in _subdirs(class_root)}
     missing = [c for c in spec.classes if c not in dirs]
-    unexpected = sorted(set(dirs) - set(spec.classes))
+    # image_folder's classes are its sub-folders with images: the others are not classes, not errors
+    unexpected = [] if spec.name == IMAGE_FOLDER else sorted(set(dirs) - set(spec.classes))
     keys: list[str] = []
     labels: list[int] = []
     empty: list[str] = []
@@ -417,7 +423,8 @@ def build_datasets(
     """Locate, validate, split and decode a dataset.
 
     Args:
-        name: a key of :data:`DATASETS` ("ucmerced", "nwpu_resisc45", "aid", "ucmerced_mini").
+        name: a key of :data:`DATASETS` ("ucmerced", "nwpu_resisc45", "aid", "ucmerced_mini"), or
+            "image_folder": the user's own data at ``root`` (one sub-folder of images per class).
         root: the archive's top folder or any folder down to the class folders (None: the bundled
             sample for ucmerced_mini).
         train_ratio: fraction of every class used for training, in (0, 1). Ignored when
@@ -440,7 +447,7 @@ def build_datasets(
         DatasetValidationError: a class is left without a train or a test image (fewer than 2 images,
             e.g. after skipping undecodable files).
     """
-    spec = get_spec(name)
+    spec = get_spec(name, root)
     if split_file is None:
         train_ratio = check_train_ratio(train_ratio)
     image_size = int(image_size)

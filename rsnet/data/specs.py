@@ -2,15 +2,22 @@
 
 Each supported archive is described by one frozen :class:`DatasetSpec` (torchgeo style: the metadata
 lives in data, the loader code is shared). ``DATASETS`` maps the config name to its spec.
+
+The user's own dataset (``dataset=image_folder``, one sub-folder of images per class) has no fixed spec:
+:func:`image_folder_spec` reads it from ``dataset.root`` when the data is loaded.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS"]
+from .errors import DatasetNotFoundError
+
+__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS", "IMAGE_FOLDER", "image_folder_spec"]
 
 IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
 
@@ -28,7 +35,7 @@ class DatasetSpec:
         images_subdir: folder between ``base_dir`` and the class folders ("" when none).
         file_pattern: how one file is named, for messages (e.g. ``<class>NN.tif``).
         extensions: image file suffixes that are loaded (lower case).
-        native_size: side of the images in the archive, in pixels.
+        native_size: side of the images in the archive, in pixels (0: not fixed, for ``image_folder``).
         url: where the official archive can be downloaded (page or direct link).
         train_ratios: the protocol's usual train ratios; the first is the default.
     """
@@ -150,3 +157,61 @@ UCMERCED_MINI = _spec(
 DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(
     {s.name: s for s in (UCMERCED, NWPU_RESISC45, AID, UCMERCED_MINI)}
 )
+
+IMAGE_FOLDER = "image_folder"  # dataset.name of the user's own data: its spec is read from dataset.root
+_IMAGE_FOLDER_LAYOUT = "a folder with one sub-folder of images per class"
+
+
+def _is_image(f: Path) -> bool:
+    """An image file as the loader counts it (same rule as ``scan_dataset``)."""
+    return f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file()
+
+
+def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
+    """The spec of the user's own dataset at ``root`` (``dataset=image_folder``, torchvision ImageFolder layout).
+
+    The classes are the sorted names of ``root``'s sub-folders that hold at least one image file
+    (:data:`IMAGE_EXTENSIONS`, any case); sub-folders without images (and hidden ones) are not classes. The
+    counts are the images found, so the count check never warns.
+
+    Raises:
+        ValueError: ``root`` not set, or fewer than 2 sub-folders with images.
+        DatasetNotFoundError: (a FileNotFoundError) ``root`` missing or not a folder.
+    """
+    if root is None or str(root) == "":
+        raise ValueError(f"dataset.root=... is required for dataset={IMAGE_FOLDER}: {_IMAGE_FOLDER_LAYOUT}")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        why = "is not a folder" if path.exists() else "does not exist"
+        raise DatasetNotFoundError(f"dataset.root='{root}' {why} (dataset={IMAGE_FOLDER}: {_IMAGE_FOLDER_LAYOUT})")
+    try:
+        entries = sorted(path.iterdir(), key=lambda p: p.name)
+    except OSError as error:
+        raise DatasetNotFoundError(f"dataset.root='{root}' cannot be read ({error.strerror or error}; "
+                                   f"dataset={IMAGE_FOLDER}: {_IMAGE_FOLDER_LAYOUT})") from error
+    counts: dict[str, int] = {}
+    for sub in entries:
+        if sub.is_dir() and not sub.name.startswith("."):
+            n = sum(1 for f in sub.iterdir() if _is_image(f))
+            if n:
+                counts[sub.name] = n
+    if len(counts) < 2:
+        found = (f"only 1 sub-folder with images ({next(iter(counts))!r}, {sum(counts.values())} images)" if counts
+                 else "no sub-folder with images")
+        loose = sum(1 for f in entries if _is_image(f))
+        hint = f", and {loose} images directly in it (they are not read)" if loose else ""
+        raise ValueError(f"dataset.root='{root}' holds {found}{hint}; dataset={IMAGE_FOLDER} needs "
+                         f"{_IMAGE_FOLDER_LAYOUT}, at least 2 classes (extensions {', '.join(IMAGE_EXTENSIONS)})")
+    name = path.resolve().name
+    return _spec(
+        counts,
+        name=IMAGE_FOLDER,
+        title=f"image folder {path}",
+        base_dir=name,
+        images_subdir="",
+        file_pattern="<image file>",
+        extensions=IMAGE_EXTENSIONS,
+        native_size=0,
+        url=f"none: dataset={IMAGE_FOLDER} is your own data ({_IMAGE_FOLDER_LAYOUT}), read from dataset.root",
+        train_ratios=(0.5, 0.2),
+    )
