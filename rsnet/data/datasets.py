@@ -35,7 +35,8 @@ from .errors import (
     DatasetValidationError,
     HighBitDepthWarning,
 )
-from .specs import DATASETS, IMAGE_EXTENSIONS, IMAGE_FOLDER, DatasetSpec, image_folder_spec
+from .specs import (DATASETS, IMAGE_EXTENSIONS, IMAGE_FOLDER, DatasetSpec, image_folder_spec,
+                    is_image_file)
 from .splits import Split, check_train_ratio, stratified_split
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
@@ -197,8 +198,7 @@ def scan_dataset(spec: DatasetSpec | str, root: str | os.PathLike, check_counts:
         if c not in dirs:
             continue
         files = sorted(
-            (f.name for f in dirs[c].iterdir()
-             if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file()),
+            (f.name for f in dirs[c].iterdir() if is_image_file(f)),
             key=_natural_key,
         )
         if not files:

@@ -17,7 +17,8 @@ from typing import Mapping
 
 from .errors import DatasetNotFoundError
 
-__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS", "IMAGE_FOLDER", "image_folder_spec"]
+__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS", "IMAGE_FOLDER", "image_folder_spec",
+           "is_image_file"]
 
 IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
 
@@ -162,8 +163,8 @@ IMAGE_FOLDER = "image_folder"  # dataset.name of the user's own data: its spec i
 _IMAGE_FOLDER_LAYOUT = "a folder with one sub-folder of images per class"
 
 
-def _is_image(f: Path) -> bool:
-    """An image file as the loader counts it (same rule as ``scan_dataset``)."""
+def is_image_file(f: Path) -> bool:
+    """An image file as the loader counts it: a known extension (any case), not hidden."""
     return f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file()
 
 
@@ -192,13 +193,13 @@ def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
     counts: dict[str, int] = {}
     for sub in entries:
         if sub.is_dir() and not sub.name.startswith("."):
-            n = sum(1 for f in sub.iterdir() if _is_image(f))
+            n = sum(1 for f in sub.iterdir() if is_image_file(f))
             if n:
                 counts[sub.name] = n
     if len(counts) < 2:
         found = (f"only 1 sub-folder with images ({next(iter(counts))!r}, {sum(counts.values())} images)" if counts
                  else "no sub-folder with images")
-        loose = sum(1 for f in entries if _is_image(f))
+        loose = sum(1 for f in entries if is_image_file(f))
         hint = f", and {loose} images directly in it (they are not read)" if loose else ""
         raise ValueError(f"dataset.root='{root}' holds {found}{hint}; dataset={IMAGE_FOLDER} needs "
                          f"{_IMAGE_FOLDER_LAYOUT}, at least 2 classes (extensions {', '.join(IMAGE_EXTENSIONS)})")
