@@ -1,5 +1,5 @@
 """Settings the scripts share, checked with one-line errors that name the setting: devices, whole numbers,
-output files."""
+output files; and how the backbone's weights are named in run folders."""
 
 from __future__ import annotations
 
@@ -49,6 +49,23 @@ def bool_setting(setting: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{setting}={value!r}: must be true or false")
     return value
+
+
+def pretrained_tag(pretrained: Any) -> str:
+    """``backbone.pretrained`` in a run's folder name and metrics.json: ``scratch`` (no weights), ``pretrained``
+    (the backbone's published weights) or the weights file's name without its suffix."""
+    if pretrained in (False, None, "", "false", "False"):
+        return "scratch"
+    if pretrained in (True, "true", "True"):
+        return "pretrained"
+    return Path(str(pretrained)).stem
+
+
+def protocol_folder(train_ratio: Any, val_ratio: Any, image_size: Any, pretrained: Any) -> str:
+    """The protocol part of a run's folder name, e.g. ``r0.5_64px_scratch`` or ``r0.2_val0.1_224px_pretrained``:
+    runs of one dataset that differ in it are not comparable and must not share a folder."""
+    validation = f"_val{val_ratio}" if val_ratio not in (None, 0, 0.0, "0", "0.0") else ""
+    return f"r{train_ratio}{validation}_{image_size}px_{pretrained_tag(pretrained)}"
 
 
 def check_writable(path: str | Path, setting: str) -> Path:

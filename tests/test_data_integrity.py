@@ -84,7 +84,7 @@ def test_saved_split_left_without_a_test_image_is_refused(tmp_path):
     split = _build(top).split.save(tmp_path / "split.json")
     test_file = next(f for f in json.loads(split.read_text())["test"] if f.startswith("forest/"))
     truncate_file(images / test_file)
-    with pytest.warns(CorruptImageWarning), pytest.raises(DatasetValidationError, match=r"'forest'.*split_file"):
+    with pytest.warns(CorruptImageWarning), pytest.raises(DatasetValidationError, match=r"'forest'.*split.json"):
         _build(top, skip_corrupt=True, split_file=split)
 
 

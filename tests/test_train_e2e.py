@@ -23,7 +23,7 @@ TINY = ["backbone=test_resnet", "dataset.image_size=64", "batch_size=32", "log.p
         "trainer.devices=[cpu]", "log.attention_every=1"]
 METRIC_FIELDS = ("oa", "accuracy", "reported_head", "kappa", "average_accuracy", "per_class_accuracy",
                  "confusion_matrix", "num_samples", "epochs", "train_samples", "test_samples", "wall_time_s",
-                 "images_per_s", "best_accuracy", "history")
+                 "images_per_s", "protocol", "history")
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +52,9 @@ def image_tags(run_dir: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two epochs with a validation part (a quarter of the training images): best.pt is selected on it."""
     run_dir = tmp_path_factory.mktemp("esd") / "run"
-    train(run_dir, "model=esd_mbenet", "epochs=2")
+    train(run_dir, "model=esd_mbenet", "epochs=2", "dataset.val_ratio=0.25")
     return run_dir
 
 
@@ -62,17 +63,19 @@ def test_train_writes_every_output(tmp_path: Path, model: str) -> None:
     run_dir = tmp_path / "run"
     result = train(run_dir, f"model={model}", "epochs=1")
     assert "test accuracy" in result.stdout
-    check_run_outputs(run_dir, epochs=1)
+    metrics = check_run_outputs(run_dir, epochs=1)
+    assert not (run_dir / "checkpoints" / "best.pt").exists()  # without validation nothing is selected on test
+    assert metrics["protocol"]["selection"] == "last epoch" and "selected_epoch" not in metrics
 
 
 def check_run_outputs(run_dir: Path, epochs: int) -> dict:
-    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json", "split.json"):
+    for name in ("checkpoints/last.pt", "metrics.json", "split.json"):
         assert (run_dir / name).is_file(), name
     metrics = json.loads((run_dir / "metrics.json").read_text())
     missing = [field for field in METRIC_FIELDS if field not in metrics]
     assert not missing, missing
     assert metrics["epochs"] == epochs and len(metrics["history"]) == epochs
-    assert metrics["train_samples"] + metrics["test_samples"] == 420
+    assert metrics["train_samples"] + metrics["val_samples"] + metrics["test_samples"] == 420
     assert "main" in metrics["oa"] and len(metrics["per_class_accuracy"]) == 21
     assert sum(map(sum, metrics["confusion_matrix"])) == metrics["test_samples"]
     tags = image_tags(run_dir)
@@ -85,6 +88,9 @@ def check_run_outputs(run_dir: Path, epochs: int) -> dict:
 def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
     metrics = check_run_outputs(esd_run, epochs=2)
     assert {"main", "ensemble"} <= set(metrics["oa"])
+    assert metrics["val_samples"] == 21 * 3 and metrics["train_samples"] == 21 * 7  # round(10 / 4) = 3 a class
+    assert metrics["protocol"] == {"dataset": "ucmerced_mini", "train_ratio": 0.5, "val_ratio": 0.25, "image_size": 64,
+                                   "pretrained": "scratch", "epochs": 2, "eval_every": 1, "selection": "validation"}
     tags = image_tags(esd_run)
     assert sum(tag.startswith("attention/cam_") for tag in tags) >= 3, tags  # main + auxiliary branches
 
@@ -153,8 +159,9 @@ def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
     run_script("evaluate.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"out={out}")
     full = json.loads(out.read_text())
     trained = json.loads((esd_run / "metrics.json").read_text())
-    best_epoch = max(trained["history"], key=lambda row: row["test_accuracy"])
-    assert full["accuracy"] == pytest.approx(best_epoch["test_accuracy"], abs=1e-6)
+    selected = max(trained["history"], key=lambda row: row["val_accuracy"])  # the first epoch on a tie
+    assert trained["selected_epoch"] == selected["epoch"] and trained["val_accuracy"] == selected["val_accuracy"]
+    assert full["accuracy"] == pytest.approx(selected["test_accuracy"], abs=1e-6) == trained["accuracy"]
     out_exported = tmp_path / "eval_exported.json"
     run_script("evaluate.py", f"checkpoint={export_dir}", "dataset=ucmerced_mini", "dataset.image_size=64",
                f"out={out_exported}")
@@ -164,7 +171,8 @@ def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
 
 def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
     result = run_script("aggregate.py", f"folders={esd_run.parent}")
-    assert "ucmerced_mini | esd_mbenet | test_resnet" in result.stdout and "±" in result.stdout
+    assert "| ucmerced_mini | 0.5 | 0.25 | 64 | scratch | 2 | esd_mbenet | test_resnet | 0 |" in result.stdout
+    assert "| esd_mbenet (test_resnet) ensemble | " in result.stdout and "train 50% (val 25% of it)" in result.stdout
 
 
 @pytest.mark.parametrize("override, message", [

@@ -63,10 +63,10 @@ def test_flatten_config() -> None:
 
 
 def test_hparam_metrics() -> None:
-    summary = {"accuracy": 91.0, "kappa": 0.9, "average_accuracy": 90.5, "best_accuracy": 92.0,
+    summary = {"accuracy": 91.0, "kappa": 0.9, "average_accuracy": 90.5, "val_accuracy": 92.0,
                "oa": {"main": 89.0, "ensemble": 91.0}, "per_class_accuracy": {"a": 1.0}, "history": []}
     assert hparam_metrics(summary) == {"accuracy": 91.0, "average_accuracy": 90.5, "kappa": 0.9,
-                                       "best_accuracy": 92.0, "oa_main": 89.0, "oa_ensemble": 91.0}
+                                       "val_accuracy": 92.0, "oa_main": 89.0, "oa_ensemble": 91.0}
 
 
 def test_hparams_are_written_into_the_run(tmp_path) -> None:

@@ -31,6 +31,11 @@ def hydra_config_path() -> str:
     return "pkg://rsnet.conf" if conf_folder() is not CHECKOUT_CONF else str(CHECKOUT_CONF)
 
 
+from omegaconf import OmegaConf  # noqa: E402
+
 from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, defined above
+from rsnet.settings import protocol_folder  # noqa: E402
 
 register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)
+# run folder names: ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
+OmegaConf.register_new_resolver("rsnet_protocol", protocol_folder, replace=True)

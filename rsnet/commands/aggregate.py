@@ -1,4 +1,4 @@
-"""Protocol table: mean ± std of overall accuracy over repeated seeds (``rsnet-aggregate``; in a checkout also
+"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds, grouped by protocol (``rsnet-aggregate``; in a checkout also
 ``python scripts/aggregate.py``; its setting is in conf/aggregate.yaml).
 
     rsnet-train -m model=baseline,esd_mbenet,mgml_fenet seed=0,1,2      # or python scripts/train.py -m ...
@@ -16,15 +16,27 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig
 
 from rsnet.cli import check_no_bare_words, user_errors
 from rsnet.commands import hydra_config_path
 
 
-def collect(folders: list[Path]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    """Group every run's metrics.json below ``folders`` by (dataset, model, backbone)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+PROTOCOL_KEYS = ("train_ratio", "val_ratio", "image_size", "pretrained", "epochs")
+Group = tuple[str, tuple[Any, ...], str, str]  # dataset, protocol values (PROTOCOL_KEYS), model, backbone
+
+
+def run_protocol(run: dict[str, Any]) -> tuple[Any, ...]:
+    """The protocol values of a run (``?`` where an older metrics.json did not record them)."""
+    recorded = run.get("protocol", {})
+    return tuple(recorded.get(key, run.get(key, "?")) for key in PROTOCOL_KEYS)
+
+
+def collect(folders: list[Path]) -> dict[Group, list[dict[str, Any]]]:
+    """Group every finished run's metrics.json below ``folders`` by dataset, protocol, model and backbone:
+    runs that differ in train ratio, validation ratio, image size, weights or epochs are never averaged."""
+    groups: dict[Group, list[dict[str, Any]]] = defaultdict(list)
     for folder in folders:
         if not folder.exists():
             raise FileNotFoundError(f"{folder} does not exist; pass run or multirun folders")
@@ -34,27 +46,79 @@ def collect(folders: list[Path]) -> dict[tuple[str, str, str], list[dict[str, An
                 print(f"skipping unfinished run {path} ({run.get('epochs')}/{run.get('epochs_planned')} epochs)",
                       file=sys.stderr)
                 continue
-            groups[(run["dataset"], run["model"], run["backbone"])].append(run)
+            groups[(run["dataset"], run_protocol(run), run["model"], run["backbone"])].append(run)
     return groups
 
 
-def mean_std(values: list[float]) -> str:
+def mean_std(values: list[float], digits: int = 2) -> str:
     """``mean ± std`` (sample std; 0 for a single run)."""
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {spread:.2f}"
+    return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
 
 
-def table(groups: dict[tuple[str, str, str], list[dict[str, Any]]]) -> str:
-    """A Markdown table: main-branch OA, reported (ensemble) OA and kappa over the seeds of every group."""
-    lines = ["| dataset | model | backbone | seeds | main-branch OA (%) | reported OA (%) | kappa | wall time (s) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (dataset, model, backbone), runs in sorted(groups.items()):
+def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
+    """A Markdown table, one row per group: main-branch OA, reported (ensemble) OA, average accuracy (AA) and
+    kappa of the reported head, mean ± std over the seeds."""
+    lines = ["| dataset | train ratio | val ratio | px | weights | epochs | model | backbone | seeds "
+             "| main-branch OA (%) | reported OA (%) | AA (%) | kappa | wall time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (dataset, protocol, model, backbone), runs in sorted(groups.items(), key=lambda item: str(item[0])):
         seeds = ",".join(str(run["seed"]) for run in runs)
         lines.append(
-            f"| {dataset} | {model} | {backbone} | {seeds} | {mean_std([r['oa']['main'] for r in runs])} "
+            f"| {dataset} | {' | '.join(map(str, protocol))} | {model} | {backbone} | {seeds} "
+            f"| {mean_std([r['oa']['main'] for r in runs])} "
             f"| {mean_std([r['accuracy'] for r in runs])} ({runs[0]['reported_head']}) "
-            f"| {mean_std([r['kappa'] for r in runs])} | {statistics.mean(r['wall_time_s'] for r in runs):.0f} |")
+            f"| {mean_std([r['average_accuracy'] for r in runs])} | {mean_std([r['kappa'] for r in runs], 4)} "
+            f"| {statistics.mean(r['wall_time_s'] for r in runs):.0f} |")
     return "\n".join(lines)
+
+
+def papers_table(groups: dict[Group, list[dict[str, Any]]]) -> str:
+    """The papers' layout, one table per dataset (and image size, weights, epochs): a row per method (model,
+    backbone, head), a column per training ratio, OA mean ± std over the seeds in each cell."""
+    tables = []
+    settings = sorted({(dataset, protocol[2:]) for dataset, protocol, _, _ in groups}, key=str)
+    for dataset, rest in settings:
+        chosen = {key: runs for key, runs in groups.items() if key[0] == dataset and key[1][2:] == rest}
+        ratios = sorted({key[1][:2] for key in chosen}, key=str)
+        header = [f"train {train:.0%}" + (f" (val {val:.0%} of it)" if val else "") if isinstance(train, float)
+                  else f"train {train}" for train, val in ratios]
+        size, weights, epochs = rest
+        lines = [f"{dataset}, {size} px, {weights}, {epochs} epochs: overall accuracy (%), mean ± std over seeds",
+                 "", f"| method | {' | '.join(header)} |", "|---" * (len(header) + 1) + "|"]
+        methods = sorted({(model, backbone) for _, _, model, backbone in chosen})
+        for model, backbone in methods:
+            heads = ["main"] if model == "baseline" else ["main", "reported"]
+            for head in heads:
+                cells = []
+                for ratio in ratios:
+                    runs = chosen.get((dataset, (*ratio, *rest), model, backbone), [])
+                    values = [r["oa"]["main"] if head == "main" else r["accuracy"] for r in runs]
+                    cells.append(f"{mean_std(values)} (n={len(values)})" if values else "-")
+                name = f"{model} ({backbone})" + ("" if model == "baseline" else
+                                                  " main branch" if head == "main" else " ensemble")
+                lines.append(f"| {name} | {' | '.join(cells)} |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def report(folders: list[Path]) -> str:
+    """Both tables for the finished runs below ``folders``."""
+    groups = collect(folders)
+    if not groups:
+        raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}")
+    return f"{table(groups)}\n\n{papers_table(groups)}"
+
+
+class SweepTable(Callback):
+    """Hydra callback of ``rsnet-train -m``: print the protocol tables of the sweep's runs when it ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        try:
+            print(f"\nrsnet-aggregate folders={folder}\n{report([folder])}")
+        except ValueError as error:  # every job failed: Hydra has reported them
+            print(f"no table: {error}", file=sys.stderr)
 
 
 def folder_list(folders: Any) -> list[Path]:
@@ -69,11 +133,7 @@ def folder_list(folders: Any) -> list[Path]:
 def main(cfg: DictConfig) -> None:
     """Print the table for the given folders."""
     with user_errors():
-        folders = folder_list(cfg.folders)
-        groups = collect(folders)
-        if not groups:
-            raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}")
-        print(table(groups))
+        print(report(folder_list(cfg.folders)))
 
 
 def run() -> None:

@@ -51,8 +51,10 @@ def main(cfg: DictConfig) -> float | None:
     if summary is None:
         return None
     print(f"run dir: {config['run_dir']}")
+    selected = (f"epoch {summary['selected_epoch']} selected on validation ({summary['val_accuracy']:.2f} %), "
+                if "selected_epoch" in summary else "")
     print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
-          f"(main branch {summary['oa']['main']:.2f} %, best {summary['best_accuracy']:.2f} %, "
+          f"(main branch {summary['oa']['main']:.2f} %, {selected}"
           f"{summary['epochs']} epochs, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
     return float(summary["accuracy"])
 

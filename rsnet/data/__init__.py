@@ -25,7 +25,7 @@ from .errors import (
 )
 from .loader import BatchPrefetcher, PreparedBatch
 from .specs import DATASETS, DatasetSpec
-from .splits import Split, check_train_ratio, stratified_split
+from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
@@ -50,10 +50,12 @@ __all__ = [
     "SceneDataset",
     "Split",
     "SplitMismatchError",
+    "SplitRows",
     "build_datasets",
     "build_datasets_from_config",
     "build_store",
     "check_train_ratio",
+    "check_val_ratio",
     "decode_image",
     "default_cache_dir",
     "default_root",

@@ -5,6 +5,8 @@
     bundle = build_datasets("ucmerced_mini", "data/ucmerced-mini", train_ratio=0.5, seed=0, image_size=128)
     x, y = bundle.train.get_batch([0, 1, 2])      # (3, 3, 128, 128) float, (3,) int64
     bundle.split.save(run_dir / "split.json")     # reproduce later with split_file=...
+
+With ``val_ratio`` > 0 a validation part is carved from the training part (``bundle.val``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from .errors import (
 )
 from .specs import (DATASETS, IMAGE_EXTENSIONS, IMAGE_FOLDER, DatasetSpec, image_folder_spec,
                     is_image_file)
-from .splits import Split, check_train_ratio, stratified_split
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, augmentation_options, eval_transform, train_transform
 
 __all__ = [
     "DataBundle",
@@ -374,6 +376,7 @@ class DataBundle:
 
     Attributes:
         train, test: the two splits (train augments, test uses the eval transform).
+        val: the validation part carved from the training part (eval transform), None without one.
         class_names: label order.
         mean, std: normalisation used by the transforms (store them in checkpoints).
         image_size: working size in pixels.
@@ -393,6 +396,7 @@ class DataBundle:
     skipped: list[str] = field(default_factory=list)
     root: Path | None = None
     spec: DatasetSpec | None = None
+    val: SceneDataset | None = None
 
     @property
     def num_classes(self) -> int:
@@ -419,6 +423,8 @@ def build_datasets(
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
     high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+    augment: Mapping[str, Any] | None = None,
+    val_ratio: float = 0.0,
 ) -> DataBundle:
     """Locate, validate, split and decode a dataset.
 
@@ -442,17 +448,23 @@ def build_datasets(
         mean, std: normalisation (ImageNet by default).
         high_bit_depth: how 16-bit/float images become 8 bit: "percentile" (2nd-98th percentile
             stretch per image), "minmax" or "refuse"; one :class:`HighBitDepthWarning` gives the count.
+        augment: the training augmentation settings (``crop_scale``, ``color_jitter``; see
+            :func:`~rsnet.data.transforms.augmentation_options`).
+        val_ratio: fraction of every class's training part held out for validation, in [0, 1) (0: no
+            validation part). Ignored when ``split_file`` is given (its validation list is used).
 
     Raises:
         DatasetValidationError: a class is left without a train or a test image (fewer than 2 images,
-            e.g. after skipping undecodable files).
+            e.g. after skipping undecodable files), or without a validation image when the split has one.
     """
     spec = get_spec(name, root)
     if split_file is None:
         train_ratio = check_train_ratio(train_ratio)
+        val_ratio = check_val_ratio(val_ratio)
     image_size = int(image_size)
     if image_size < 8:
         raise ValueError(f"dataset.image_size must be at least 8 px, got {image_size}")
+    augmentation = augmentation_options(augment, image_size)
     if root is None or str(root) == "":
         root = default_root(spec.name)
         if root is None:
@@ -460,8 +472,8 @@ def build_datasets(
     scan = scan_dataset(spec, root, check_counts=check_counts)
     # split before the (long) decode so a class without a test image is refused at once; skipping
     # undecodable files can only remove images, so the split is drawn again and rechecked below
-    split, train_rows, test_rows = _split(scan, set(), train_ratio, seed, split_file)
-    _require_train_and_test(scan, train_rows, test_rows, 0, split_file)
+    split, rows = _split(scan, set(), train_ratio, val_ratio, seed, split_file)
+    _require_train_and_test(scan, rows, split.val_ratio, 0, split_file)
     store = build_store(spec.name, scan.keys, scan.paths, image_size, cache, cache_dir,
                         skip_corrupt, num_threads, high_bit_depth)
     if store.rescaled:
@@ -477,8 +489,8 @@ def build_datasets(
             stacklevel=2,
         )
         log.warning("skipped %d undecodable images: %s", len(skipped), skipped[:20])
-        split, train_rows, test_rows = _split(scan, set(skipped), train_ratio, seed, split_file)
-        _require_train_and_test(scan, train_rows, test_rows, len(skipped), split_file)
+        split, rows = _split(scan, set(skipped), train_ratio, val_ratio, seed, split_file)
+        _require_train_and_test(scan, rows, split.val_ratio, len(skipped), split_file)
 
     mean_t = tuple(float(m) for m in mean)
     std_t = tuple(float(s) for s in std)
@@ -488,43 +500,52 @@ def build_datasets(
         return SceneDataset(store, rows, scan.labels[rows], [scan.keys[r] for r in rows], classes,
                             transform, f"{spec.name}/{part}")
 
-    train = view(train_rows, train_transform(image_size, mean_t, std_t), "train")
-    test = view(test_rows, eval_transform(image_size, mean_t, std_t), "test")
-    log.info("%s: %d train / %d test images, %d classes, %d px, cache=%s",
-             spec.name, len(train), len(test), len(classes), image_size, cache)
+    train = view(rows.train, train_transform(image_size, mean_t, std_t, **augmentation), "train")
+    test = view(rows.test, eval_transform(image_size, mean_t, std_t), "test")
+    val = view(rows.val, eval_transform(image_size, mean_t, std_t), "val") if len(rows.val) else None
+    held_out = f" / {len(val)} val" if val is not None else ""
+    log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",
+             spec.name, len(train), held_out, len(test), len(classes), image_size, cache)
     return DataBundle(train, test, classes, mean_t, std_t, image_size, split, skipped,
-                      scan.class_root, spec)
+                      scan.class_root, spec, val)
 
 
-def _split(scan: ScanResult, drop: set[str], train_ratio: float, seed: int,
-           split_file: str | os.PathLike | None) -> tuple[Split, np.ndarray, np.ndarray]:
+def _split(scan: ScanResult, drop: set[str], train_ratio: float, val_ratio: float, seed: int,
+           split_file: str | os.PathLike | None) -> tuple[Split, SplitRows]:
     """The split without the files in ``drop`` (drawn, or read from ``split_file``) and its row indices."""
     spec = scan.spec
     if split_file is not None:
         split = Split.load(split_file).restricted(drop)
-        return (split, *split.indices(scan.keys, spec.classes, str(scan.class_root)))
+        return split, split.indices(scan.keys, spec.classes, str(scan.class_root))
     keep = [i for i, k in enumerate(scan.keys) if k not in drop]
     split = stratified_split([scan.keys[i] for i in keep], scan.labels[keep], train_ratio, seed,
-                             spec.classes, spec.name)
-    return (split, *split.indices(scan.keys))
+                             spec.classes, spec.name, val_ratio)
+    return split, split.indices(scan.keys)
 
 
-def _require_train_and_test(scan: ScanResult, train_rows: np.ndarray, test_rows: np.ndarray,
-                            num_skipped: int, split_file: str | os.PathLike | None) -> None:
-    """DatasetValidationError (one line, naming the classes) if a class has no train or no test image."""
+def _require_train_and_test(scan: ScanResult, rows: SplitRows, val_ratio: float, num_skipped: int,
+                            split_file: str | os.PathLike | None) -> None:
+    """DatasetValidationError (one line, naming the classes) if a class has no train or no test image, or
+    (when ``val_ratio`` > 0) no validation image."""
     k = scan.spec.num_classes
-    n_train = np.bincount(scan.labels[train_rows], minlength=k)
-    n_test = np.bincount(scan.labels[test_rows], minlength=k)
+    n_train, n_val, n_test = (np.bincount(scan.labels[r], minlength=k) for r in rows)
     bad = [c for c in range(k) if n_train[c] == 0 or n_test[c] == 0]
     if not bad:
+        if val_ratio > 0:
+            _require_val(scan, n_train, n_val, val_ratio, num_skipped, split_file)
         return
     left = " left" if num_skipped else ""
-    found = ", ".join(f"'{scan.spec.classes[c]}' has {n_train[c] + n_test[c]} image(s){left} "
-                      f"({n_train[c]} train, {n_test[c]} test)" for c in bad[:5])
+
+    def counts(c: int) -> str:
+        val = f"{n_val[c]} val, " if val_ratio > 0 else ""
+        return (f"'{scan.spec.classes[c]}' has {n_train[c] + n_val[c] + n_test[c]} image(s){left} "
+                f"({n_train[c]} train, {val}{n_test[c]} test)")
+
+    found = ", ".join(counts(c) for c in bad[:5])
     more = f" ... and {len(bad) - 5} more classes" if len(bad) > 5 else ""
     skipped = f" after skipping {num_skipped} undecodable file(s)" if num_skipped else ""
     fix = ("add images to those class folders" + (" or replace the undecodable files" if num_skipped else "")
-           + ("; the split of dataset.split_file leaves a side empty: draw a new split without it"
+           + ("; the saved split (the run's split.json) leaves a side empty: draw a new split without it"
               if split_file is not None else ""))
     raise DatasetValidationError(
         f"{scan.spec.name} under '{scan.class_root}'{skipped}: {found}{more}; every class needs at least 2 "
@@ -532,13 +553,33 @@ def _require_train_and_test(scan: ScanResult, train_rows: np.ndarray, test_rows:
     )
 
 
+def _require_val(scan: ScanResult, n_train: np.ndarray, n_val: np.ndarray, val_ratio: float, num_skipped: int,
+                 split_file: str | os.PathLike | None) -> None:
+    """DatasetValidationError (one line, naming the classes) if a class has no validation image."""
+    bad = [c for c in range(scan.spec.num_classes) if n_val[c] == 0]
+    if not bad:
+        return
+    found = ", ".join(f"'{scan.spec.classes[c]}' ({n_train[c]} train image(s))" for c in bad[:5])
+    more = f" ... and {len(bad) - 5} more classes" if len(bad) > 5 else ""
+    skipped = f" after skipping {num_skipped} undecodable file(s)" if num_skipped else ""
+    fix = ("the saved split leaves them without one: draw a new split without it" if split_file is not None
+           else "lower dataset.val_ratio (0: no validation part) or add images to those class folders")
+    raise DatasetValidationError(
+        f"{scan.spec.name} under '{scan.class_root}'{skipped}: no validation image for {found}{more} at "
+        f"dataset.val_ratio={val_ratio}; a class needs at least 2 training images to hold one out: {fix}"
+    )
+
+
 def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size: int | None = None,
                                split_file: str | os.PathLike | None = None, mean: Sequence[float] = IMAGENET_MEAN,
-                               std: Sequence[float] = IMAGENET_STD) -> DataBundle:
+                               std: Sequence[float] = IMAGENET_STD,
+                               augment: Mapping[str, Any] | None = None) -> DataBundle:
     """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's;
-    ``mean``/``std``: the model's normalisation)."""
+    ``mean``/``std``: the model's normalisation; ``augment``: the ``augment:`` settings; ``val_ratio`` defaults
+    to 0, no validation part)."""
     return build_datasets(
         dataset["name"], dataset.get("root"), train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset.get("cache", "memory"),
         cache_dir=dataset.get("cache_dir"), skip_corrupt=bool(dataset.get("skip_corrupt", False)),
-        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH), mean=mean, std=std)
+        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH), mean=mean, std=std,
+        augment=augment, val_ratio=dataset.get("val_ratio", 0.0))

@@ -2,22 +2,25 @@
 
 A :class:`Split` holds relative file names (``<class>/<file>``) so it stays valid when the dataset is
 moved; ``Split.save`` writes JSON (atomically) and ``Split.load`` reads it back, so a run can be
-reproduced exactly from its run directory.
+reproduced exactly from its run directory. An optional validation part is carved from the training part
+(``val_ratio``), leaving the test part as it is.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from rsnet.files import atomic_write
+
 from .errors import SplitMismatchError
 
-__all__ = ["Split", "stratified_split", "check_train_ratio"]
+__all__ = ["Split", "SplitRows", "stratified_split", "check_train_ratio", "check_val_ratio"]
 
 SPLIT_FORMAT = 1
 
@@ -33,16 +36,38 @@ def check_train_ratio(train_ratio: float, setting: str = "dataset.train_ratio") 
     return r
 
 
+def check_val_ratio(val_ratio: float, setting: str = "dataset.val_ratio") -> float:
+    """Return ``val_ratio`` as float; ValueError naming the setting unless 0 <= ratio < 1."""
+    try:
+        r = float(val_ratio)
+    except (TypeError, ValueError):
+        raise ValueError(f"{setting} must be a number in [0, 1), got {val_ratio!r}") from None
+    if not 0.0 <= r < 1.0:
+        raise ValueError(f"{setting} must be in [0, 1) (the fraction of the training part held out for "
+                         f"validation; 0: none), got {val_ratio!r}")
+    return r
+
+
+class SplitRows(NamedTuple):
+    """Positions of a split's parts in the dataset's file list (int64 arrays; ``val`` may be empty)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
 @dataclass
 class Split:
-    """A train/test partition of one dataset, as relative file names.
+    """A train/val/test partition of one dataset, as relative file names.
 
     Attributes:
         dataset: dataset name.
-        train_ratio: fraction of every class put in train.
+        train_ratio: fraction of every class put in train (before validation is carved from it).
         seed: the seed that drew it.
         class_names: class order (label i = class_names[i]).
         train, test: relative file names "<class>/<file>".
+        val: relative file names held out of train for validation (empty: no validation part).
+        val_ratio: fraction of every class's training part moved to ``val``.
     """
 
     dataset: str
@@ -51,31 +76,32 @@ class Split:
     class_names: list[str]
     train: list[str]
     test: list[str]
+    val: list[str] = field(default_factory=list)
+    val_ratio: float = 0.0
     format_version: int = field(default=SPLIT_FORMAT)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the split as JSON (temp file + rename). Returns the path."""
+        """Write the split as JSON (atomically). Returns the path."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
+        with atomic_write(path, "w") as handle:
+            handle.write(json.dumps(asdict(self), indent=1))
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Split":
-        """Read a split written by :meth:`save`."""
+        """Read a split written by :meth:`save` (one written before validation parts existed has none)."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"split file '{path}' does not exist (dataset.split_file)")
+            raise FileNotFoundError(f"split file '{path}' does not exist: the run directory's split.json is missing")
         try:
             data = json.loads(path.read_text())
-            return cls(**{k: data[k] for k in ("dataset", "train_ratio", "seed", "class_names", "train", "test")})
+            return cls(**{k: data[k] for k in ("dataset", "train_ratio", "seed", "class_names", "train", "test")},
+                       val=data.get("val", []), val_ratio=data.get("val_ratio", 0.0))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"split file '{path}' is not a valid rsnet split: {exc}") from exc
 
-    def indices(self, keys: Sequence[str], class_names: Sequence[str] | None = None, root: str = "") -> tuple[np.ndarray, np.ndarray]:
-        """Positions of the train and test files in ``keys`` (the dataset's file list).
+    def indices(self, keys: Sequence[str], class_names: Sequence[str] | None = None, root: str = "") -> SplitRows:
+        """Positions of the train, val and test files in ``keys`` (the dataset's file list).
 
         Raises:
             SplitMismatchError: the split names classes or files the dataset does not have.
@@ -86,20 +112,28 @@ class Split:
                 f"dataset's {list(class_names)[:5]}..."
             )
         pos = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in (*self.train, *self.test) if f not in pos]
+        missing = [f for f in (*self.train, *self.val, *self.test) if f not in pos]
         if missing:
             where = f" under '{root}'" if root else ""
             raise SplitMismatchError(
                 f"split of '{self.dataset}' lists {len(missing)} file(s) not found{where}, e.g. "
                 f"{missing[:3]}; the split was made from a different copy of the dataset"
             )
-        return (np.array([pos[f] for f in self.train], np.int64),
-                np.array([pos[f] for f in self.test], np.int64))
+        return SplitRows(*(np.array([pos[f] for f in part], np.int64) for part in (self.train, self.val, self.test)))
 
     def restricted(self, drop: set[str]) -> "Split":
         """The same split without the files in ``drop`` (e.g. skipped corrupt images)."""
-        return Split(self.dataset, self.train_ratio, self.seed, list(self.class_names),
-                     [f for f in self.train if f not in drop], [f for f in self.test if f not in drop])
+        def keep(files: list[str]) -> list[str]:
+            return [f for f in files if f not in drop]
+
+        return replace(self, class_names=list(self.class_names), train=keep(self.train), val=keep(self.val),
+                       test=keep(self.test))
+
+
+def _part_size(ratio: float, n: int) -> int:
+    """``round(ratio · n)`` (half up), kept within [1, n - 1] when ``n`` >= 2."""
+    k = int(np.floor(ratio * n + 0.5))
+    return min(max(k, 1), n - 1) if n >= 2 else k
 
 
 def stratified_split(
@@ -109,28 +143,35 @@ def stratified_split(
     seed: int,
     class_names: Sequence[str],
     dataset: str = "",
+    val_ratio: float = 0.0,
 ) -> Split:
     """Draw ``round(train_ratio · n_c)`` files of every class c for train (at least one file in
-    each part when the class has two or more), the rest for test.
+    each part when the class has two or more), the rest for test; then move ``round(val_ratio · t_c)``
+    of the t_c train files of class c to val (at least one, and one left in train, when t_c >= 2).
 
-    Deterministic in (file set, ratio, seed), independent of the order of ``keys``.
+    The validation draw has its own generator, so the test part of a seed does not depend on
+    ``val_ratio`` and train ∪ val is the train part drawn with ``val_ratio=0``. Deterministic in
+    (file set, ratios, seed), independent of the order of ``keys``.
     """
     ratio = check_train_ratio(train_ratio)
+    val_ratio = check_val_ratio(val_ratio)
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
+    val_rng = np.random.default_rng([int(seed), 1])
     train: list[str] = []
+    val: list[str] = []
     test: list[str] = []
     by_class: dict[int, list[str]] = {c: [] for c in range(len(class_names))}
     for k, lab in zip(keys, labels.tolist()):
         by_class[int(lab)].append(k)
     for c in range(len(class_names)):
         files = sorted(by_class[c])
-        n = len(files)
-        n_train = int(np.floor(ratio * n + 0.5))  # round half up
-        if n >= 2:
-            n_train = min(max(n_train, 1), n - 1)
-        perm = rng.permutation(n)
-        chosen = set(perm[:n_train].tolist())
-        train += [f for i, f in enumerate(files) if i in chosen]
+        perm = rng.permutation(len(files))
+        chosen = set(perm[:_part_size(ratio, len(files))].tolist())
+        class_train = [f for i, f in enumerate(files) if i in chosen]
         test += [f for i, f in enumerate(files) if i not in chosen]
-    return Split(dataset, ratio, int(seed), list(class_names), train, test)
+        n_val = _part_size(val_ratio, len(class_train)) if val_ratio > 0 and len(class_train) >= 2 else 0
+        held = set(val_rng.permutation(len(class_train))[:n_val].tolist())
+        train += [f for i, f in enumerate(class_train) if i not in held]
+        val += [f for i, f in enumerate(class_train) if i in held]
+    return Split(dataset, ratio, int(seed), list(class_names), train, test, val, val_ratio)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import albumentations as A
 import cv2
@@ -40,6 +40,7 @@ import numpy as np
 from albumentations.pytorch import ToTensorV2
 
 __all__ = [
+    "augmentation_options",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ColorJitterAffine",
@@ -280,17 +281,22 @@ class ColorJitterAffine(A.ImageOnlyTransform):
         return ("brightness", "contrast", "saturation")
 
 
+AUTO_CROP_MIN_SIZE = 128
+AUTO_CROP_SCALE = (0.5, 1.0)
+
+
 def train_transform(
     image_size: int,
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
-    scale: tuple[float, float] = (0.5, 1.0),
+    scale: Sequence[float] | None = (0.5, 1.0),
     color_jitter: float = 0.2,
     hue: float = 0.0,
     seed: int | None = None,
     color_p: float = 0.5,
 ) -> A.Compose:
-    """Random resized crop, the 8 flips/rotations, mild colour jitter, normalize.
+    """Random resized crop (``scale`` = its area range; None: no crop), the 8 flips/rotations, mild colour
+    jitter, normalize.
 
     Aerial scenes have no canonical orientation, so all eight dihedral transforms are used
     (:class:`Dihedral`). ``color_jitter`` is the brightness/contrast/saturation strength, applied with
@@ -299,10 +305,11 @@ def train_transform(
     whole colour step). The last two steps (Normalize, ToTensorV2) run per batch in
     :meth:`SceneDataset.get_batch`.
     """
-    steps: list = [
-        RandomResizedCrop(size=(image_size, image_size), scale=scale, interpolation=cv2.INTER_LINEAR),
-        Dihedral(p=1.0),
-    ]
+    steps: list = []
+    if scale is not None:
+        steps.append(RandomResizedCrop(size=(image_size, image_size), scale=tuple(scale),
+                                       interpolation=cv2.INTER_LINEAR))
+    steps.append(Dihedral(p=1.0))
     if hue > 0:
         steps.append(A.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter,
                                    hue=hue, p=color_p))
@@ -311,6 +318,31 @@ def train_transform(
     steps += [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0), ToTensorV2()]
     # shapes need no per-call consistency check: the pipeline only ever sees one image
     return A.Compose(steps, seed=seed, is_check_shapes=False)
+
+
+def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> dict[str, Any]:
+    """:func:`train_transform` keyword arguments from the ``augment:`` settings.
+
+    ``crop_scale: auto`` crops only from :data:`AUTO_CROP_MIN_SIZE` px up: images are cached at the working
+    size, so a crop of a small image is an upsampled, blurred part of it (on aid-dev at 64 px the crop cost
+    accuracy, see docs/models.md); a list ``[lo, hi]`` is the crop's area range, ``null`` no crop.
+    """
+    augment = dict(augment or {})
+    scale = augment.get("crop_scale", "auto")
+    if scale == "auto":
+        scale = AUTO_CROP_SCALE if image_size >= AUTO_CROP_MIN_SIZE else None
+    elif scale is not None:
+        try:
+            low, high = (float(value) for value in scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"augment.crop_scale must be auto, null or [min, max], got {scale!r}") from None
+        if not 0.0 < low <= high <= 1.0:
+            raise ValueError(f"augment.crop_scale must satisfy 0 < min <= max <= 1, got {scale!r}")
+        scale = (low, high)
+    jitter = augment.get("color_jitter", 0.2)
+    if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or not 0.0 <= jitter < 1.0:
+        raise ValueError(f"augment.color_jitter must be a number in [0, 1), got {jitter!r}")
+    return {"scale": scale, "color_jitter": float(jitter)}
 
 
 def eval_transform(

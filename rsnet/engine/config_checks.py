@@ -12,6 +12,7 @@ class ConfigError(ValueError):
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
+    from rsnet.data import check_val_ratio
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import MODELS, validate_image_size
@@ -22,11 +23,19 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
         value = config[key]
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: must be a positive integer")
+    eval_every = config.get("eval_every", 1)
+    if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
+        raise ConfigError(f"eval_every={eval_every!r}: must be a positive integer (epochs between evaluations; "
+                          "the last epoch is always evaluated)")
     dataset = config["dataset"]
     ratio = dataset["train_ratio"]
     if not 0.0 < float(ratio) < 1.0:
         raise ConfigError(f"dataset.train_ratio={ratio!r}: must lie strictly between 0 and 1 "
                           "(the protocol uses e.g. 0.2/0.5 for AID, 0.1/0.2 for NWPU-RESISC45, 0.5/0.8 for UC-Merced)")
+    try:
+        check_val_ratio(dataset.get("val_ratio") or 0.0)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
     arch = config["model"]["arch"]
     if arch not in MODELS:
         raise ConfigError(f"model.arch={arch!r} is not known; valid: {', '.join(sorted(MODELS))}")
@@ -59,7 +68,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
 # Settings whose value must be a number (or a boolean); Hydra passes ``optimizer.lr=abc`` on as the string "abc",
 # which would otherwise fail deep inside a worker after the data is decoded. None: the setting may be null.
 NUMBER_SETTINGS: dict[str, type] = {
-    "seed": int, "epochs": int, "batch_size": int, "eval_batch_size": int,
+    "seed": int, "epochs": int, "eval_every": int, "dataset.val_ratio": float, "batch_size": int, "eval_batch_size": int,
     "optimizer.lr": float, "optimizer.momentum": float, "optimizer.weight_decay": float,
     "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
     "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,

@@ -21,21 +21,19 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
-from rsnet.engine.checkpoint import last_checkpoint, load_checkpoint, save_checkpoint
+from rsnet.engine.checkpoint import last_checkpoint, load_checkpoint
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.evaluate import compute_metrics, evaluate
+from rsnet.engine.epoch_end import finish_epoch, new_run_state
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir
 from rsnet.engine.step_timer import StepTimer
-from rsnet.files import atomic_write
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Strategy
-from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
-from rsnet.viz.logging import TensorBoardLogger, hparam_metrics, pick_attention_images
+from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +129,13 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     criterion = MultiBranchLoss(**config["model"].get("loss", {}))
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, optimizer, len(data.train), config["batch_size"], seed)
-    state = {"epoch": 0, "best_accuracy": -1.0, "history": [], "wall_time_s": 0.0}
+    state = new_run_state()
     if resume_from:
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device)
         model.load_state_dict(checkpoint["model_state"])
         optimizer.load_state_dict(checkpoint["optimizer_state"])
         strategy.load_state_dict(checkpoint["strategy_state"])
-        state = {key: checkpoint[key] for key in state}
+        state = {key: checkpoint.get(key, state[key]) for key in state}
         log.info("resumed from %s after epoch %d", resume_from, state["epoch"])
     _seed_augmentation(data, seed, ctx.rank, state["epoch"])
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
@@ -148,8 +146,10 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
             started = time.perf_counter()
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
             state["wall_time_s"] += time.perf_counter() - started
+            state["epoch"] = epoch + 1
             if ctx.is_primary:
-                final = finish_epoch(config, epoch, data, model, optimizer, strategy, meter, state, tb, attention_ids)
+                final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
+                                     attention_ids) or final
             if ctx.world_size > 1:
                 dist.barrier()  # no worker claims the next epoch's samples while the primary evaluates
         if ctx.is_primary and ctx.world_size > 1:
@@ -167,7 +167,7 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
     reuse_split = split_file.is_file() and config["trainer"].get("resume")
     weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
     data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None,
-                                      mean=weights["mean"], std=weights["std"])
+                                      mean=weights["mean"], std=weights["std"], augment=config.get("augment"))
     if write_split:
         data.split.save(split_file)
     return data
@@ -282,79 +282,6 @@ def _last_good_checkpoint(run_dir: Path) -> str:
     return f"Its last good checkpoint is {saved[0]} (after epoch {saved[1]})."
 
 
-def finish_epoch(config: dict[str, Any], epoch: int, data: DataBundle, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, strategy: Strategy, meter: EpochMeter, state: dict[str, Any],
-                 tb: TensorBoardLogger, attention_ids: list[int]) -> dict[str, Any]:
-    """Primary only: evaluate, log to TensorBoard, write checkpoints and metrics.json."""
-    run_dir = Path(config["run_dir"])
-    device = next(model.parameters()).device
-    result = evaluate(model, data.test, device, batch_size=config["eval_batch_size"])
-    metrics = compute_metrics(result, data.class_names)
-    state["epoch"] = epoch + 1
-    last_epoch = state["epoch"] == config["epochs"]
-    scalars = meter.summary()
-    scalars.update({f"test/oa/{head}": value for head, value in metrics["oa"].items()})
-    scalars["test/kappa"] = metrics["kappa"]
-    tb.scalars(scalars, state["epoch"])
-    for row in strategy.stats():
-        tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
-                   int(row.get("interval", state["epoch"])))
-    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), data.class_names, state["epoch"])
-    if last_epoch or state["epoch"] % config["log"]["attention_every"] == 0:
-        log_what_the_model_sees(config, data, model, tb, attention_ids, state["epoch"])
-    accuracy = metrics["accuracy"]
-    improved = accuracy > state["best_accuracy"]
-    if improved:
-        state["best_accuracy"] = accuracy
-    state["history"].append({"epoch": state["epoch"], "test_accuracy": accuracy, "oa": metrics["oa"],
-                             **{key: round(value, 5) for key, value in meter.summary().items()}})
-    payload = {
-        "model_config": model.model_config, "model_state": model.state_dict(),
-        "class_names": data.class_names, "image_size": data.image_size,
-        "mean": list(data.mean), "std": list(data.std),
-        "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
-        "config": config, "metrics": metrics, **state,
-    }
-    checkpoints = run_dir / "checkpoints"
-    save_checkpoint(checkpoints / "last.pt", payload)
-    if improved:
-        save_checkpoint(checkpoints / "best.pt", payload)
-    summary = run_summary(config, data, metrics, state, strategy.report())
-    _write_json(run_dir / "metrics.json", summary)
-    if last_epoch:
-        tb.hparams(config, hparam_metrics(summary), state["epoch"])
-    log.info("epoch %d/%d: test accuracy %.2f %% (best %.2f %%), %s", state["epoch"], config["epochs"], accuracy,
-             state["best_accuracy"], ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
-    return summary
-
-
-def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
-                            attention_ids: list[int], epoch: int) -> None:
-    """Attention maps of every branch, and the main branch's pooled features of test images in the embedding
-    projector (the same class-balanced subset of at most ``log.embedding_images`` every time: the projector writes
-    text, about 10 bytes a number, so a whole test set of VGG features would take gigabytes)."""
-    images = np.stack([data.test.raw(index) for index in attention_ids])
-    tb.attention_maps(model, images, data.mean, data.std, epoch)
-    indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
-    features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
-    tb.embeddings(features, names, thumbnails, epoch)
-
-
-def run_summary(config: dict[str, Any], data: DataBundle, metrics: dict[str, Any], state: dict[str, Any],
-                scheduler: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json document: test metrics of the last epoch plus the run's facts and scheduling figures."""
-    epochs_done = state["epoch"]
-    wall = state["wall_time_s"]
-    return {
-        "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
-        "trainer": config["trainer"].get("name"), "seed": config["seed"],
-        "epochs": epochs_done, "epochs_planned": config["epochs"],
-        "train_samples": len(data.train), "test_samples": len(data.test),
-        "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
-        "best_accuracy": state["best_accuracy"], **metrics, "scheduler": scheduler, "history": state["history"],
-    }
-
-
 def _lr(config: dict[str, Any], epoch: float) -> float:
     schedule = config["lr_schedule"]
     return learning_rate(epoch, base_lr=config["optimizer"]["lr"], epochs=config["epochs"], name=schedule["name"],
@@ -369,9 +296,3 @@ def _seed_augmentation(data: DataBundle, seed: int, rank: int, epoch: int) -> No
     random.seed(mixed)
     np.random.seed(mixed % (2**32))
     torch.manual_seed(mixed)
-
-
-def _write_json(path: Path, document: dict[str, Any]) -> None:
-    with atomic_write(path, "w") as handle:
-        handle.write(json.dumps(document, indent=2, default=float))
-

@@ -119,8 +119,8 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, boo
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """Final metrics for the HParams tab from a run summary (``metrics.json``) or ``compute_metrics``:
-    ``accuracy``, ``average_accuracy``, ``kappa``, ``best_accuracy`` (those present) and ``oa_<head>``."""
-    metrics = {key: float(summary[key]) for key in ("accuracy", "average_accuracy", "kappa", "best_accuracy")
+    ``accuracy``, ``average_accuracy``, ``kappa``, ``val_accuracy`` (those present) and ``oa_<head>``."""
+    metrics = {key: float(summary[key]) for key in ("accuracy", "average_accuracy", "kappa", "val_accuracy")
                if isinstance(summary.get(key), (int, float))}
     metrics.update({f"oa_{head}": float(value) for head, value in summary.get("oa", {}).items()})
     return metrics

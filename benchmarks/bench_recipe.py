@@ -1,0 +1,188 @@
+"""Recipe check on real data: a plain PyTorch/timm loop vs rsnet's baseline, ESD-MBENet and MGML-FENet.
+
+On the AID development subset (``../shared/data/aid-dev``: 30 classes × 60 real images, 150 px), at 64 px,
+train ratio 0.5 (900 train / 900 test images), resnet18 from scratch, the same epochs and seeds for every row:
+
+* ``plain``: a 50-line timm loop written here (SGD Nesterov, OneCycle lr 0.05, label smoothing 0.1, batch 32,
+  random flips + 90° rotations, no crop) on the same split and the same decoded 64 px images;
+* ``baseline``, ``esd_mbenet``, ``mgml_fenet``: ``scripts/train.py`` as a user runs it, with the shipped
+  defaults (only dataset, size, ratio, backbone, epochs and seed set; ``--set`` adds overrides for ablations).
+
+Rows are interleaved (seed 0 of every row, then seed 1, ...). It prints the test overall accuracy of every row
+(main branch and ensemble, mean ± std over the seeds), training images/s and the step-cost ratio of each model
+to the baseline (baseline images/s ÷ model images/s, from the same runs), then one verdict line per target
+(printed, not asserted). Figures on aid-dev are development-subset figures, never AID results.
+
+    python benchmarks/bench_recipe.py                              # 3 seeds × 4 rows × 30 epochs, ~90 min on 2 cores
+    python benchmarks/bench_recipe.py --seeds 0 --rows plain,baseline --epochs 5      # quick look
+    python benchmarks/bench_recipe.py --rows baseline --set model.loss.label_smoothing=0.0   # an ablation
+    # the same table in about half the time on 2 cores: two processes with one thread each, then one table
+    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 --json a.json &
+    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 --json b.json
+    python benchmarks/bench_recipe.py --report a.json b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
+RSNET_ROWS = ("baseline", "esd_mbenet", "mgml_fenet")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def plain_loop(seed: int, args: argparse.Namespace) -> dict:
+    """The reference recipe: timm model, SGD Nesterov + OneCycle, label smoothing, flips and 90° rotations."""
+    from rsnet.data import build_datasets  # only for the identical split and decoded images
+
+    data = build_datasets("aid", str(args.root), train_ratio=args.train_ratio, seed=seed, image_size=args.image_size,
+                          check_counts=False)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+
+    def tensors(part) -> tuple[torch.Tensor, torch.Tensor]:
+        images = np.stack([part.raw(i) for i in range(len(part))])
+        x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div(255)
+        return (x - mean) / std, torch.as_tensor(np.asarray(part.labels), dtype=torch.long)
+
+    x_train, y_train = tensors(data.train)
+    x_test, y_test = tensors(data.test)
+    torch.manual_seed(seed)
+    model = timm.create_model(args.backbone, num_classes=len(data.class_names))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    steps_per_epoch = -(-len(x_train) // args.batch)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, epochs=args.epochs,
+                                                   steps_per_epoch=steps_per_epoch)
+    generator = torch.Generator().manual_seed(seed)
+    train_seconds = 0.0
+    for _ in range(args.epochs):
+        model.train()
+        started = time.perf_counter()
+        order = torch.randperm(len(x_train), generator=generator)
+        for start in range(0, len(order), args.batch):
+            batch = order[start:start + args.batch]
+            x, y = x_train[batch], y_train[batch]
+            if torch.rand(1, generator=generator) < 0.5:
+                x = x.flip(3)
+            x = torch.rot90(x, int(torch.randint(4, (1,), generator=generator)), dims=(2, 3))
+            loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        train_seconds += time.perf_counter() - started
+    model.eval()
+    with torch.no_grad():
+        predictions = torch.cat([model(x_test[i:i + 128]).argmax(1) for i in range(0, len(x_test), 128)])
+    accuracy = 100.0 * float((predictions == y_test).float().mean())
+    return {"main": accuracy, "ensemble": accuracy, "images_per_s": len(x_train) * args.epochs / train_seconds}
+
+
+def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict:
+    """``scripts/train.py`` with the shipped defaults on aid-dev; test OA of the main branch and the ensemble."""
+    overrides = ["dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
+                 f"dataset.train_ratio={args.train_ratio}", f"backbone={args.backbone}", f"model={model}",
+                 f"epochs={args.epochs}", f"seed={seed}", "log.progress_bar=false", f"hydra.run.dir={run_dir}",
+                 # evaluation and TensorBoard images only at the end: they cost time and change no weight
+                 f"eval_every={args.epochs}", f"log.attention_every={args.epochs}", *args.set]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{model} seed {seed} failed:\n{done.stderr[-3000:]}")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"]}
+
+
+def mean_std(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {spread:.2f}"
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    """The table and the verdict lines."""
+    print("\n| row | seeds | main-branch OA (%) | ensemble OA (%) | images/s | step cost vs baseline |")
+    print("|---|---|---|---|---|---|")
+    base_speed = statistics.mean(r["images_per_s"] for r in results["baseline"]) if "baseline" in results else None
+    for row, runs in results.items():
+        speed = statistics.mean(r["images_per_s"] for r in runs)
+        cost = f"{base_speed / speed:.2f}×" if base_speed else "-"
+        print(f"| {row} | {len(runs)} | {mean_std([r['main'] for r in runs])} | "
+              f"{mean_std([r['ensemble'] for r in runs])} | {speed:.1f} | {cost} |")
+    mean = {row: {key: statistics.mean(r[key] for r in runs) for key in ("main", "ensemble", "images_per_s")}
+            for row, runs in results.items()}
+    verdicts = []
+    if {"plain", "baseline"} <= mean.keys():
+        verdicts.append(("baseline ≥ plain loop", mean["baseline"]["main"] >= mean["plain"]["main"],
+                         f"{mean['baseline']['main'] - mean['plain']['main']:+.2f} points"))
+        ratio = mean["baseline"]["images_per_s"] / mean["plain"]["images_per_s"]
+        verdicts.append(("baseline images/s ≥ 0.95 × plain", ratio >= 0.95, f"{ratio:.2f}×"))
+    if "baseline" in mean:
+        base = mean["baseline"]["main"]
+        for row, key, gain in (("esd_mbenet", "main", 2.0), ("mgml_fenet", "ensemble", 2.0), ("mgml_fenet", "main", 1.0)):
+            if row in mean:
+                verdicts.append((f"{row} {key} ≥ baseline + {gain:g}", mean[row][key] >= base + gain,
+                                 f"{mean[row][key] - base:+.2f} points"))
+    for row in ("esd_mbenet", "mgml_fenet"):
+        if row in mean:
+            gap = mean[row]["ensemble"] - mean[row]["main"]
+            verdicts.append((f"{row} main within 1 point of its ensemble", gap <= 1.0, f"gap {gap:+.2f} points"))
+    for name, ok, figure in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  {name}: {figure}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=AID_DEV, help="aid-dev's AID folder")
+    parser.add_argument("--rows", default="plain," + ",".join(RSNET_ROWS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--train-ratio", type=float, default=0.5)
+    parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument("--batch", type=int, default=32, help="batch of the plain loop (rsnet uses its batch_size)")
+    parser.add_argument("--set", action="append", default=[], help="extra override for the rsnet rows (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the table of --json files (of runs made in "
+                        "parallel, e.g. one process for plain,baseline and one for the two models) and stop")
+    args = parser.parse_args()
+    if args.report:
+        merged: dict[str, list[dict]] = {}
+        for path in args.report:
+            merged.update(json.loads(path.read_text()))
+        report(merged)
+        return
+    if not args.root.is_dir():
+        raise SystemExit(f"skipped: the AID development subset is not at '{args.root}' (pass --root DIR)")
+    rows = [row.strip() for row in args.rows.split(",") if row.strip()]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    results: dict[str, list[dict]] = {row: [] for row in rows}
+    with tempfile.TemporaryDirectory(prefix="bench_recipe_") as tmp:
+        for seed in seeds:
+            for row in rows:
+                started = time.perf_counter()
+                figures = plain_loop(seed, args) if row == "plain" else rsnet_run(row, seed, args,
+                                                                                   Path(tmp) / f"{row}_seed{seed}")
+                results[row].append(figures)
+                print(f"{row} seed {seed}: main {figures['main']:.2f} %, ensemble {figures['ensemble']:.2f} %, "
+                      f"{figures['images_per_s']:.1f} img/s ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""What the primary worker does after every epoch: evaluate (every ``eval_every`` epochs and at the last),
+select the model on validation, log, write checkpoints and metrics.json.
+
+Selection: with a validation part (``dataset.val_ratio`` > 0) ``best.pt`` is the epoch with the highest
+validation accuracy and the headline figure is that epoch's test accuracy; without one nothing is selected
+(choosing an epoch on test accuracy would leak the test set into the figure) and the headline is the last
+epoch's test accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rsnet.data import DataBundle
+from rsnet.engine.checkpoint import save_checkpoint
+from rsnet.engine.evaluate import compute_metrics, evaluate
+from rsnet.files import atomic_write
+from rsnet.parallel.strategies import Strategy
+from rsnet.settings import pretrained_tag
+from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
+from rsnet.viz.logging import TensorBoardLogger, hparam_metrics
+
+log = logging.getLogger(__name__)
+
+def new_run_state() -> dict[str, Any]:
+    """The run's progress as checkpoints carry it: epochs done, the last evaluation, the selected epoch."""
+    return {"epoch": 0, "history": [], "wall_time_s": 0.0, "last_metrics": None, "selected": None}
+
+
+def evaluates_after(epoch: int, config: dict[str, Any]) -> bool:
+    """Whether the 1-based ``epoch`` is evaluated: every ``eval_every`` epochs, and always the last."""
+    return epoch % int(config.get("eval_every", 1)) == 0 or epoch == int(config["epochs"])
+
+
+def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 strategy: Strategy, train_scalars: dict[str, float], state: dict[str, Any], tb: TensorBoardLogger,
+                 attention_ids: list[int]) -> dict[str, Any] | None:
+    """Primary only, after ``state["epoch"]`` was advanced: evaluate if due, log, save; the metrics.json document
+    when this epoch was evaluated (else None)."""
+    epoch = state["epoch"]
+    tb.scalars(train_scalars, epoch)
+    for row in strategy.stats():
+        tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
+                   int(row.get("interval", epoch)))
+    evaluated = evaluates_after(epoch, config)
+    improved = False
+    if evaluated:
+        improved = _evaluate_and_select(config, data, model, state, tb, train_scalars)
+        if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
+            log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
+    else:
+        state["history"].append({"epoch": epoch, **_rounded(train_scalars)})
+    _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
+    if not evaluated:
+        return None
+    summary = run_summary(config, data, state, strategy.report())
+    write_json(Path(config["run_dir"]) / "metrics.json", summary)
+    if epoch == config["epochs"]:
+        tb.hparams(config, hparam_metrics(summary), epoch)
+    return summary
+
+
+def _evaluate_and_select(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, state: dict[str, Any],
+                         tb: TensorBoardLogger, train_scalars: dict[str, float]) -> bool:
+    """Test (and validation) metrics of this epoch into the state and TensorBoard; True if validation improved."""
+    epoch = state["epoch"]
+    device = next(model.parameters()).device
+    metrics = compute_metrics(evaluate(model, data.test, device, batch_size=config["eval_batch_size"]),
+                              data.class_names)
+    state["last_metrics"] = metrics
+    scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
+    scalars["test/kappa"] = metrics["kappa"]
+    record = {"epoch": epoch, "test_accuracy": metrics["accuracy"], "oa": metrics["oa"], **_rounded(train_scalars)}
+    improved = False
+    if data.val is not None:
+        val = compute_metrics(evaluate(model, data.val, device, batch_size=config["eval_batch_size"]), data.class_names)
+        scalars.update({f"val/oa/{head}": value for head, value in val["oa"].items()})
+        record["val_accuracy"] = val["accuracy"]
+        selected = state["selected"]
+        improved = selected is None or val["accuracy"] > selected["val_accuracy"]
+        if improved:
+            state["selected"] = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
+    tb.scalars(scalars, epoch)
+    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), data.class_names, epoch)
+    state["history"].append(record)
+    chosen = state["selected"]
+    picked = f", validation {record['val_accuracy']:.2f} % (selected: epoch {chosen['epoch']})" if chosen else ""
+    log.info("epoch %d/%d: test accuracy %.2f %%%s, %s", epoch, config["epochs"], metrics["accuracy"], picked,
+             ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
+    return improved
+
+
+def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer, strategy: Strategy, state: dict[str, Any],
+                      improved: bool) -> None:
+    """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
+    payload = {
+        "model_config": model.model_config, "model_state": model.state_dict(),
+        "class_names": data.class_names, "image_size": data.image_size,
+        "mean": list(data.mean), "std": list(data.std),
+        "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
+        "config": config, "metrics": state["last_metrics"], **state,
+    }
+    checkpoints = Path(config["run_dir"]) / "checkpoints"
+    save_checkpoint(checkpoints / "last.pt", payload)
+    if improved:
+        save_checkpoint(checkpoints / "best.pt", payload)
+
+
+def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
+                            attention_ids: list[int], epoch: int) -> None:
+    """Attention maps of every branch, and the main branch's pooled features of test images in the embedding
+    projector (the same class-balanced subset of at most ``log.embedding_images`` every time: the projector writes
+    text, about 10 bytes a number, so a whole test set of VGG features would take gigabytes)."""
+    images = np.stack([data.test.raw(index) for index in attention_ids])
+    tb.attention_maps(model, images, data.mean, data.std, epoch)
+    indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
+    features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
+    tb.embeddings(features, names, thumbnails, epoch)
+
+
+def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
+    """What makes two runs comparable: the evaluation protocol and the training budget (recorded in metrics.json,
+    grouped by in ``rsnet-aggregate``)."""
+    dataset = config["dataset"]
+    return {
+        "dataset": dataset["name"], "train_ratio": data.split.train_ratio,
+        "val_ratio": float(dataset.get("val_ratio") or 0.0), "image_size": data.image_size,
+        "pretrained": pretrained_tag(config["backbone"].get("pretrained", False)),
+        "epochs": config["epochs"], "eval_every": int(config.get("eval_every", 1)),
+        "selection": "validation" if data.val is not None else "last epoch",
+    }
+
+
+def run_summary(config: dict[str, Any], data: DataBundle, state: dict[str, Any],
+                scheduler: dict[str, Any]) -> dict[str, Any]:
+    """The metrics.json document: the headline test metrics (of the selected epoch, else of the last evaluated
+    one), the protocol, the run's facts and its scheduling figures."""
+    epochs_done = state["epoch"]
+    wall = state["wall_time_s"]
+    selected = state["selected"]
+    headline = selected["metrics"] if selected else state["last_metrics"]
+    summary = {
+        "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
+        "trainer": config["trainer"].get("name"), "seed": config["seed"], "protocol": protocol(config, data),
+        "epochs": epochs_done, "epochs_planned": config["epochs"],
+        "train_samples": len(data.train), "val_samples": len(data.val) if data.val is not None else 0,
+        "test_samples": len(data.test),
+        "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
+        **headline,
+    }
+    if selected:
+        last = state["last_metrics"]
+        summary["selected_epoch"] = selected["epoch"]
+        summary["val_accuracy"] = selected["val_accuracy"]
+        summary["last_epoch_test"] = {"accuracy": last["accuracy"], "oa": last["oa"]}
+    return {**summary, "scheduler": scheduler, "history": state["history"]}
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` as indented JSON, atomically."""
+    with atomic_write(path, "w") as handle:
+        handle.write(json.dumps(document, indent=2, default=float))
+
+
+def _rounded(scalars: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 5) for key, value in scalars.items()}
