@@ -21,6 +21,7 @@ from rsnet.data.transforms import (
     ColorJitterAffine,
     Dihedral,
     RandomResizedCrop,
+    augmentation_options,
     crop_box,
     dihedral_numpy,
     eval_transform,
@@ -65,6 +66,34 @@ def test_train_transform_knobs():
     assert A.ColorJitter in [type(t) for t in train_transform(16, hue=0.05).transforms]
     crop = train_transform(16, scale=(0.3, 0.6)).transforms[0]
     assert isinstance(crop, RandomResizedCrop) and tuple(crop.scale) == (0.3, 0.6)
+
+
+def test_augment_settings_crop_only_from_128_px_on_auto():
+    assert augmentation_options({"crop_scale": "auto", "color_jitter": 0.2}, 64) == {"scale": None, "color_jitter": 0.2}
+    assert augmentation_options(None, 224) == {"scale": (0.5, 1.0), "color_jitter": 0.2}
+    assert augmentation_options({"crop_scale": [0.3, 0.9], "color_jitter": 0}, 64)["scale"] == (0.3, 0.9)
+    assert augmentation_options({"crop_scale": None}, 224)["scale"] is None
+    uncropped = train_transform(16, scale=None, color_jitter=0.0, seed=0)
+    assert not any(isinstance(step, RandomResizedCrop) for step in uncropped.transforms)
+    image = _image(16, 16)
+    out = uncropped(image=image)["image"]
+    normalised = (torch.from_numpy(image).permute(2, 0, 1).float() / 255 - torch.tensor(IMAGENET_MEAN).view(3, 1, 1)) \
+        / torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    for channel in range(3):  # a flip/rotation only: every channel holds the same values, rearranged
+        assert torch.allclose(out[channel].flatten().sort().values, normalised[channel].flatten().sort().values,
+                              atol=1e-5)
+
+
+@pytest.mark.parametrize("augment, message", [
+    ({"crop_scale": [0.5]}, "augment.crop_scale must be auto, null or \\[min, max\\]"),
+    ({"crop_scale": [0.9, 0.5]}, "augment.crop_scale must satisfy 0 < min <= max <= 1"),
+    ({"crop_scale": "big"}, "augment.crop_scale must be auto"),
+    ({"color_jitter": 1.5}, "augment.color_jitter must be a number in \\[0, 1\\)"),
+    ({"color_jitter": "x"}, "augment.color_jitter"),
+])
+def test_bad_augment_settings_name_the_setting(augment, message):
+    with pytest.raises(ValueError, match=message):
+        augmentation_options(augment, 64)
 
 
 def test_get_batch_matches_per_item_normalisation(mini_root):

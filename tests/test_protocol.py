@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.engine.epoch_end import evaluates_after
@@ -67,3 +70,40 @@ def test_a_sweep_over_ratios_writes_one_folder_per_protocol_and_prints_the_paper
     assert f"rsnet-aggregate folders={tmp_path}" in result.stdout
     assert "| method | train 50% | train 60% |" in result.stdout
     assert "| baseline (test_resnet) | " in result.stdout
+
+
+def compose_train(*overrides: str) -> DictConfig:
+    """rsnet-train's config for ``overrides``, with its ``hydra`` section."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.mark.parametrize("preset, dataset, ratios", [
+    ("paper_aid", "aid", "0.2,0.5"), ("paper_nwpu_resisc45", "nwpu_resisc45", "0.1,0.2"),
+    ("paper_ucmerced", "ucmerced", "0.5,0.8"),
+])
+def test_paper_presets_set_the_recipe_and_sweep_the_protocol(preset: str, dataset: str, ratios: str) -> None:
+    cfg = compose_train(f"experiment={preset}")
+    assert cfg.dataset.name == dataset and cfg.dataset.image_size == 224 and cfg.epochs == 60
+    assert cfg.backbone.name == "resnet50" and cfg.backbone.pretrained is True
+    assert dict(cfg.hydra.sweeper.params) == {"dataset.train_ratio": ratios, "model": "baseline,esd_mbenet,mgml_fenet",
+                                              "seed": "0,1,2,3,4"}
+    assert cfg.hydra.sweep.dir == f"multirun/{preset}"
+
+
+def test_the_cpu_preset_is_the_recipe_check() -> None:
+    cfg = compose_train("experiment=cpu_aid_dev", "backbone=test_resnet")
+    assert (cfg.dataset.name, cfg.dataset.image_size, cfg.dataset.train_ratio, cfg.epochs) == ("aid", 64, 0.5, 30)
+    assert cfg.backbone.name == "test_resnet"  # a command-line group choice wins over the preset's
+
+
+@pytest.mark.parametrize("override, message", [
+    ("dataset.val_ratio=1.0", "dataset.val_ratio"), ("dataset.val_ratio=-0.1", "dataset.val_ratio"),
+    ("eval_every=0", "eval_every=0: must be a positive integer"), ("eval_every=2.5", "eval_every=2.5"),
+])
+def test_bad_protocol_settings_are_refused_before_training(override: str, message: str) -> None:
+    from rsnet.engine.config_checks import ConfigError, check_training_config
+
+    config = OmegaConf.to_container(compose_train("backbone=test_resnet", override), resolve=False)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_training_config(config)
