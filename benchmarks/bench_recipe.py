@@ -16,6 +16,7 @@ to the baseline (baseline images/s ÷ model images/s, from the same runs), then 
     python benchmarks/bench_recipe.py                              # 3 seeds × 4 rows × 30 epochs, ~90 min on 2 cores
     python benchmarks/bench_recipe.py --seeds 0 --rows plain,baseline --epochs 5      # quick look
     python benchmarks/bench_recipe.py --rows baseline --set model.loss.label_smoothing=0.0   # an ablation
+    python benchmarks/bench_recipe.py --step-cost                  # training step cost vs baseline at 64 and 224 px
     # the same table in about half the time on 2 cores: two processes with one thread each, then one table
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 --json a.json &
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 --json b.json
@@ -107,6 +108,44 @@ def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) ->
     return {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"]}
 
 
+def step_cost(args: argparse.Namespace) -> None:
+    """Training step time of each model relative to the baseline (forward, loss, backward, SGD step), at 64 and
+    224 px, in interleaved rounds (every model once per round) so drifts in machine load hit all alike."""
+    from omegaconf import OmegaConf
+
+    from rsnet.losses import MultiBranchLoss
+    from rsnet.models import build_model
+
+    print("\n| image size | batch | model | step (ms, median of rounds) | × baseline |\n|---|---|---|---|---|")
+    for size, batch in ((64, 32), (224, 16)):
+        torch.manual_seed(0)
+        images, labels = torch.randn(batch, 3, size, size), torch.randint(30, (batch,))
+        runners = {}
+        for row in RSNET_ROWS:
+            shipped = OmegaConf.load(REPO / "conf" / "model" / f"{row}.yaml")
+            model = build_model(row, args.backbone, 30, **shipped.get("options", {}))
+            criterion = MultiBranchLoss(**shipped.get("loss", {}))
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
+            runners[row] = (model, criterion, optimizer)
+        times: dict[str, list[float]] = {row: [] for row in RSNET_ROWS}
+        for round_index in range(args.cost_rounds + 1):  # round 0 warms up
+            for row in RSNET_ROWS[round_index % 3:] + RSNET_ROWS[:round_index % 3]:
+                model, criterion, optimizer = runners[row]
+                started = time.perf_counter()
+                for _ in range(3):
+                    loss = criterion(model(images), labels, epoch=10.0).total
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                if round_index:
+                    times[row].append((time.perf_counter() - started) / 3 * 1000)
+        base = statistics.median(times["baseline"])
+        for row in RSNET_ROWS:
+            median = statistics.median(times[row])
+            spread = f"{min(times[row]):.0f}-{max(times[row]):.0f}"
+            print(f"| {size} | {batch} | {row} | {median:.0f} ({spread}) | {median / base:.2f}× |", flush=True)
+
+
 def mean_std(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.2f} ± {spread:.2f}"
@@ -156,9 +195,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="batch of the plain loop (rsnet uses its batch_size)")
     parser.add_argument("--set", action="append", default=[], help="extra override for the rsnet rows (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--step-cost", action="store_true", help="only measure each model's training step cost "
+                        "relative to the baseline at 64 and 224 px (a few minutes)")
+    parser.add_argument("--cost-rounds", type=int, default=7)
     parser.add_argument("--report", type=Path, nargs="+", help="print the table of --json files (of runs made in "
                         "parallel, e.g. one process for plain,baseline and one for the two models) and stop")
     args = parser.parse_args()
+    if args.step_cost:
+        step_cost(args)
+        return
     if args.report:
         merged: dict[str, list[dict]] = {}
         for path in args.report:
