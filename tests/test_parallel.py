@@ -1,7 +1,7 @@
 """The scheduler end to end on two CPU processes over gloo: claiming, adaptation, merging, baselines, faults.
 
 Worker functions live at module level so the spawned processes can unpickle them. Each test runs a
-tiny model on random tensors through a loop that mirrors the trainer's (contracts §5).
+tiny model on random tensors through a loop that mirrors the trainer's.
 """
 
 from __future__ import annotations

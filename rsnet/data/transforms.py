@@ -14,16 +14,16 @@ keeping our augmentations independent of its internals means its ``Compose`` (an
 ``Normalize``/``Resize``/``ColorJitter``/``ToTensorV2``, all public API) could be replaced without
 touching the augmentations. ``tests/test_data_transforms.py`` checks the rule.
 
-Every augmenting step of the training pipeline works on uint8 and costs a few tens of µs at 128 px:
+Every augmenting step of the training pipeline works on uint8 with one OpenCV call (timings: docs/data.md):
 
 - :class:`RandomResizedCrop`: torchvision's crop draw (:func:`crop_box`), then one ``cv2.resize`` of
   the crop view;
 - :class:`Dihedral`: one of the eight flips/rotations of the square (the elements of ``A.D4``), applied
-  with ``cv2.flip``/``cv2.rotate``/``cv2.transpose`` instead of ``np.rot90`` views, whose later copy
-  into a contiguous array cost ~0.1 ms per image;
+  with ``cv2.flip``/``cv2.rotate``/``cv2.transpose``, which write contiguous arrays (``np.rot90`` views
+  would be copied again into the batch);
 - :class:`ColorJitterAffine`: brightness, contrast and saturation jitter (same factor ranges and random
   order as ``A.ColorJitter``/torchvision), composed into one 3×4 colour matrix and applied by a single
-  ``cv2.transform`` (≈ 15 µs instead of ≈ 130 µs for ``A.ColorJitter``);
+  ``cv2.transform`` (a fraction of ``A.ColorJitter``'s cost, which converts colour spaces per step);
 - ``Normalize`` + ``ToTensorV2`` at the end: :meth:`SceneDataset.get_batch` recognises them and
   normalises the whole batch at once in torch (per image only when indexing ``ds[i]``).
 """
@@ -202,7 +202,7 @@ class Dihedral(A.ImageOnlyTransform):
         super().__init__(p=p)
 
     def get_params(self) -> dict[str, str]:
-        # Python's RNG (seeded by Compose like numpy's): Generator.choice costs ~10 µs a call
+        # Python's RNG, seeded by Compose like numpy's and cheaper per call than a numpy Generator.choice
         return {"group_element": self.py_random.choice(_D4_ELEMENTS)}
 
     def apply(self, img: np.ndarray, group_element: str, **params: Any) -> np.ndarray:

@@ -50,6 +50,8 @@ from rsnet.parallel.schedule import (
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("adaptive", "sync", "local_sgd")
+# Strategies built in this process so far: each gets its own key prefix in the c10d store, so a second run in the
+# same process group (tests, sweeps in one interpreter) never reads the claims or timings a first one left there.
 _instances = 0
 
 # Per-worker fields carried in the merge's meta vector, in this order.
