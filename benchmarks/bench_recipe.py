@@ -39,11 +39,11 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from rsnet.commands.aggregate import mean_std
+
 REPO = Path(__file__).resolve().parents[1]
 AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
 RSNET_ROWS = ("baseline", "esd_mbenet", "mgml_fenet")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def plain_loop(seed: int, args: argparse.Namespace) -> dict:
@@ -52,8 +52,8 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
 
     data = build_datasets("aid", str(args.root), train_ratio=args.train_ratio, seed=seed, image_size=args.image_size,
                           check_counts=False)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(data.mean).view(1, 3, 1, 1)  # ImageNet's, as rsnet's resnet18 uses
+    std = torch.tensor(data.std).view(1, 3, 1, 1)
 
     def tensors(part) -> tuple[torch.Tensor, torch.Tensor]:
         images = np.stack([part.raw(i) for i in range(len(part))])
@@ -144,11 +144,6 @@ def step_cost(args: argparse.Namespace) -> None:
             median = statistics.median(times[row])
             spread = f"{min(times[row]):.0f}-{max(times[row]):.0f}"
             print(f"| {size} | {batch} | {row} | {median:.0f} ({spread}) | {median / base:.2f}× |", flush=True)
-
-
-def mean_std(values: list[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {spread:.2f}"
 
 
 def report(results: dict[str, list[dict]]) -> None:

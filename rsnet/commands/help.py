@@ -16,6 +16,8 @@ from rsnet.commands import conf_folder
 
 RESOLVER = "rsnet_help"
 SKIPPED_BLOCKS = ("defaults", "hydra")  # composition and Hydra's own settings: not the command's keys
+# What a group left at ``null`` in a command's defaults list means for that command (else: none is composed)
+NULL_GROUP_MEANING = {"evaluate": "the run's own"}
 FOOTER = ("Every setting is key=value on the command line (a group: group=option). Hydra's own flags work too:\n"
           "--cfg job prints the composed config, --hydra-help lists Hydra's options.")
 
@@ -43,7 +45,7 @@ def _settings(lines: list[str]) -> list[str]:
     return kept
 
 
-def _groups(defaults: list[Any]) -> list[str]:
+def _groups(defaults: list[Any], config_name: str) -> list[str]:
     """``group: option, option, ...  (default: x)`` for every config group in the ``defaults`` list."""
     lines = []
     for entry in defaults:
@@ -54,7 +56,7 @@ def _groups(defaults: list[Any]) -> list[str]:
                 continue
             options = sorted(path.name.removesuffix(".yaml") for path in conf_folder().joinpath(group).iterdir()
                              if path.name.endswith(".yaml"))
-            chosen = "the run's own" if default is None else default
+            chosen = NULL_GROUP_MEANING.get(config_name, "none") if default is None else default
             lines.append(f"{group}: {', '.join(options)}  (default: {chosen})")
     return lines
 
@@ -65,7 +67,7 @@ def command_help(config_name: str) -> str:
     lines = text.splitlines()
     defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []  # not resolved
     sections = ["\n".join(_header(lines))]
-    groups = _groups(defaults)
+    groups = _groups(defaults, config_name)
     if groups:
         sections.append("== Config groups (group=option; a group's keys: group.key=value) ==\n" + "\n".join(groups))
     sections.append("== Settings (key=value) ==\n" + "\n".join(_settings(lines)))

@@ -105,7 +105,7 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
         "class_names": data.class_names, "image_size": data.image_size,
         "mean": list(data.mean), "std": list(data.std),
         "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
-        "config": config, "metrics": state["last_metrics"], **state,
+        "config": config, **state,  # state: epochs done, history, the last evaluation, the selected epoch
     }
     checkpoints = Path(config["run_dir"]) / "checkpoints"
     save_checkpoint(checkpoints / "last.pt", payload)
@@ -131,7 +131,7 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
     dataset = config["dataset"]
     return {
         "dataset": dataset["name"], "train_ratio": data.split.train_ratio,
-        "val_ratio": float(dataset.get("val_ratio") or 0.0), "image_size": data.image_size,
+        "val_ratio": data.split.val_ratio, "image_size": data.image_size,
         "pretrained": pretrained_tag(config["backbone"].get("pretrained", False)),
         "epochs": config["epochs"], "eval_every": int(config.get("eval_every", 1)),
         "selection": "validation" if data.val is not None else "last epoch",
