@@ -89,3 +89,11 @@ def test_bare_words_and_renamed_keys_are_refused_with_the_key_to_use() -> None:
     with pytest.raises(ValueError, match=r"\+model=x: this command takes checkpoint="):
         check_renamed_setting(["+model=x"], "model", "checkpoint")
     check_renamed_setting(["checkpoint=model=x"], "model", "checkpoint")
+
+
+def test_a_group_left_out_is_none_for_train_and_the_runs_own_for_evaluate() -> None:
+    from rsnet.commands.help import command_help
+
+    assert "experiment: cpu_aid_dev, paper_aid, paper_nwpu_resisc45, paper_recipe, paper_ucmerced  (default: none)" \
+        in command_help("config")
+    assert "(default: the run's own)" in command_help("evaluate") and "(default: none)" not in command_help("evaluate")
