@@ -23,7 +23,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from rsnet.models import build_model
-from rsnet.models.prune import extract_main_branch
+from rsnet.models.main_branch import extract_main_branch
 
 NUM_CLASSES = 45  # NWPU-RESISC45
 

@@ -35,7 +35,7 @@ from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
-from rsnet.models.prune import baseline_from_main_branch, extract_main_branch
+from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
 
 FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
            "timm": "model.safetensors"}  # timm: with its config.json

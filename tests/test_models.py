@@ -8,7 +8,7 @@ import torch
 
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import MODELS, BackboneError, build_model, validate_image_size
-from rsnet.models.prune import extract_main_branch
+from rsnet.models.main_branch import extract_main_branch
 
 NUM_CLASSES = 5
 SIZE = 64

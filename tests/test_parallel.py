@@ -194,7 +194,7 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
         assert row["b/0"] % 8 == 0 and row["b/1"] % 8 == 0
         assert row["idle/0"] >= 0 and row["merge_time"] > 0
-    # Sizes settle (no oscillation; the pure controller's monotonicity is tested in test_parallel_schedule).
+    # Sizes settle (no oscillation; the pure controller's monotonicity is tested in test_parallel_batching).
     sizes0 = [r["b/0"] for r in rows]
     assert max(sizes0[-5:]) - min(sizes0[-5:]) <= 8, sizes0
     assert "simulated" in out["summary"] or "slowdown" in out["summary"]

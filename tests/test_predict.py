@@ -245,7 +245,7 @@ def test_attention_from_an_onnx_export_is_refused_before_any_image(esd_checkpoin
 def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoint, tmp_path: Path,
                                                                      monkeypatch) -> None:
     import rsnet.export
-    from rsnet.models.prune import baseline_from_main_branch
+    from rsnet.models.main_branch import baseline_from_main_branch
 
     rsnet.export.export_checkpoint(esd_checkpoint[1], tmp_path / "exported", format="state_dict")
     exported = rsnet.export.load_exported(tmp_path / "exported")

@@ -18,7 +18,7 @@ from torch import nn
 import rsnet.parallel.strategies as strategies_module
 from conftest import DictStore
 from rsnet.parallel import WorkerContext, build_strategy
-from rsnet.parallel.schedule import epoch_permutation
+from rsnet.parallel.batching import epoch_permutation
 
 SEED = 3
 

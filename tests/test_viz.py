@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from test_evaluate import PlainClassifier, StandInModel
 
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
-from rsnet.viz.logging import TensorBoardLogger, pick_attention_images, render_confusion_matrix
+from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images, render_confusion_matrix
 
 
 @pytest.fixture

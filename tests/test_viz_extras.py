@@ -12,7 +12,7 @@ from PIL import Image
 from rsnet.models import build_model
 from rsnet.viz.attention import attention_source, class_activation_maps, grad_cam, normalize_maps
 from rsnet.viz.embedding import dataset_embedding, main_branch_features, pick_embedding_images, thumbnail_side
-from rsnet.viz.logging import TensorBoardLogger, flatten_config, hparam_metrics
+from rsnet.viz.tensorboard import TensorBoardLogger, flatten_config, hparam_metrics
 
 
 @pytest.fixture(scope="module")

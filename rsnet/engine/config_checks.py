@@ -16,7 +16,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import MODELS, validate_image_size
-    from rsnet.parallel.schedule import check_batch_settings
+    from rsnet.parallel.batching import check_batch_settings
 
     check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):

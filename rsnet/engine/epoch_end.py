@@ -24,7 +24,7 @@ from rsnet.files import atomic_write
 from rsnet.parallel.strategies import Strategy
 from rsnet.settings import pretrained_tag
 from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
-from rsnet.viz.logging import TensorBoardLogger, hparam_metrics
+from rsnet.viz.tensorboard import TensorBoardLogger, hparam_metrics
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
-from rsnet.viz.logging import render_confusion_matrix
+from rsnet.viz.tensorboard import render_confusion_matrix
 
 ENSEMBLE_PREFIX = "ensemble"
 TTA_MODES = ("none", "d4")

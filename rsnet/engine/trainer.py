@@ -33,7 +33,7 @@ from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Strategy
-from rsnet.viz.logging import TensorBoardLogger, pick_attention_images
+from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,12 @@ from torch import nn
 
 from rsnet.models.backbones import (BackboneError, TimmBackbone, backbone_data_config, backbone_layout,
                                     validate_image_size)
-from rsnet.models.baseline import Baseline, RSNetModel
+from rsnet.models.base import RSNetModel
+from rsnet.models.baseline import Baseline
 from rsnet.models.esd_mbenet import ESDMBENet
 from rsnet.models.mgml_fenet import MGMLFENet
 from rsnet.models.output import MultiBranchOutput
-from rsnet.models.prune import extract_main_branch
+from rsnet.models.main_branch import extract_main_branch
 
 MODELS: dict[str, Callable[..., RSNetModel]] = {
     "baseline": Baseline,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rsnet.models.baseline import RSNetModel
-from rsnet.models.heads import FeatureAugmentation, GapLinear, gap
+from rsnet.models.base import RSNetModel
+from rsnet.models.branches import FeatureAugmentation, GapLinear, gap
 from rsnet.models.output import MultiBranchOutput
 
 AUX_BRANCHES = ("dilated", "copy")
@@ -50,7 +50,7 @@ class ESDMBENet(RSNetModel):
 
     def forward(self, x: Tensor) -> MultiBranchOutput:
         s3 = self.backbone.trunk(x)[-1]
-        s4, head_map, z_main = self._main(s3)
+        s4, head_map, z_main = self.main_branch(s3)
         logits = {"main": z_main}
         features = {"main": head_map, "stage4": s4}
         maps = [s4]

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rsnet.models.baseline import RSNetModel
-from rsnet.models.heads import FullChannelGenerator, FusionBranch
+from rsnet.models.base import RSNetModel
+from rsnet.models.branches import FullChannelGenerator, FusionBranch
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -41,7 +41,7 @@ class MGMLFENet(RSNetModel):
 
     def forward(self, x: Tensor) -> MultiBranchOutput:
         trunk = self.backbone.trunk(x)
-        s4, head_map, z_main = self._main(trunk[-1])
+        s4, head_map, z_main = self.main_branch(trunk[-1])
         maps = dict(zip((1, 2, 3, 4), [*trunk, s4]))
         logits = {"main": z_main}
         features = {"main": head_map, "stage4": s4}

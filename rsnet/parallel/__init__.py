@@ -5,7 +5,7 @@ See docs/scheduler.md for the algorithm, the configs and the torchrun command fo
 
 from rsnet.parallel.launcher import WorkerContext, WorkerError, choose_backend, launch
 from rsnet.parallel.merge import normalized_merge
-from rsnet.parallel.schedule import next_batch_sizes
+from rsnet.parallel.batching import next_batch_sizes
 from rsnet.parallel.strategies import (
     STRATEGIES,
     AdaptiveStrategy,

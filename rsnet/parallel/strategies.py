@@ -35,7 +35,7 @@ from torch.distributed.algorithms.model_averaging.utils import average_parameter
 
 from rsnet.parallel.launcher import WorkerContext
 from rsnet.parallel.merge import average_buffers, normalized_merge
-from rsnet.parallel.schedule import (
+from rsnet.parallel.batching import (
     IntervalClaimer,
     check_batch_settings,
     epoch_permutation,

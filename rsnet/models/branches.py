@@ -1,4 +1,5 @@
-"""Building blocks shared by the multi-branch models."""
+"""The extra branches of the multi-branch models: ESD-MBENet's feature augmentation, MGML-FENet's fusion
+branch and feature generators, and the GAP -> FC head they share."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import DictStore
 
-from rsnet.parallel.schedule import (
+from rsnet.parallel.batching import (
     IntervalClaimer,
     check_batch_settings,
     claim_span,
