@@ -1,7 +1,8 @@
-"""Export a trained model (its main branch, or the full ensemble) with its metadata, and load it back.
+"""Export a trained model (its main branch, or the full ensemble) with its metadata.
 
-    from rsnet.export import export_checkpoint, load_exported
-    result = export_checkpoint("run/checkpoints/best.pt", "exported/", format="torchscript", head="main")
+    from rsnet.export import export_checkpoint
+    from rsnet.trained_model import load_exported
+    result = export_checkpoint("run/checkpoints/last.pt", "exported/", format="torchscript", head="main")
     model = load_exported("exported/")          # callable: images (B, 3, H, W) -> logits (B, N)
     model.class_names, model.image_size, model.mean, model.std
 
@@ -10,12 +11,9 @@ classifier; ``head="ensemble"`` writes the full multi-branch model returning its
 Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX through ``torch.export``, opset 18, dynamic
 batch), ``model.pt`` (a state dict) or, for ``format="timm"`` (main branch only), timm's own
 ``model.safetensors`` + ``config.json`` (``timm.create_model("local-dir:<folder>", pretrained=True)``
-rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...).
-
-``load_model(path)`` is the one way the scripts go from a ``checkpoint=``/``model=`` path to a model:
-a file is that file (a checkpoint, or an export's model file / model.json); a folder is a run (its
-``checkpoints/best.pt``, else ``last.pt``), a checkpoints folder, or an export folder. An export is never
-written where it would overwrite or shadow a training checkpoint.
+rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...). Every export is
+loaded back and its logits checked against the full model's. An export is never written where it would
+overwrite or shadow a training checkpoint.
 """
 
 from __future__ import annotations
@@ -27,107 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import timm
 import torch
 from torch import Tensor, nn
 
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
-from rsnet.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
+from rsnet.trained_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportedModel, ExportError,
+                                 ModelSource, load_exported, model_from_training_checkpoint, names_export_file,
+                                 resolve_model_path)
 
-FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
-           "timm": "model.safetensors"}  # timm: with its config.json
-TIMM_CONFIG = "config.json"  # beside model.safetensors in a timm export
 ONNX_OPSET = 18
 HEADS = ("main", "ensemble")
-METADATA_FILE = "model.json"
 EXPORT_VERSION = 1
-CHECKPOINT_NAMES = ("best.pt", "last.pt")  # a run's checkpoints, in order of preference
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
-
-
-class ExportError(ValueError):
-    """A checkpoint or exported file rsnet cannot use, explained."""
-
-
-class EnsembleLogits(nn.Module):
-    """The full model returning one logits tensor: its ensemble head (main when it has none)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(x).prediction_logits
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What a ``checkpoint=``/``model=`` path resolved to: a checkpoint file, or an export (file or model.json)."""
-
-    path: Path
-    kind: str  # "checkpoint" or "export"
-    note: str = ""  # how a folder was resolved, for the log
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.path}" + (f" ({self.note})" if self.note else "")
-
-
-def _names_export_file(path: Path) -> bool:
-    """True when the model.json beside ``path`` describes an export whose model file is ``path``."""
-    try:
-        meta = json.loads((path.parent / METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("file") == path.name
-
-
-def _run_checkpoint(folder: Path) -> ModelSource | None:
-    """best.pt (else last.pt) of a run folder's checkpoints/ or of a checkpoints folder itself."""
-    for where in (folder / "checkpoints", folder):
-        for name in CHECKPOINT_NAMES:
-            if (where / name).is_file():
-                note = f"the best checkpoint of {folder}" if name == "best.pt" else \
-                    f"the last checkpoint of {folder}: it has no best.pt"
-                return ModelSource(where / name, "checkpoint", note)
-    return None
-
-
-def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> ModelSource:
-    """Decide what ``path`` (the value of ``setting``) means; a file is never swapped for one beside it."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{setting}={path} does not exist; pass a checkpoint file (.pt), a run folder or an "
-                                "exported model folder")
-    if path.is_file():
-        exported = path.suffix in (".json", ".ts", ".onnx") or _names_export_file(path)
-        return ModelSource(path, "export" if exported else "checkpoint")
-    export = path / METADATA_FILE if (path / METADATA_FILE).is_file() else None
-    checkpoint = _run_checkpoint(path)
-    if export is not None and checkpoint is not None:
-        raise ValueError(f"{setting}={path} holds both training checkpoints and an export ({METADATA_FILE}); pass "
-                         f"the file you mean: {setting}={checkpoint.path} or {setting}={export}")
-    if export is not None:
-        return ModelSource(export, "export")
-    if checkpoint is not None:
-        return checkpoint
-    raise FileNotFoundError(f"{setting}={path} holds no model: pass a run folder (with checkpoints/best.pt or "
-                            f"last.pt), a checkpoint file or an exported model folder (with {METADATA_FILE})")
-
-
-def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """Load a checkpoint and rebuild its model (eval mode), with clear errors for files that don't fit."""
-    checkpoint = load_checkpoint(path)
-    try:
-        return model_from_checkpoint(checkpoint, source=path), checkpoint
-    except ValueError as error:
-        raise ExportError(str(error)) from error
 
 
 @dataclass
 class ExportResult:
+    """The written model file and model.json, and how far the export's logits are from the full model's."""
+
     path: Path
     metadata_path: Path
     max_abs_diff: float | None
@@ -143,7 +61,7 @@ def _checkpoints_in(folder: Path) -> list[Path]:
     """Checkpoint-like files in ``folder`` and its checkpoints/ (a previous export's own model.pt excepted)."""
     found = [p for where in (folder, folder / "checkpoints") if where.is_dir() for p in sorted(where.iterdir())
              if p.suffix in CHECKPOINT_SUFFIXES and p.is_file()]
-    return [p for p in found if not (p.parent == folder and _names_export_file(p))]
+    return [p for p in found if not (p.parent == folder and names_export_file(p))]
 
 
 def check_export_dir(out_dir: Path) -> None:
@@ -290,79 +208,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str =
     return result
 
 
-class ExportedModel(nn.Module):
-    """An exported model: ``model(images) -> logits`` with ``.metadata`` (class names, size, mean/std)."""
-
-    def __init__(self, module: nn.Module | None, metadata: dict[str, Any], session: Any = None) -> None:
-        super().__init__()
-        self.module = module
-        self.session = session
-        self.metadata = metadata
-
-    class_names = property(lambda self: list(self.metadata["class_names"]))
-    image_size = property(lambda self: int(self.metadata["image_size"]))
-    mean = property(lambda self: list(self.metadata["mean"]))
-    std = property(lambda self: list(self.metadata["std"]))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.session is not None:
-            (logits,) = self.session.run(["logits"], {"images": x.detach().cpu().float().numpy()})
-            return torch.from_numpy(logits).to(x.device)
-        return self.module(x)
-
-
-def _find_metadata(path: Path) -> Path:
-    if path.is_dir():
-        candidates = [path / METADATA_FILE]
-    elif path.name == TIMM_CONFIG:  # a timm export's config.json: its model.json is beside it
-        candidates = [path.parent / METADATA_FILE]
-    else:
-        candidates = [path, path.parent / METADATA_FILE]
-    for candidate in candidates:
-        if candidate.suffix == ".json" and candidate.is_file():
-            return candidate
-    raise ExportError(f"{path}: no {METADATA_FILE} found; pass a folder written by scripts/export_main_branch.py")
-
-
-def load_exported(path: str | Path, map_location: str | torch.device = "cpu") -> ExportedModel:
-    """Load what ``export_model`` wrote (its folder, model file or model.json)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"exported model {path} does not exist")
-    metadata_path = _find_metadata(path)
-    try:
-        meta = json.loads(metadata_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ExportError(f"{metadata_path} is not valid JSON ({error})") from error
-    if not isinstance(meta, dict) or "rsnet_export" not in meta or meta.get("format") not in FORMATS:
-        raise ExportError(f"{metadata_path} is not the metadata of an rsnet export")
-    file = metadata_path.parent / meta["file"]
-    own_files = (meta["file"], TIMM_CONFIG) if meta["format"] == "timm" else (meta["file"],)
-    if path.is_file() and path != metadata_path and path.name not in own_files:
-        raise ExportError(f"{path} is not an exported model ({metadata_path} describes {file})")
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} (named by {metadata_path}) does not exist")
-    fmt = meta["format"]
-    if fmt == "torchscript":
-        return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
-    if fmt == "timm":
-        model = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=True)
-        return ExportedModel(model.eval(), meta)
-    if fmt == "onnx":
-        try:
-            import onnxruntime
-        except ImportError as error:
-            raise ExportError(f"running {file} needs onnxruntime (pip install onnxruntime)") from error
-        return ExportedModel(None, meta, session=onnxruntime.InferenceSession(str(file)))
-    state = torch.load(file, map_location=map_location, weights_only=True)
-    if meta["head"] == "main":
-        module: nn.Module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"])
-    else:
-        module = EnsembleLogits(build_model(**meta["model_config"]))
-        state = {f"model.{k}": v for k, v in state.items()}
-    module.load_state_dict(state)
-    return ExportedModel(module.eval(), meta)
-
 
 def attention_model(exported: ExportedModel) -> nn.Module:
     """The export as an rsnet model for CAM / Grad-CAM (feature maps, gradients), rebuilt from the export's own
@@ -396,25 +241,3 @@ def attention_model(exported: ExportedModel) -> nn.Module:
     return model
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to run: ``model(images)`` gives a MultiBranchOutput (checkpoint) or logits (export)."""
-
-    model: nn.Module
-    source: ModelSource
-    metadata: dict[str, Any]  # class_names, image_size, mean, std (an export: all of its model.json)
-    train_config: dict[str, Any] | None = None  # a checkpoint's training config
-    epoch: int | None = None
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu", setting: str = "checkpoint") -> LoadedModel:
-    """The one way from a ``checkpoint=``/``model=`` path to a model on ``device`` (see :func:`resolve_model_path`)."""
-    source = resolve_model_path(path, setting)
-    if source.kind == "export":
-        exported = load_exported(source.path, map_location=device)
-        return LoadedModel(exported.to(device), source, dict(exported.metadata))
-    model, checkpoint = model_from_training_checkpoint(source.path)
-    metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
-    dataset = (checkpoint.get("config") or {}).get("dataset") or {}
-    metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
-    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"))

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from torch import nn
 
-from rsnet.engine.evaluate import (
+from rsnet.evaluation import (
     EvalResult,
     cohen_kappa,
     compute_metrics,
@@ -25,7 +25,7 @@ from rsnet.engine.evaluate import (
     write_confusion_csv,
     write_confusion_png,
 )
-from rsnet.export import LoadedModel, ModelSource
+from rsnet.trained_model import LoadedModel, ModelSource
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -166,18 +166,6 @@ def test_evaluate_plain_classifier_and_loader() -> None:
     result = evaluate(model, loader, "cpu")
     assert list(result.predictions) == ["main"] and result.reported_head == "main"
     assert compute_metrics(result, list("abcd"))["num_samples"] == 6
-
-
-def test_evaluate_ensemble_mean_of_two_ensembles() -> None:
-    class Two(StandInModel):
-        def forward(self, x):
-            out = super().forward(x)
-            out.logits["ensemble_feat"] = out.logits["aux1"]
-            return out
-
-    result = evaluate(Two(), TensorDataset(n=5), "cpu")
-    assert "ensemble_mean" in result.predictions
-    assert "oa/ensemble_mean" in compute_metrics(result, list("abcd"))
 
 
 def test_evaluate_empty_dataset() -> None:

@@ -17,8 +17,8 @@ import torch
 from conftest import compose_command
 
 import rsnet
-from rsnet.engine.checkpoint import save_checkpoint
-from rsnet.export import ExportError, ExportResult, export_checkpoint, load_exported
+from rsnet.export import ExportResult, export_checkpoint
+from rsnet.trained_model import ExportError, load_exported, save_checkpoint
 from rsnet.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def full_logits(checkpoint: Path, x: torch.Tensor, head: str) -> torch.Tensor:
-    from rsnet.export import model_from_training_checkpoint
+    from rsnet.trained_model import model_from_training_checkpoint
 
     model, _ = model_from_training_checkpoint(checkpoint)
     with torch.no_grad():
@@ -196,7 +196,7 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
 
 def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path) -> None:
     """Was: a best.pt beside an export's model.json was taken for the export (predict used model.pt instead)."""
-    from rsnet.export import resolve_model_path
+    from rsnet.trained_model import resolve_model_path
 
     run = tmp_path / "run"
     best = write_checkpoint(run / "checkpoints" / "best.pt")

@@ -13,7 +13,8 @@ from conftest import compose_command
 from test_export import (CLASSES, SIZE, _export_script, deprecations_from_rsnet, export_recording, full_logits,
                          write_checkpoint)
 
-from rsnet.export import ExportError, ExportResult, export_checkpoint, load_exported, load_model
+from rsnet.export import ExportResult, export_checkpoint
+from rsnet.trained_model import ExportError, load_exported, load_model
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from rsnet.cli import user_errors
-from rsnet.engine import checkpoint as checkpoint_module
-from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.trained_model import load_checkpoint, save_checkpoint
 from rsnet.files import DiskFullError, check_writable_dir
 
 PAYLOAD = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],
@@ -26,7 +25,7 @@ def test_full_disk_during_a_checkpoint_names_it_and_keeps_the_previous_one(tmp_p
         handle.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(SystemExit) as stopped, user_errors():
         save_checkpoint(last, {**PAYLOAD, "epoch": 2})
     assert stopped.value.code == 1

@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rsnet.data import DATASETS
-from rsnet.engine.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.trained_model import load_checkpoint, save_checkpoint
 from rsnet.export import export_checkpoint
 from rsnet.models import build_model
 

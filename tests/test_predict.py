@@ -15,7 +15,9 @@ from PIL import Image
 from conftest import compose_command
 from test_evaluate import StandInModel
 
-from rsnet.engine.checkpoint import save_checkpoint
+import rsnet.export
+import rsnet.trained_model
+from rsnet.trained_model import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "predict.py"
@@ -81,9 +83,8 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    import rsnet.export
 
-    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
     rows = predict_mod.predict(predict_command(
@@ -144,11 +145,10 @@ def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_pa
 
 
 def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import rsnet.export
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     (image_dir / "b2_broken.png").write_bytes(b"garbage")
     (image_dir / "d_broken.jpg").write_bytes(b"garbage")
@@ -166,11 +166,10 @@ def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
 
 def test_a_run_folder_without_best_pt_means_its_last(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
                                                      capsys) -> None:
-    import rsnet.export
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     run = tmp_path / "run"
     save_checkpoint(run / "checkpoints" / "last.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     predict_mod.predict(predict_command([f"checkpoint={run}", f"images={image_dir}"]))
@@ -194,7 +193,8 @@ def esd_checkpoint(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
 @pytest.mark.parametrize("fmt", ["torchscript", "state_dict", "timm"])
 def test_an_export_predicts_like_the_main_branch_and_draws_its_attention(fmt, esd_checkpoint, image_dir: Path,
                                                                          tmp_path: Path, predict_mod) -> None:
-    from rsnet.export import attention_model, export_checkpoint, load_exported
+    from rsnet.export import attention_model, export_checkpoint
+    from rsnet.trained_model import load_exported
     from rsnet.viz.attention import grad_cam
 
     model, ckpt = esd_checkpoint
@@ -244,11 +244,10 @@ def test_attention_from_an_onnx_export_is_refused_before_any_image(esd_checkpoin
 
 def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoint, tmp_path: Path,
                                                                      monkeypatch) -> None:
-    import rsnet.export
     from rsnet.models.main_branch import baseline_from_main_branch
 
     rsnet.export.export_checkpoint(esd_checkpoint[1], tmp_path / "exported", format="state_dict")
-    exported = rsnet.export.load_exported(tmp_path / "exported")
+    exported = rsnet.trained_model.load_exported(tmp_path / "exported")
 
     def other_weights(state, backbone, num_classes):
         model = baseline_from_main_branch(state, backbone, num_classes)
@@ -256,7 +255,7 @@ def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoi
         return model
 
     monkeypatch.setattr(rsnet.export, "baseline_from_main_branch", other_weights)
-    with pytest.raises(rsnet.export.ExportError, match="does not give the export's logits"):
+    with pytest.raises(rsnet.trained_model.ExportError, match="does not give the export's logits"):
         rsnet.export.attention_model(exported)
 
 
@@ -264,11 +263,10 @@ def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoi
 def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path: Path, monkeypatch, capsys,
                                                          high_bit_depth: str | None) -> None:
     """Was: a 16-bit TIFF became a solid white image and predict printed a confident class for it."""
-    import rsnet.export
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     config = {"dataset": {"high_bit_depth": high_bit_depth}} if high_bit_depth else {}
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", {**_payload({"arch": "stand_in"}, model.state_dict()),
                                                    "config": config})

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rsnet.engine.checkpoint import load_checkpoint
+from rsnet.trained_model import load_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["backbone=test_resnet", "dataset.image_size=64", "batch_size=32", "log.progress_bar=false",

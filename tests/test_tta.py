@@ -15,8 +15,8 @@ from test_predict import _load_script, _payload
 from test_predict import CLASSES as PREDICT_CLASSES
 from torch import nn
 
-from rsnet.engine.checkpoint import save_checkpoint
-from rsnet.engine.evaluate import TTAModel, compute_metrics, d4_views, evaluate, tta_setting
+from rsnet.trained_model import save_checkpoint
+from rsnet.evaluation import TTAModel, compute_metrics, d4_views, evaluate, tta_setting
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -114,13 +114,13 @@ def test_evaluate_script_accepts_tta(monkeypatch, tmp_path: Path, capsys) -> Non
 
 
 def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
-    import rsnet.export
+    import rsnet.trained_model
 
     predict_mod = _load_script()
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.export, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
     images = tmp_path / "imgs"
     images.mkdir()

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.data import CorruptImageError, build_datasets_from_config
-from rsnet.engine.evaluate import (
+from rsnet.evaluation import (
     TTAModel,
     compute_metrics,
     evaluate,
@@ -31,9 +31,9 @@ from rsnet.engine.evaluate import (
     write_confusion_csv,
     write_confusion_png,
 )
-from rsnet.export import ModelSource, load_model
 from rsnet.files import atomic_write
 from rsnet.settings import check_writable, int_setting, resolve_device
+from rsnet.trained_model import ModelSource, load_model
 
 SCORES = ("precision", "recall", "f1")
 

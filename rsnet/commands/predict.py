@@ -38,10 +38,11 @@ from rsnet.cli import check_renamed_setting, user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
 from rsnet.data.errors import CorruptImageError
-from rsnet.engine.evaluate import TTAModel, tta_setting
-from rsnet.export import attention_model, load_model
+from rsnet.evaluation import TTAModel, tta_setting
+from rsnet.export import attention_model
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device
+from rsnet.trained_model import load_model
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
 @dataclass
@@ -74,9 +75,10 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 def load_predictor(path: str | Path, device: torch.device, head: str | None = None, tta: str = "none",
                    attention: bool = False) -> Predictor:
-    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.export.load_model` resolves it;
-    with ``tta="d4"`` its forward averages the logits of the 8 dihedral views (:class:`TTAModel`). ``attention``:
-    an export is also rebuilt as an rsnet model for its attention maps (:func:`rsnet.export.attention_model`)."""
+    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.trained_model.load_model`
+    resolves it; with ``tta="d4"`` its forward averages the logits of the 8 dihedral views (:class:`TTAModel`).
+    ``attention``: an export is also rebuilt as an rsnet model for its attention maps
+    (:func:`rsnet.export.attention_model`)."""
     loaded = load_model(path, device, setting="checkpoint")
     meta, model = loaded.metadata, loaded.model
     scored = TTAModel(model) if tta == "d4" else model

@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import USER_ERRORS, user_errors
 from rsnet.commands import conf_folder, hydra_config_path
-from rsnet.engine.checkpoint import last_checkpoint
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
 from rsnet.parallel.launcher import WorkerError
+from rsnet.trained_model import last_checkpoint
 
 log = logging.getLogger("rsnet.train")
 CONF = conf_folder()  # the package rsnet.conf: the checkout's conf/ or its installed copy

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rsnet.trained_model import run_checkpoint_path
+
 
 class ConfigError(ValueError):
     """A setting that cannot work; the message names the setting and what to do."""
@@ -173,7 +175,7 @@ def _has(config: dict[str, Any], dotted: str) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
-    last = run_dir / "checkpoints" / "last.pt"
+    last = run_checkpoint_path(run_dir)
     if resume and overwrite:
         raise ConfigError("trainer.resume=true and trainer.overwrite=true contradict each other: pass resume to "
                           "continue the run in this run dir, overwrite to start afresh there")

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from rsnet.data import DataBundle
-from rsnet.engine.checkpoint import save_checkpoint
-from rsnet.engine.evaluate import compute_metrics, evaluate
+from rsnet.evaluation import compute_metrics, evaluate
 from rsnet.files import atomic_write
 from rsnet.parallel.strategies import Strategy
 from rsnet.settings import pretrained_tag
+from rsnet.trained_model import run_checkpoint_path, save_checkpoint
 from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
 from rsnet.viz.tensorboard import TensorBoardLogger, hparam_metrics
 
@@ -107,10 +107,9 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
         "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
         "config": config, **state,  # state: epochs done, history, the last evaluation, the selected epoch
     }
-    checkpoints = Path(config["run_dir"]) / "checkpoints"
-    save_checkpoint(checkpoints / "last.pt", payload)
+    save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
     if improved:
-        save_checkpoint(checkpoints / "best.pt", payload)
+        save_checkpoint(run_checkpoint_path(config["run_dir"], "best.pt"), payload)
 
 
 def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,

@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
-from rsnet.engine.checkpoint import last_checkpoint, load_checkpoint
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import finish_epoch, new_run_state
 from rsnet.engine.lr_schedule import learning_rate
@@ -33,6 +32,7 @@ from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Strategy
+from rsnet.trained_model import last_checkpoint, load_checkpoint
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
         model = model.to(memory_format=torch.channels_last)
     criterion = MultiBranchLoss(**config["model"].get("loss", {}))
     optimizer = build_optimizer(model, config["optimizer"])
-    strategy = build_strategy(config["trainer"], ctx, model, optimizer, len(data.train), config["batch_size"], seed)
+    strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
     state = new_run_state()
     if resume_from:
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
 from rsnet.viz.tensorboard import render_confusion_matrix
 
-ENSEMBLE_PREFIX = "ensemble"
 TTA_MODES = ("none", "d4")
 
 
@@ -42,7 +41,6 @@ class EvalResult:
     probabilities: dict[str, np.ndarray]
     targets: np.ndarray
     reported_head: str = "main"
-    heads: list[str] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:
@@ -124,13 +122,11 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
         model.eval()
     probs: dict[str, list[np.ndarray]] = {}
     targets: list[np.ndarray] = []
-    heads: list[str] = []
     reported = "main"
     try:
         for images, labels in _loader(data, batch_size):
             output = _as_output(model(images.to(device)))
-            if not heads:
-                heads = list(output.logits)
+            if not probs:
                 reported = output.ensemble or output.main
             for head, logits in output.logits.items():
                 probs.setdefault(head, []).append(torch.softmax(logits.float(), dim=1).cpu().numpy())
@@ -141,12 +137,9 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
     if not targets:
         raise ValueError("evaluate() got an empty dataset")
     probabilities = {head: np.concatenate(parts).astype(np.float32) for head, parts in probs.items()}
-    ensemble_heads = [h for h in heads if h.startswith(ENSEMBLE_PREFIX)]
-    if len(ensemble_heads) >= 2:  # e.g. logit ensemble and feature ensemble: also score their mean
-        probabilities["ensemble_mean"] = np.mean([probabilities[h] for h in ensemble_heads], axis=0)
     predictions = {head: p.argmax(axis=1).astype(np.int64) for head, p in probabilities.items()}
     return EvalResult(predictions=predictions, probabilities=probabilities, targets=np.concatenate(targets),
-                      reported_head=reported, heads=list(probabilities))
+                      reported_head=reported)
 
 
 def confusion_matrix(targets: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
