@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU and print its accuracy
-	$(PY) scripts/train.py trainer.overwrite=true
+	$(PY) scripts/train.py overwrite=true
 
 test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data)
 	$(PY) -m pytest -q

@@ -117,7 +117,7 @@ def overrides(trainer: str, model: str, devices: list[str], args: argparse.Names
     """Command-line overrides of scripts/train.py for one run."""
     values = [f"trainer={trainer}", f"trainer.devices=[{','.join(devices)}]", f"model={model}",
               f"backbone={args.backbone}", "backbone.pretrained=false", f"epochs={args.epochs}",
-              "log.progress_bar=false", "log.attention_every=2", f"hydra.run.dir={run_dir}", "trainer.overwrite=true",
+              "log.progress_bar=false", "log.attention_every=2", f"hydra.run.dir={run_dir}", "overwrite=true",
               f"trainer.timeout_s={max(1, args.timeout // 2)}"]  # a hung collective is reported by the trainer before the kill
     if args.image_size:
         values.append(f"dataset.image_size={args.image_size}")

@@ -106,7 +106,7 @@ def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:
     last = tmp_path / "checkpoints" / "last.pt"
     last.parent.mkdir()
     last.write_bytes(b"x")
-    with pytest.raises(ConfigError, match="trainer.resume=true"):
+    with pytest.raises(ConfigError, match="resume=true"):
         check_run_dir(tmp_path, resume=False, overwrite=False)
     assert check_run_dir(tmp_path, resume=False, overwrite=True) is None
     assert check_run_dir(tmp_path, resume=True, overwrite=False) == last

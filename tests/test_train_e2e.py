@@ -98,7 +98,7 @@ def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
 def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "resumed"
     shutil.copytree(esd_run, run_dir)
-    result = train(run_dir, "model=esd_mbenet", "epochs=3", "trainer.resume=true")
+    result = train(run_dir, "model=esd_mbenet", "epochs=3", "resume=true")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["epochs"] == 3
     assert [row["epoch"] for row in metrics["history"]] == [1, 2, 3]
@@ -109,14 +109,14 @@ def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Pa
     run_dir = tmp_path / "finished"
     shutil.copytree(esd_run, run_dir)
     before = json.loads((run_dir / "metrics.json").read_text())
-    result = train(run_dir, "model=esd_mbenet", "epochs=2", "trainer.resume=true")
+    result = train(run_dir, "model=esd_mbenet", "epochs=2", "resume=true")
     assert f"test accuracy (ensemble): {before['accuracy']:.2f} %" in result.stdout
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 
 def test_resume_under_another_image_size_is_refused(esd_run: Path) -> None:
     """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
-    result = train(esd_run, "model=esd_mbenet", "epochs=3", "trainer.resume=true", "dataset.image_size=32",
+    result = train(esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",
                    expect_ok=False)
     assert result.returncode == 2
     assert "dataset.image_size=32 but the run" in result.stderr and "Traceback" not in result.stderr
@@ -128,7 +128,7 @@ def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: 
     assert (esd_run / ".hydra" / "config.yaml").is_file() and (esd_run / ".hydra" / "overrides.yaml").is_file()
     result = train(esd_run, "model=esd_mbenet", "epochs=2", "seed=7", expect_ok=False)
     assert result.returncode == 2
-    assert "trainer.resume=true" in result.stderr and "trainer.overwrite=true" in result.stderr
+    assert "resume=true" in result.stderr and "overwrite=true" in result.stderr
     assert dir_contents(esd_run) == before
 
 
@@ -196,7 +196,7 @@ def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "diverging"
     shutil.copytree(esd_run, run_dir)
-    result = train(run_dir, "model=esd_mbenet", "epochs=3", "trainer.resume=true", "optimizer.lr=1e30",
+    result = train(run_dir, "model=esd_mbenet", "epochs=3", "resume=true", "optimizer.lr=1e30",
                    "lr_schedule.warmup_epochs=0", expect_ok=False)
     assert result.returncode != 0
     assert "loss became" in result.stderr and "last good checkpoint" in result.stderr
@@ -274,7 +274,7 @@ def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: 
     last_lines = stderr.strip().splitlines()[-2:]
     assert last_lines[0].startswith(f"interrupted: {run_dir / 'checkpoints' / 'last.pt'} holds epoch"), stderr
     command = shlex.split(last_lines[1])
-    assert command[-2:] == [f"hydra.run.dir={run_dir}", "trainer.resume=true"]
+    assert command[-2:] == [f"hydra.run.dir={run_dir}", "resume=true"]
     if devices == "[cpu]":
         epoch = load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"]
         result = subprocess.run([sys.executable, *command[1:], f"epochs={epoch + 1}"], cwd=REPO,

@@ -2,7 +2,7 @@
 ``python scripts/train.py ...``).
 
 Every setting lives in ``conf/`` (Hydra; installed as the package ``rsnet.conf``); outputs go to the run directory
-(``hydra.run.dir``): checkpoints/, metrics.json, split.json, tensorboard/. ``trainer.resume=true`` continues a run.
+(``hydra.run.dir``): checkpoints/, metrics.json, split.json, tensorboard/. ``resume=true`` continues a run.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ def interrupted(config: dict) -> NoReturn:
 
 def resume_command(argv: list[str], run_dir: str) -> str:
     """The command line that continues this run: the same overrides, in the same run dir, with resume."""
-    replaced = ("trainer.resume=", "trainer.overwrite=", "hydra.run.dir=")
+    replaced = ("resume=", "overwrite=", "hydra.run.dir=")
     kept = [arg for arg in argv[1:] if not arg.lstrip("+~").startswith(replaced)]
     command = ["python", argv[0]] if argv[0].endswith(".py") else [argv[0]]  # a script, or the rsnet-train command
-    return shlex.join([*command, *kept, f"hydra.run.dir={run_dir}", "trainer.resume=true"])
+    return shlex.join([*command, *kept, f"hydra.run.dir={run_dir}", "resume=true"])
 
 
 def record_config(cfg: DictConfig, run_dir: Path) -> None:

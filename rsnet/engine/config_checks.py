@@ -80,8 +80,8 @@ NUMBER_SETTINGS: dict[str, type] = {
     "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
     "trainer.average_every": int, "trainer.cpu_threads": int,
 }
-BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar", "trainer.resume",
-                    "trainer.overwrite",
+BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar", "resume",
+                    "overwrite",
                     "dataset.skip_corrupt", "trainer.log_intervals")
 _NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads"}
 
@@ -155,7 +155,7 @@ def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpo
     for key in RUN_IDENTITY:
         now, before = _lookup(config, key), _lookup(saved, key)
         if now != before:
-            raise ConfigError(f"trainer.resume=true: {key}={now!r} but the run in {checkpoint} has {key}={before!r}; "
+            raise ConfigError(f"resume=true: {key}={now!r} but the run in {checkpoint} has {key}={before!r}; "
                               f"resuming keeps {', '.join(RUN_IDENTITY)} — pass the run's value, or start a new run "
                               "elsewhere (hydra.run.dir=...)")
 
@@ -177,14 +177,14 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
     last = run_checkpoint_path(run_dir)
     if resume and overwrite:
-        raise ConfigError("trainer.resume=true and trainer.overwrite=true contradict each other: pass resume to "
+        raise ConfigError("resume=true and overwrite=true contradict each other: pass resume to "
                           "continue the run in this run dir, overwrite to start afresh there")
     if resume:
         if not last.is_file():
-            raise ConfigError(f"trainer.resume=true but {last} does not exist; start without resume, or point "
+            raise ConfigError(f"resume=true but {last} does not exist; start without resume, or point "
                               "hydra.run.dir at the run to continue")
         return last
     if last.is_file() and not overwrite:
-        raise ConfigError(f"{run_dir} already holds a run ({last}); pass trainer.resume=true to continue it, "
-                          "trainer.overwrite=true to start afresh there, or choose another hydra.run.dir")
+        raise ConfigError(f"{run_dir} already holds a run ({last}); pass resume=true to continue it, "
+                          "overwrite=true to start afresh there, or choose another hydra.run.dir")
     return None

@@ -58,7 +58,7 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     run_dir.mkdir(parents=True, exist_ok=True)
     primary = os.environ.get("RANK", "0") == "0" or not started_by_torchrun()
     with hold_run_dir(run_dir) if primary else nullcontext():
-        resume_from = check_run_dir(run_dir, bool(trainer.get("resume")), bool(trainer.get("overwrite")))
+        resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
         if resume_from:
             # the workers load the weights; here only the config is read (tensors mapped, not loaded)
             check_resume_identity(config, load_checkpoint(resume_from, mmap=True)["config"], resume_from)
@@ -164,7 +164,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
 def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataBundle:
     """Build the train/test sets of the config; reuse the run's saved split when resuming."""
     split_file = run_dir / "split.json"
-    reuse_split = split_file.is_file() and config["trainer"].get("resume")
+    reuse_split = split_file.is_file() and config["resume"]
     weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
     data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None,
                                       mean=weights["mean"], std=weights["std"], augment=config.get("augment"))
