@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import compose_command
 from omegaconf import OmegaConf
 
 from rsnet.cli import check_no_bare_words, check_renamed_setting
@@ -50,7 +51,7 @@ def test_help_escapes_dollar_signs_for_hydras_template() -> None:
 def test_the_same_device_default_everywhere() -> None:
     assert OmegaConf.load(CONF / "predict.yaml").device == OmegaConf.load(CONF / "evaluate.yaml").device == "auto"
     for trainer in (CONF / "trainer").glob("*.yaml"):
-        assert OmegaConf.load(trainer).devices == "auto", trainer
+        assert compose_command("config", f"trainer={trainer.stem}").trainer.devices == "auto", trainer
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
