@@ -68,7 +68,7 @@ def test_copy_branches_and_options() -> None:
         build_model("esd_mbenet", "test_resnet", 3, aux_branch="nope")
     with pytest.raises(ValueError, match="unknown option"):
         build_model("baseline", "test_resnet", 3, grids=[1])
-    with pytest.raises(ValueError, match="unknown arch"):
+    with pytest.raises(ValueError, match=r"model.arch=.resnet. is not known; valid: baseline, esd_mbenet, mgml_fenet"):
         build_model("resnet", "test_resnet", 3)
 
 

@@ -5,6 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+SCHEDULES = ("cosine", "step")
+
+
+def check_schedule_name(name: str) -> str:
+    """Return ``name``; ValueError naming ``lr_schedule.name`` unless it is one of :data:`SCHEDULES`."""
+    if name not in SCHEDULES:
+        raise ValueError(f"lr_schedule.name={name!r} is not known; use {' or '.join(map(repr, SCHEDULES))}")
+    return name
+
 
 def learning_rate(
     epoch: float,
@@ -22,6 +31,7 @@ def learning_rate(
     Linear warm-up over ``warmup_epochs``, then ``cosine`` decay to ``min_lr_ratio * base_lr`` or
     ``step`` decay by ``gamma`` at each milestone (fractions of ``epochs``).
     """
+    check_schedule_name(name)
     if warmup_epochs > 0 and epoch < warmup_epochs:
         return base_lr * (epoch + 1e-3) / warmup_epochs
     if name == "cosine":
@@ -29,7 +39,5 @@ def learning_rate(
         progress = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
         floor = base_lr * min_lr_ratio
         return floor + (base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if name == "step":
-        passed = sum(1 for milestone in milestones if epoch >= milestone * epochs)
-        return base_lr * gamma**passed
-    raise ValueError(f"lr_schedule.name={name!r} is not known; use 'cosine' or 'step'")
+    passed = sum(1 for milestone in milestones if epoch >= milestone * epochs)  # name == "step"
+    return base_lr * gamma**passed

@@ -23,6 +23,13 @@ MODELS: dict[str, Callable[..., RSNetModel]] = {
 }
 
 
+def check_arch(arch: str, setting: str = "model.arch") -> str:
+    """Return ``arch``; ValueError naming ``setting`` unless it is one of :data:`MODELS`."""
+    if arch not in MODELS:
+        raise ValueError(f"{setting}={arch!r} is not known; valid: {', '.join(sorted(MODELS))}")
+    return arch
+
+
 def model_options(arch: str) -> list[str]:
     """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained."""
     cls = MODELS[arch]
@@ -35,8 +42,7 @@ def model_options(arch: str) -> list[str]:
 def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | str = False,
                 **options: Any) -> nn.Module:
     """Build an rsnet model; ``build_model(**model.model_config)`` rebuilds the same architecture."""
-    if arch not in MODELS:
-        raise ValueError(f"unknown arch {arch!r}; valid: {sorted(MODELS)}")
+    check_arch(arch)
     unknown = sorted(set(options) - set(model_options(arch)))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for arch {arch!r}; valid: {model_options(arch)}")
@@ -44,5 +50,5 @@ def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | s
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
-           "TimmBackbone", "backbone_data_config", "backbone_layout", "build_model", "extract_main_branch", "model_options",
+           "TimmBackbone", "backbone_data_config", "backbone_layout", "build_model", "check_arch", "extract_main_branch", "model_options",
            "validate_image_size"]
