@@ -24,6 +24,7 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,9 +61,9 @@ class PlainImageFolder(torch.utils.data.Dataset):
 
 @contextlib.contextmanager
 def one_torch_thread():
-    """Run torch ops on one thread, as DataLoader workers do. With two intra-op threads on a 2-core
-    machine whose other core is busy, one ``torch.stack`` of a batch can wait ~0.2 s for a descheduled
-    worker thread: that would measure the machine's load, not the input path."""
+    """Run torch ops on one thread, as DataLoader workers do. With two intra-op threads on a machine whose
+    other cores are busy, one ``torch.stack`` of a batch can wait for a descheduled worker thread: that would
+    measure the machine's load, not the input path."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -89,7 +90,7 @@ def throughput(ds, batch, passes=1):
 
 def stall(model, opt, source, steps):
     """Run ``steps`` training steps, pulling batches from iterator ``source``; return
-    (waiting seconds, total seconds, per-step seconds)."""
+    (waiting seconds, total seconds)."""
     lossf = torch.nn.CrossEntropyLoss()
     wait = total = 0.0
     it = iter(source)
@@ -161,7 +162,7 @@ def compare(plain, cached, batch, repeats):
     return plain_rates, cached_rates
 
 
-def main():
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="ucmerced_mini")
     ap.add_argument("--root", default=None)
@@ -171,22 +172,21 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-aid", action="store_true", help="skip the AID-sized (600 px JPEG) comparison")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    return ap.parse_args()
 
-    t0 = time.perf_counter()
-    bundle = build_datasets(args.dataset, args.root, 0.999, 0, args.size, cache="memory", check_counts=False)
-    build_s = time.perf_counter() - t0
-    cached = bundle.train  # ~all images, augmenting transform
-    plain = PlainImageFolder(cached.files, cached.labels, args.size, train_transform(args.size))
-    print(f"dataset {args.dataset}: {len(cached)} images at {args.size} px; decode-once build {build_s:.2f} s "
-          f"({len(cached) / build_s:.0f} img/s incl. scan, {cached.images.nbytes / 1e6:.1f} MB); "
-          f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
 
+def print_ratio(title, rates):
+    """The best images/s of both paths of ``compare`` and their ratio, under ``title``."""
+    plain, cached = max(rates[0]), max(rates[1])
+    print(title)
+    print(f"{'  plain':38s} {plain:10.0f}")
+    print(f"{'  cached':38s} {cached:10.0f}")
+    print(f"{'  ratio cached / plain':38s} {cached / plain:10.2f}x")
+
+
+def throughput_report(args, cached, plain):
+    """images/s of both paths: training transform, eval transform, and (unless --no-aid) 600 px JPEGs."""
     plain_rates, cached_rates = compare(plain, cached, args.batch, args.repeats)
-    p, c = max(plain_rates), max(cached_rates)
     # evaluation path (no augmentation: resize + normalise), same images
     ev_cached = SceneDataset(cached.store, cached.rows, cached.labels, cached.keys, cached.class_names,
                              eval_transform(args.size))
@@ -194,17 +194,26 @@ def main():
     ev = compare(ev_plain, ev_cached, args.batch, args.repeats)
     big = None
     if not args.no_aid:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
-            root = synthetic_aid(Path(tmp))
-            aid = build_datasets("aid", root, 0.999, 0, args.size, check_counts=False).train
+            aid = build_datasets("aid", synthetic_aid(Path(tmp)), 0.999, 0, args.size, check_counts=False).train
             aid_plain = PlainImageFolder(aid.files, aid.labels, args.size, train_transform(args.size))
             big = compare(aid_plain, aid, args.batch, max(2, args.repeats // 2))
+    p, c = max(plain_rates), max(cached_rates)
+    print()
+    print(f"{'input path':38s} {'images/s':>10s}")
+    print(f"{'plain (decode + augment per access)':38s} {p:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in plain_rates)})")
+    print(f"{'cached (decode once, augment)':38s} {c:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in cached_rates)})")
+    print(f"{'ratio cached / plain':38s} {c / p:10.2f}x  (target >= 5x)")
+    print_ratio("eval transform only (resize + normalise):", ev)
+    if big is not None:
+        print_ratio(f"same on 60 synthetic AID-sized files (600 px JPEG -> {args.size} px):", big)
 
+
+def stall_report(args, num_classes, cached, plain):
+    """Data stall of a resnet18 training step fed by each input path, the paths taking turns."""
     import timm
 
-    model = timm.create_model("resnet18", pretrained=False, num_classes=len(bundle.class_names))
+    model = timm.create_model("resnet18", pretrained=False, num_classes=num_classes)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sources = {
@@ -213,30 +222,11 @@ def main():
         "cached + BatchPrefetcher (prefetch)": prefetched(cached, args.batch),
     }
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in sources}
-    for _ in range(args.repeats if args.steps > 0 else 0):  # the sources take turns: load hits all alike
+    for _ in range(args.repeats):  # the sources take turns: load hits all alike
         for name, make in sources.items():
             src = make()
             rows[name].append(stall(model, opt, src, args.steps))
             src.close()
-
-    print()
-    print(f"{'input path':38s} {'images/s':>10s}")
-    print(f"{'plain (decode + augment per access)':38s} {p:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in plain_rates)})")
-    print(f"{'cached (decode once, augment)':38s} {c:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in cached_rates)})")
-    print(f"{'ratio cached / plain':38s} {c / p:10.2f}x  (target >= 5x)")
-    ep, ec = max(ev[0]), max(ev[1])
-    print("eval transform only (resize + normalise):")
-    print(f"{'  plain':38s} {ep:10.0f}")
-    print(f"{'  cached':38s} {ec:10.0f}")
-    print(f"{'  ratio cached / plain':38s} {ec / ep:10.2f}x")
-    if big is not None:
-        bp, bc = max(big[0]), max(big[1])
-        print(f"same on 60 synthetic AID-sized files (600 px JPEG -> {args.size} px):")
-        print(f"{'  plain':38s} {bp:10.0f}")
-        print(f"{'  cached':38s} {bc:10.0f}")
-        print(f"{'  ratio cached / plain':38s} {bc / bp:10.2f}x")
-    if args.steps <= 0:
-        return
     print()
     print(f"data stall, timm resnet18 on CPU, {args.size} px, batch {args.batch}, {args.steps} steps x "
           f"{args.repeats} interleaved rounds (target < 5 %):")
@@ -247,6 +237,24 @@ def main():
         waits = statistics.median(wait for wait, _ in runs) / args.steps
         print(f"{name:38s} {steps:8.3f} {1000 * waits:8.1f} {statistics.median(stalls):8.2f}% "
               f"({stalls[0]:.2f}-{stalls[-1]:.2f})")
+
+
+def main():
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    bundle = build_datasets(args.dataset, args.root, 0.999, 0, args.size, cache="memory", check_counts=False)
+    build_s = time.perf_counter() - t0
+    cached = bundle.train  # ~all images, augmenting transform
+    plain = PlainImageFolder(cached.files, cached.labels, args.size, train_transform(args.size))
+    print(f"dataset {args.dataset}: {len(cached)} images at {args.size} px; decode-once build {build_s:.2f} s "
+          f"({len(cached) / build_s:.0f} img/s incl. scan, {cached.images.nbytes / 1e6:.1f} MB); "
+          f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
+    throughput_report(args, cached, plain)
+    if args.steps > 0:
+        stall_report(args, len(bundle.class_names), cached, plain)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from test_evaluate import StandInModel
 
 import rsnet.export
 import rsnet.trained_model
+from rsnet.data import to_float_chw
 from rsnet.trained_model import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
     images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
     with torch.no_grad():
-        expected = model(predict_mod._normalise(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
+        expected = model(to_float_chw(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
     assert [r["class"] for r in rows_main] == [CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
 
 
@@ -135,7 +136,7 @@ def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_pa
     empty.mkdir()
     for argv, needle in [([f"checkpoint={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
                          ([f"checkpoint={ckpt}", f"images={empty}"],
-                          f"no images (.jpg, .jpeg, .png, .tif, .tiff) found in {empty}"),
+                          f"no images (.tif, .tiff, .jpg, .jpeg, .png, .bmp) found in {empty}"),
                          ([f"checkpoint={ckpt}", f"images={image_dir}", "topk=abc"], "topk='abc'")]:
         with pytest.raises(SystemExit) as stop:
             predict_mod.main(predict_command(argv))

@@ -15,9 +15,10 @@ from test_predict import _load_script, _payload
 from test_predict import CLASSES as PREDICT_CLASSES
 from torch import nn
 
-from rsnet.trained_model import save_checkpoint
+from rsnet.data import to_float_chw
 from rsnet.evaluation import TTAModel, compute_metrics, d4_views, evaluate, tta_setting
 from rsnet.models.output import MultiBranchOutput
+from rsnet.trained_model import save_checkpoint
 
 
 class InvariantModel(nn.Module):
@@ -130,7 +131,7 @@ def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
     rows = predict_mod.predict(compose_command("predict", f"checkpoint={ckpt}", f"images={images}", "head=main",
                                                "tta=d4"))
     pixels = np.stack([predict_mod.read_image(images / name, 32) for name in ("a.png", "b.png")])
-    x = predict_mod._normalise(pixels, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    x = to_float_chw(pixels, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     with torch.no_grad():
         probs = torch.softmax(torch.stack([model(view).logits["main"] for view in _by_hand(x)]).mean(0), dim=1)
     assert [r["class"] for r in rows] == [PREDICT_CLASSES[i] for i in probs.argmax(1).tolist()]

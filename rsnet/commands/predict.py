@@ -7,7 +7,7 @@ also ``python scripts/predict.py``). Every setting, with its default, is in conf
 ``checkpoint`` is a checkpoint written by rsnet-train (the full model: every head and attention maps), a
 run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (its folder,
 ``model.ts``/``model.onnx``/``model.pt``/``model.safetensors`` or ``model.json``); a file path always means that file.
-Images (.jpg .jpeg .png .tif .tiff) are resized to the model's image size (as the datasets decode them)
+Images (.tif .tiff .jpg .jpeg .png .bmp, any case) are resized to the model's image size (as the datasets decode them)
 and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
 predicted class, its probability and the top-k classes. With ``attention_dir`` every image gets
 ``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``; an export (main branch: its CAM and
@@ -38,13 +38,15 @@ from rsnet.cli import check_renamed_setting, user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
 from rsnet.data.errors import CorruptImageError
+from rsnet.data.normalize import to_float_chw
+from rsnet.data.specs import IMAGE_EXTENSIONS
 from rsnet.evaluation import TTAModel, tta_setting
 from rsnet.export import attention_model
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device
 from rsnet.trained_model import load_model
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
+
 @dataclass
 class Predictor:
     """Everything prediction needs, from either kind of model file."""
@@ -108,15 +110,15 @@ def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
     """Sorted image files of ``folder`` (or ``folder`` itself when it is one image)."""
     folder = Path(folder)
     if folder.is_file():
-        if folder.suffix.lower() not in IMAGE_SUFFIXES:
-            raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_SUFFIXES)})")
+        if folder.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
         return [folder]
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {folder} does not exist")
     pattern = folder.rglob("*") if recursive else folder.iterdir()
-    files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {folder}"
+        raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {folder}"
                          + ("" if recursive else " (sub-folders are searched with recursive=true)"))
     return files
 
@@ -155,11 +157,6 @@ def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableIma
 def _listing(bad: Sequence[UnreadableImageError], limit: int = 10) -> str:
     names = ", ".join(str(error.path) for error in bad[:limit])
     return names + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
-
-
-def _normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    x = torch.from_numpy(images).float().div_(255.0).permute(0, 3, 1, 2)
-    return (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[None, :, None, None]
 
 
 def _safe_name(path: Path, root: Path) -> str:
@@ -206,7 +203,7 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not batch_files:
             continue
         images = np.stack(decoded)
-        inputs = _normalise(images, predictor.mean, predictor.std).to(device)
+        inputs = to_float_chw(images, predictor.mean, predictor.std).to(device)
         with torch.no_grad():
             probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
         top_p, top_i = probs.topk(k, dim=1)

@@ -1,19 +1,10 @@
-"""Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini), protocol splits, decode-once caches
-and albumentations transforms. Entry point: :func:`build_datasets`."""
+"""Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini, your own image folder), protocol splits,
+decode-once caches, albumentations transforms and the batch prefetcher. Entry point: :func:`build_datasets`."""
 
-from .cache import CACHE_MODES, ImageStore, build_store, default_cache_dir
+from .cache import CACHE_MODES, build_store, default_cache_dir
+from .datasets import DataBundle, build_datasets, build_datasets_from_config
 from .decode import HIGH_BIT_DEPTH_MODES, DecodeReport, decode_image
-from .datasets import (
-    DataBundle,
-    SceneDataset,
-    ScanResult,
-    build_datasets,
-    build_datasets_from_config,
-    default_root,
-    find_class_root,
-    get_spec,
-    scan_dataset,
-)
+from .discovery import ScanResult, default_root, find_class_root, scan_dataset
 from .errors import (
     CorruptImageError,
     CorruptImageWarning,
@@ -24,45 +15,19 @@ from .errors import (
     SplitMismatchError,
 )
 from .loader import BatchPrefetcher, PreparedBatch
-from .specs import DATASETS, DatasetSpec
+from .normalize import to_float_chw
+from .scene_dataset import SceneDataset
+from .specs import DATASETS, DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
+from .store import ImageStore
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
-    "CACHE_MODES",
-    "HIGH_BIT_DEPTH_MODES",
-    "BatchPrefetcher",
-    "DATASETS",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "CorruptImageError",
-    "CorruptImageWarning",
-    "DataBundle",
-    "DatasetCountWarning",
-    "DatasetNotFoundError",
-    "DatasetSpec",
-    "DatasetValidationError",
-    "DecodeReport",
-    "HighBitDepthWarning",
-    "ImageStore",
-    "PreparedBatch",
-    "ScanResult",
-    "SceneDataset",
-    "Split",
-    "SplitMismatchError",
-    "SplitRows",
-    "build_datasets",
-    "build_datasets_from_config",
-    "build_store",
-    "check_train_ratio",
-    "check_val_ratio",
-    "decode_image",
-    "default_cache_dir",
-    "default_root",
-    "eval_transform",
-    "find_class_root",
-    "get_spec",
-    "scan_dataset",
-    "stratified_split",
-    "train_transform",
+    "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN", "IMAGENET_STD",
+    "CorruptImageError", "CorruptImageWarning", "DataBundle", "DatasetCountWarning", "DatasetNotFoundError",
+    "DatasetSpec", "DatasetValidationError", "DecodeReport", "HighBitDepthWarning", "ImageStore", "PreparedBatch",
+    "ScanResult", "SceneDataset", "Split", "SplitMismatchError", "SplitRows", "build_datasets",
+    "build_datasets_from_config", "build_store", "check_train_ratio", "check_val_ratio", "decode_image",
+    "default_cache_dir", "default_root", "eval_transform", "find_class_root", "get_spec", "scan_dataset",
+    "stratified_split", "to_float_chw", "train_transform"
 ]

@@ -10,14 +10,14 @@ The user's own dataset (``dataset=image_folder``, one sub-folder of images per c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
 from .errors import DatasetNotFoundError
 
-__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS", "IMAGE_FOLDER", "image_folder_spec",
+__all__ = ["DatasetSpec", "DATASETS", "IMAGE_EXTENSIONS", "IMAGE_FOLDER", "get_spec", "image_folder_spec",
            "is_image_file"]
 
 IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
@@ -35,10 +35,7 @@ class DatasetSpec:
         base_dir: name of the archive's top folder.
         images_subdir: folder between ``base_dir`` and the class folders ("" when none).
         file_pattern: how one file is named, for messages (e.g. ``<class>NN.tif``).
-        extensions: image file suffixes that are loaded (lower case).
-        native_size: side of the images in the archive, in pixels (0: not fixed, for ``image_folder``).
         url: where the official archive can be downloaded (page or direct link).
-        train_ratios: the protocol's usual train ratios; the first is the default.
     """
 
     name: str
@@ -48,12 +45,7 @@ class DatasetSpec:
     base_dir: str
     images_subdir: str
     file_pattern: str
-    extensions: tuple[str, ...]
-    native_size: int
     url: str
-    train_ratios: tuple[float, ...]
-    citation: str = ""
-    notes: str = field(default="", compare=False)
 
     @property
     def num_classes(self) -> int:
@@ -104,13 +96,8 @@ UCMERCED = _spec(
     base_dir="UCMerced_LandUse",
     images_subdir="Images",
     file_pattern="<class>NN.tif",
-    extensions=(".tif", ".tiff"),
-    native_size=256,
     url="http://weegee.vision.ucmerced.edu/datasets/UCMerced_LandUse.zip "
     "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)",
-    train_ratios=(0.8, 0.5),
-    citation="Yang and Newsam, ACM SIGSPATIAL 2010",
-    notes="a few images are 257 px or 256x253; they are resized to the working size",
 )
 
 NWPU_RESISC45 = _spec(
@@ -120,11 +107,7 @@ NWPU_RESISC45 = _spec(
     base_dir="NWPU-RESISC45",
     images_subdir="",
     file_pattern="<class>_NNN.jpg",
-    extensions=(".jpg", ".jpeg"),
-    native_size=256,
     url="https://gcheng-nwpu.github.io/#Datasets (official OneDrive/Baidu links to NWPU-RESISC45.rar)",
-    train_ratios=(0.2, 0.1),
-    citation="Cheng, Han and Lu, Proceedings of the IEEE 2017",
 )
 
 AID = _spec(
@@ -134,11 +117,7 @@ AID = _spec(
     base_dir="AID",
     images_subdir="",
     file_pattern="<classname>_<n>.jpg",
-    extensions=(".jpg", ".jpeg"),
-    native_size=600,
     url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)",
-    train_ratios=(0.5, 0.2),
-    citation="Xia et al., IEEE TGRS 2017",
 )
 
 UCMERCED_MINI = _spec(
@@ -148,11 +127,7 @@ UCMERCED_MINI = _spec(
     base_dir="ucmerced-mini",
     images_subdir="Images",
     file_pattern="<class>NN.jpg",
-    extensions=(".jpg", ".jpeg"),
-    native_size=128,
     url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)",
-    train_ratios=(0.5, 0.8),
-    citation="Yang and Newsam, ACM SIGSPATIAL 2010",
 )
 
 DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(
@@ -211,8 +186,20 @@ def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
         base_dir=name,
         images_subdir="",
         file_pattern="<image file>",
-        extensions=IMAGE_EXTENSIONS,
-        native_size=0,
         url=f"none: dataset={IMAGE_FOLDER} is your own data ({_IMAGE_FOLDER_LAYOUT}), read from dataset.root",
-        train_ratios=(0.5, 0.2),
     )
+
+
+def get_spec(name: str | DatasetSpec, root: str | os.PathLike | None = None) -> DatasetSpec:
+    """The :class:`DatasetSpec` of a config name; ValueError listing valid names.
+
+    ``image_folder`` (the user's own data) has no fixed spec: it is read from ``root`` (required) by
+    :func:`image_folder_spec`; the other names ignore ``root``."""
+    if isinstance(name, DatasetSpec):
+        return name
+    if name == IMAGE_FOLDER:
+        return image_folder_spec(root)
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset.name {name!r}; valid names: {sorted([*DATASETS, IMAGE_FOLDER])}") from None

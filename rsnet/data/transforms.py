@@ -14,7 +14,7 @@ keeping our augmentations independent of its internals means its ``Compose`` (an
 ``Normalize``/``Resize``/``ColorJitter``/``ToTensorV2``, all public API) could be replaced without
 touching the augmentations. ``tests/test_data_transforms.py`` checks the rule.
 
-Every augmenting step of the training pipeline works on uint8 with one OpenCV call (timings: docs/data.md):
+Every augmenting step of the training pipeline works on uint8 with one OpenCV call:
 
 - :class:`RandomResizedCrop`: torchvision's crop draw (:func:`crop_box`), then one ``cv2.resize`` of
   the crop view;
@@ -23,9 +23,9 @@ Every augmenting step of the training pipeline works on uint8 with one OpenCV ca
   would be copied again into the batch);
 - :class:`ColorJitterAffine`: brightness, contrast and saturation jitter (same factor ranges and random
   order as ``A.ColorJitter``/torchvision), composed into one 3×4 colour matrix and applied by a single
-  ``cv2.transform`` (a fraction of ``A.ColorJitter``'s cost, which converts colour spaces per step);
-- ``Normalize`` + ``ToTensorV2`` at the end: :meth:`SceneDataset.get_batch` recognises them and
-  normalises the whole batch at once in torch (per image only when indexing ``ds[i]``).
+  ``cv2.transform`` (``A.ColorJitter`` converts colour spaces per step);
+- ``Normalize`` + ``ToTensorV2`` at the end: :meth:`SceneDataset.get_batch` runs them once for the whole
+  batch (:mod:`rsnet.data.batch_transform`; per image only when indexing ``ds[i]``).
 """
 
 from __future__ import annotations
@@ -39,18 +39,8 @@ import cv2
 import numpy as np
 from albumentations.pytorch import ToTensorV2
 
-__all__ = [
-    "augmentation_options",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "ColorJitterAffine",
-    "Dihedral",
-    "RandomResizedCrop",
-    "crop_box",
-    "dihedral_numpy",
-    "train_transform",
-    "eval_transform",
-]
+__all__ = ["augmentation_options", "IMAGENET_MEAN", "IMAGENET_STD", "ColorJitterAffine", "Dihedral",
+           "RandomResizedCrop", "crop_box", "dihedral_numpy", "train_transform", "eval_transform"]
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -202,7 +192,7 @@ class Dihedral(A.ImageOnlyTransform):
         super().__init__(p=p)
 
     def get_params(self) -> dict[str, str]:
-        # Python's RNG, seeded by Compose like numpy's and cheaper per call than a numpy Generator.choice
+        # Python's RNG, seeded by Compose like numpy's
         return {"group_element": self.py_random.choice(_D4_ELEMENTS)}
 
     def apply(self, img: np.ndarray, group_element: str, **params: Any) -> np.ndarray:
@@ -258,8 +248,7 @@ class ColorJitterAffine(A.ImageOnlyTransform):
     def matrix(img: np.ndarray, factors: Sequence[float]) -> np.ndarray:
         """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) for ``img``.
 
-        Plain Python arithmetic on 12 numbers (numpy calls on 3×3 arrays would cost more than the
-        ``cv2.transform`` itself)."""
+        Plain Python arithmetic on 12 numbers: numpy calls on 3×3 arrays cost more than they compute."""
         b, c, s = (float(f) for f in factors)
         wr, wg, wb = _LUMA
         k = b * c
@@ -283,49 +272,37 @@ class ColorJitterAffine(A.ImageOnlyTransform):
 
 AUTO_CROP_MIN_SIZE = 128
 AUTO_CROP_SCALE = (0.5, 1.0)
+COLOR_JITTER_P = 0.5  # share of the training images whose colours are jittered
 
 
-def train_transform(
-    image_size: int,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
-    scale: Sequence[float] | None = (0.5, 1.0),
-    color_jitter: float = 0.2,
-    hue: float = 0.0,
-    seed: int | None = None,
-    color_p: float = 0.5,
-) -> A.Compose:
+def train_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2) -> A.Compose:
     """Random resized crop (``scale`` = its area range; None: no crop), the 8 flips/rotations, mild colour
     jitter, normalize.
 
     Aerial scenes have no canonical orientation, so all eight dihedral transforms are used
-    (:class:`Dihedral`). ``color_jitter`` is the brightness/contrast/saturation strength, applied with
-    probability ``color_p`` by :class:`ColorJitterAffine` (``color_jitter=0`` drops the step). Hue is
-    not jittered by default; ``hue`` > 0 switches to ``A.ColorJitter`` (about 10× the cost of the
-    whole colour step). The last two steps (Normalize, ToTensorV2) run per batch in
-    :meth:`SceneDataset.get_batch`.
+    (:class:`Dihedral`). ``color_jitter`` is the brightness/contrast/saturation strength, applied to half
+    the images by :class:`ColorJitterAffine` (``color_jitter=0`` drops the step); hue is not jittered.
+    The last two steps (Normalize, ToTensorV2) run per batch in :meth:`SceneDataset.get_batch`.
     """
     steps: list = []
     if scale is not None:
         steps.append(RandomResizedCrop(size=(image_size, image_size), scale=tuple(scale),
                                        interpolation=cv2.INTER_LINEAR))
     steps.append(Dihedral(p=1.0))
-    if hue > 0:
-        steps.append(A.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter,
-                                   hue=hue, p=color_p))
-    elif color_jitter > 0:
-        steps.append(ColorJitterAffine(color_jitter, color_jitter, color_jitter, p=color_p))
+    if color_jitter > 0:
+        steps.append(ColorJitterAffine(color_jitter, color_jitter, color_jitter, p=COLOR_JITTER_P))
     steps += [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0), ToTensorV2()]
     # shapes need no per-call consistency check: the pipeline only ever sees one image
-    return A.Compose(steps, seed=seed, is_check_shapes=False)
+    return A.Compose(steps, is_check_shapes=False)
 
 
 def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> dict[str, Any]:
     """:func:`train_transform` keyword arguments from the ``augment:`` settings.
 
     ``crop_scale: auto`` crops only from :data:`AUTO_CROP_MIN_SIZE` px up: images are cached at the working
-    size, so a crop of a small image is an upsampled, blurred part of it (on aid-dev at 64 px the crop cost
-    accuracy, see docs/models.md); a list ``[lo, hi]`` is the crop's area range, ``null`` no crop.
+    size, so a crop of a small image is an upsampled, blurred part of it; a list ``[lo, hi]`` is the crop's
+    area range, ``null`` no crop.
     """
     augment = dict(augment or {})
     scale = augment.get("crop_scale", "auto")

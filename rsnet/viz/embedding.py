@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rsnet.data.normalize import to_float_chw
 from rsnet.viz.attention import eval_mode
 
 SPRITE_LIMIT = 8192  # px: the largest sprite side the projector loads
@@ -47,7 +48,7 @@ def thumbnails(images_uint8: Sequence[np.ndarray] | np.ndarray, side: int) -> Te
     """uint8 (H, W, 3) images -> (N, 3, side, side) float in [0, 1], area-resized (the projector's sprite)."""
     small = np.stack([cv2.resize(np.asarray(image), (side, side), interpolation=cv2.INTER_AREA)
                       for image in images_uint8])
-    return torch.from_numpy(small).permute(0, 3, 1, 2).float().div(255.0)
+    return to_float_chw(small)
 
 
 def pick_embedding_images(labels: Sequence[int] | np.ndarray, max_images: int | None) -> list[int]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import cv2
 import numpy as np
-import torch
 from torch import Tensor, nn
 
+from rsnet.data.normalize import to_float_chw
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
 
 
@@ -28,14 +28,6 @@ def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int = 
     for index, label in enumerate(np.asarray(labels).tolist()):
         first.setdefault(int(label), index)
     return [first[label] for label in sorted(first)][:max_images]
-
-
-def images_to_tensor(images_uint8: np.ndarray | Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    """(N, H, W, 3) uint8 RGB -> normalised float (N, 3, H, W)."""
-    images = torch.as_tensor(np.asarray(images_uint8)).float().div(255.0).permute(0, 3, 1, 2)
-    mean_t = torch.tensor(list(mean), dtype=torch.float32)[None, :, None, None]
-    std_t = torch.tensor(list(std), dtype=torch.float32)[None, :, None, None]
-    return (images - mean_t) / std_t
 
 
 def tile_grid(tiles: Sequence[np.ndarray], columns: int = 4, pad: int = 2) -> np.ndarray:
@@ -93,7 +85,7 @@ def attention_grids(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: S
     if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
-    inputs = images_to_tensor(images, mean, std).to(device)
+    inputs = to_float_chw(images, mean, std).to(device)
     maps = {f"attention/cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
     maps["attention/gradcam_main"] = grad_cam(model, inputs, head="main")
     grids = {}

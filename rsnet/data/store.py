@@ -1,0 +1,82 @@
+"""The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array, of which the train and test
+datasets are index views, shared (never copied) with loader workers.
+
+- ``memory``: a numpy array. Workers started by ``fork`` (the Linux default) see the parent's pages
+  copy-on-write and never write them. Pickled to a ``spawn``/``forkserver`` worker, the array is moved once
+  into torch shared memory and the workers map that segment.
+- ``disk``: a memory-mapped ``.npy`` file, which a pickled store reopens by its path (one copy in the page cache).
+- ``none``: no array; every access decodes the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .decode import DEFAULT_HIGH_BIT_DEPTH, decode_image
+
+__all__ = ["ImageStore"]
+
+
+class ImageStore:
+    """Decoded images of one ordered file list. ``store[i]`` → uint8 H×W×3 (a view, never a copy).
+
+    Attributes:
+        paths: absolute file paths, in row order.
+        size: side of the stored images.
+        mode: "memory", "disk" or "none".
+        array: the (N, S, S, 3) uint8 array (``None`` for mode "none").
+        cache_path: the ``.npy`` file for mode "disk".
+        corrupt: row indices whose file could not be decoded (rows are zero).
+        decoded: number of images decoded while building this store (0 when the disk cache was reused).
+        high_bit_depth: how 16-bit/float files are rescaled (see :func:`decode_image`).
+        rescaled: row -> source pixel format of the files rescaled from 16-bit or float pixels.
+    """
+
+    def __init__(self, paths: Sequence[str], size: int, mode: str, array: np.ndarray | None = None,
+                 cache_path: Path | None = None, corrupt: Sequence[int] = (), decoded: int = 0,
+                 high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, rescaled: dict[int, str] | None = None) -> None:
+        self.paths = list(paths)
+        self.size = int(size)
+        self.mode = mode
+        self.array = array
+        self.cache_path = cache_path
+        self.corrupt = list(corrupt)
+        self.decoded = decoded
+        self.high_bit_depth = high_bit_depth
+        self.rescaled = dict(rescaled or {})
+        self._shared = None  # torch tensor in shared memory, created on first spawn-pickle
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self.array is None:
+            return decode_image(self.paths[i], self.size, self.high_bit_depth)
+        return self.array[i]
+
+    # -- pickling for spawn/forkserver workers: share, don't copy ------------------------------
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if self.mode == "disk":
+            state["array"] = None  # reopened from the file (same page cache) in the child
+        elif self.mode == "memory" and self.array is not None:
+            import torch
+
+            if self._shared is None:
+                t = torch.from_numpy(np.ascontiguousarray(self.array))
+                t.share_memory_()  # one move into shared memory; the old buffer is then released
+                self._shared = t
+                self.array = t.numpy()
+            state["array"] = None
+            state["_shared"] = self._shared
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.mode == "disk" and self.cache_path is not None:
+            self.array = np.load(self.cache_path, mmap_mode="r")
+        elif self.mode == "memory" and self._shared is not None:
+            self.array = self._shared.numpy()
