@@ -32,7 +32,8 @@ def check_train_ratio(train_ratio: float, setting: str = "dataset.train_ratio") 
     except (TypeError, ValueError):
         raise ValueError(f"{setting} must be a number in (0, 1), got {train_ratio!r}") from None
     if not 0.0 < r < 1.0:
-        raise ValueError(f"{setting} must be in the open interval (0, 1), got {train_ratio!r}")
+        raise ValueError(f"{setting}={train_ratio!r}: must lie strictly between 0 and 1 (the protocol uses e.g. "
+                         "0.2/0.5 for AID, 0.1/0.2 for NWPU-RESISC45, 0.5/0.8 for UC-Merced)")
     return r
 
 

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
-    from rsnet.data import check_val_ratio
+    from rsnet.data import check_train_ratio, check_val_ratio
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.lr_schedule import check_schedule_name
     from rsnet.engine.optim import check_optimizer_name
@@ -30,11 +30,16 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
         raise ConfigError(f"eval_every={eval_every!r}: must be a positive integer (epochs between evaluations; "
                           "the last epoch is always evaluated)")
+    owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
+              ("model.arch", check_arch), ("amp", check_amp), ("optimizer.name", check_optimizer_name),
+              ("lr_schedule.name", check_schedule_name))
+    for key, check in owners:  # each setting is checked by the code that uses it, with its message
+        if _has(config, key):
+            try:
+                check(_lookup(config, key))
+            except ValueError as error:
+                raise ConfigError(str(error)) from error
     dataset = config["dataset"]
-    ratio = dataset["train_ratio"]
-    if not 0.0 < float(ratio) < 1.0:
-        raise ConfigError(f"dataset.train_ratio={ratio!r}: must lie strictly between 0 and 1 "
-                          "(the protocol uses e.g. 0.2/0.5 for AID, 0.1/0.2 for NWPU-RESISC45, 0.5/0.8 for UC-Merced)")
     try:
         validate_image_size(config["backbone"]["name"], dataset["image_size"])  # 32.5 is refused, not cut to 32
     except ValueError as error:
@@ -51,14 +56,6 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
                                  int(trainer.get("batch_max", 1024)), int(trainer.get("batch_multiple", 8)))
         except ValueError as error:
             raise ConfigError(str(error)) from error
-    owners = (("dataset.val_ratio", check_val_ratio), ("model.arch", check_arch), ("amp", check_amp),
-              ("optimizer.name", check_optimizer_name), ("lr_schedule.name", check_schedule_name))
-    for key, check in owners:  # each setting is checked by the code that uses it, with its message
-        if _has(config, key):
-            try:
-                check(_lookup(config, key))
-            except ValueError as error:
-                raise ConfigError(str(error)) from error
 
 
 # Settings whose value must be a number (or a boolean); Hydra passes ``optimizer.lr=abc`` on as the string "abc",
