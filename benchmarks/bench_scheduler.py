@@ -11,13 +11,13 @@ each (``trainer.cpu_threads=1``). Two scenarios in one invocation:
 Same epochs, total batch, model and seeds for all three strategies. For every scenario it prints a table:
 wall s (training time of the run from metrics.json, summed over the seeds), samples/s (training samples ×
 epochs / wall, over all seeds), final test accuracy (mean ± std over the seeds), throughput ratio to sync
-and accuracy difference to sync; then one verdict line per target of the issue (printed, not asserted):
+and accuracy difference to sync; then one verdict line per target (printed, not asserted):
 
 * slowdown [1, 2]: adaptive samples/s ≥ 1.35 × sync's (ideal (1 + 0.5) / (2 · 0.5) = 1.5), adaptive
   accuracy ≥ sync's − 1 point at equal epochs;
 * slowdown [1, 1]: adaptive samples/s ≥ 0.95 × sync's.
 
-    python benchmarks/bench_scheduler.py                       # the defaults below, ~10 min on 2 cores
+    python benchmarks/bench_scheduler.py                       # the defaults below
     python benchmarks/bench_scheduler.py --epochs 2 --seeds 1  # smoke test
     python benchmarks/bench_scheduler.py --devices cuda:0,cuda:1 --threads 0 --backbone resnet18 --image-size 224
 """

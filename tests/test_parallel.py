@@ -9,21 +9,16 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from rsnet.parallel import build_strategy, launch
-from rsnet.parallel.merge import merge_tensors, normalized_merge, pack_header, replicas_identical
+from rsnet.parallel import WorkerContext, WorkerError, build_strategy, launch, launch_options, summarize
+from rsnet.parallel.merge import merge_tensors, normalized_merge, pack_header
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 30.0
 
 
@@ -80,13 +75,11 @@ def _gather(obj):
 def _adaptive_worker(ctx, n: int, epochs: int, trainer: dict, sample_s: float):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    strategy = build_strategy(trainer, ctx, model, optimizer, n, 48, seed=7)
+    strategy = build_strategy(trainer, ctx, model, n, 48, seed=7)
     x, y = _data(n)
     seen = _loop(strategy, optimizer, x, y, epochs, sample_s=sample_s)
-    identical = replicas_identical(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    rows = strategy.stats(all_rows=True)
-    return {"seen": _gather(seen), "identical": identical, "rows": rows, "state": _gather(state),
+    return {"seen": _gather(seen), "rows": strategy.stats(), "state": _gather(state),
             "summary": strategy.summary(), "strategy_state": strategy.state_dict(),
             "lr_scale": strategy.lr_scale(strategy.batch_size)}
 
@@ -105,12 +98,12 @@ def _merge_worker(ctx, weights: list[float]):
 def _static_worker(ctx, name: str, n: int, batch: int, epochs: int, extra: dict):
     model = _model(batchnorm=name == "local_sgd")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = build_strategy({"name": name, **extra}, ctx, model, optimizer, n, batch, seed=5)
+    strategy = build_strategy({"name": name, **extra}, ctx, model, n, batch, seed=5)
     x, y = _data(n)
     seen = _loop(strategy, optimizer, x, y, epochs, lr=0.1)
-    state = {k: v.clone() for k, v in strategy.module.state_dict().items()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     return {"seen": _gather(seen), "state": _gather(state), "rows": strategy.stats(),
-            "lr_scale": strategy.lr_scale(strategy._static_batch())}
+            "lr_scale": strategy.lr_scale(batch // ctx.world_size)}
 
 
 def _regression_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +118,8 @@ def _first_order_worker(ctx, lr: float):
     torch.manual_seed(0)
     model = nn.Linear(6, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    strategy = build_strategy({"name": "adaptive", "merge_interval": 64, "log_intervals": False}, ctx, model,
-                              optimizer, 64, 32, seed=1)
+    strategy = build_strategy({"name": "adaptive", "merge_interval": 64, "log_intervals": False}, ctx, model, 64, 32,
+                              seed=1)
     strategy.sizes = [24, 8]
     x, y = _regression_data(64)
     start = copy.deepcopy(model.state_dict())
@@ -144,7 +137,7 @@ def _first_order_worker(ctx, lr: float):
     local = copy.deepcopy(model.state_dict())
     strategy.end_interval(0.02)
     return {"start": start, "local": _gather(local), "claimed": _gather(claimed),
-            "merged": copy.deepcopy(model.state_dict()), "rows": strategy.stats(all_rows=True)}
+            "merged": copy.deepcopy(model.state_dict()), "rows": strategy.stats()}
 
 
 def _crash_worker(ctx, how: str):
@@ -170,14 +163,13 @@ def _crash_worker(ctx, how: str):
 
 def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     n, epochs = 960, 3
-    trainer = {"name": "adaptive", "merge_interval": 192, "slowdown": [1.0, 2.0], "warmup_intervals": 1}
-    out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, timeout_s=TIMEOUT)
+    trainer = {"name": "adaptive", "merge_interval": 192, "warmup_intervals": 1}
+    out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     # Dynamic claiming: each epoch's indices are covered exactly once across the two workers.
     for epoch in range(epochs):
         claimed = out["seen"][0][epoch] + out["seen"][1][epoch]
         assert sorted(claimed) == list(range(n))
     # After every merge the replicas are identical.
-    assert out["identical"]
     assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
     rows = out["rows"]
     assert len(rows) == epochs * n // 192
@@ -221,9 +213,9 @@ def test_normalized_merge_equals_weighted_average_by_hand() -> None:
 
 
 def test_merged_interval_equals_sync_sgd_to_first_order() -> None:
-    """Defect: merge weights p_i ∝ samples with lr_i ∝ b_i counted the batch size twice (1.25x sync's step at
-    batches 24 / 8). With p_i ∝ updates and lr ∝ b the merged interval is sync SGD (B = 32) on the same 64
-    samples up to second-order terms: tolerance 1 % of the step (measured 0.017 % at lr 5e-4, 0.17 % at 5e-3)."""
+    """With p_i ∝ updates and lr ∝ b the merged interval is sync SGD (B = 32) on the same 64 samples up to
+    second-order terms (tolerance 1 % of the step); weights p_i ∝ samples with lr ∝ b would count the batch size
+    twice (1.25x sync's step at batches 24 / 8)."""
     lr = 5e-4
     out = launch(_first_order_worker, ["cpu", "cpu"], lr, timeout_s=TIMEOUT)
     claimed = out["claimed"]
@@ -247,16 +239,15 @@ def test_merged_interval_equals_sync_sgd_to_first_order() -> None:
     start, sync, merged = flat(out["start"]), flat(model.state_dict()), flat(out["merged"])
     step = (sync - start).norm()
     assert (merged - sync).norm() <= 0.01 * step
-    # The rule of the defect, weights by samples (48 / 16) on the same replicas, is off by about a quarter.
+    # Weights by samples (48 / 16) on the same replicas are off by about a quarter.
     samples = [sum(len(c) for c in claimed[rank]) for rank in range(2)]
     by_samples = start + sum(n / 64 * (flat(out["local"][rank]) - start) for rank, n in enumerate(samples))
     assert (by_samples - sync).norm() >= 0.1 * step
 
 
 def test_merge_header_is_built_on_the_backend_device() -> None:
-    """Defect: the header joined host tensors (weight, meta) with integer buffers on the model's GPU, which
-    raised at the first merge of every CUDA run with BatchNorm. 'meta' stands in for the second device here
-    (the old construction fails on it with the same 'not on the expected device' error)."""
+    """The header joins host tensors (weight, meta) with integer buffers that live on the model's GPU: every part
+    must be moved to the backend's device first. 'meta' stands in for the second device here."""
     model = _model().to("meta")
     _, integer = merge_tensors(model)
     assert integer and all(t.device.type == "meta" for t in integer)  # num_batches_tracked on the "GPU"
@@ -337,7 +328,7 @@ def _sync_wait_worker(ctx, steps: int, delay: float):
     it in the all-reduce, and that wait must not count as rank 1's compute time."""
     model = _model(batchnorm=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = build_strategy({"name": "sync", "slowdown": [1.0, 2.0]}, ctx, model, optimizer, 8 * steps, 8, seed=5)
+    strategy = build_strategy({"name": "sync"}, ctx, model, 8 * steps, 8, seed=5)
     x, y = _data(8 * steps)
     step_seconds = []
     assert strategy.start_epoch(0) == 1  # steps <= interval_steps (16): one interval
@@ -351,35 +342,34 @@ def _sync_wait_worker(ctx, steps: int, delay: float):
         optimizer.step()
         step_seconds.append(time.perf_counter() - started)
         strategy.after_step(len(claim.indices), step_seconds[-1])
-    slept = strategy._sleep  # the epoch's simulated-slowdown sleep (end_epoch resets the counters)
     strategy.end_interval(sum(step_seconds))
     strategy.end_epoch()
-    return _gather({"sleep": slept, "steps": step_seconds})
+    # The epoch's compute time per worker is its step time plus its simulated-slowdown sleep.
+    row = strategy.stats()[0]
+    return _gather({"sleep": row[f"compute/{ctx.rank}"] - sum(step_seconds), "steps": step_seconds})
 
 
 def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
     steps, delay = 6, 0.1
-    out = launch(_sync_wait_worker, ["cpu", "cpu"], steps, delay, timeout_s=TIMEOUT)
+    out = launch(_sync_wait_worker, ["cpu", "cpu"], steps, delay, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     slow = out[1]
     assert sum(slow["steps"]) > 0.5 * steps * delay  # rank 1's steps did include waiting for rank 0 ...
-    assert slow["sleep"] < 0.25 * steps * delay, slow  # ... but it slept only for its own (tiny) compute
+    assert 0.0 < slow["sleep"] < 0.25 * steps * delay, slow  # ... but it slept only for its own (tiny) compute
     assert out[0]["sleep"] == 0.0
 
 
-class _OfflineContext:
+def _offline_context() -> WorkerContext:
     """Rank 0 of two CPU workers, without a process group: enough to build a strategy offline."""
-
-    rank, world_size, device, store, group, is_primary, slowdown, backend = 0, 2, torch.device("cpu"), None, \
-        None, True, 1.0, "gloo"
+    return WorkerContext(rank=0, world_size=2, device=torch.device("cpu"), store=None, group=None, is_primary=True)
 
 
 def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
     model = _model()
-    adaptive = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
+    adaptive = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
     assert adaptive.lr_scale(24) == 1.0  # equal split 24 / 24
     assert adaptive.lr_scale(32) == pytest.approx(32 / 24)
     assert adaptive.lr_scale(9) == pytest.approx(9 / 24)  # a short batch steps with its real size
-    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, _OfflineContext(), model, None, 100, 48, 0)
+    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, _offline_context(), model, 100, 48, 0)
     assert adaptive.lr_scale(32) == pytest.approx(32 / 48)
 
 
@@ -394,62 +384,45 @@ def test_one_worker_runs_in_process() -> None:
 
 def test_strategy_state_round_trip() -> None:
     model = _model()
-    strategy = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
+    strategy = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
     strategy.sizes, strategy.speeds, strategy.intervals_done, strategy.epoch = [32, 16], [2.0, 1.0], 7, 3
     state = strategy.state_dict()
-    fresh = build_strategy({"name": "adaptive"}, _OfflineContext(), model, None, 100, 48, 0)
+    fresh = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
     fresh.load_state_dict(state)
     assert fresh.sizes == [32, 16] and fresh.speeds == [2.0, 1.0] and fresh.epoch == 3
-    assert fresh.on_out_of_memory() == 16 and fresh.cap == 16
+    assert fresh.on_out_of_memory() == 16 and fresh.state_dict()["batch_max"] == 16
+    older = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
+    older.load_state_dict({**{k: v for k, v in state.items() if k != "batch_max"}, "b_max": 24})  # older checkpoint
+    assert older.state_dict()["batch_max"] == 24
     with pytest.raises(ValueError, match="unknown trainer.name"):
-        build_strategy({"name": "nope"}, _OfflineContext(), model, None, 100, 48, 0)
+        build_strategy({"name": "nope"}, _offline_context(), model, 100, 48, 0)
 
 
-_CRASH_SCRIPT = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {tests!r})
-    from rsnet.parallel import launch, WorkerError
-    from test_parallel import _crash_worker
-    if __name__ == "__main__":
-        for how in sys.argv[1:]:
-            started = time.monotonic()
-            try:
-                launch(_crash_worker, ["cpu", "cpu"], how, timeout_s=20 if how in ("kill", "exit", "raise") else 6)
-                print(how, "NO ERROR")
-            except WorkerError as error:
-                print(how, "RANK", error.rank, "DEVICE", error.device, "SECONDS", round(time.monotonic() - started, 1))
-                print(error)
-""")
+def _launch_crash(how: str, timeout_s: float) -> tuple[WorkerError, float]:
+    """The error that launching :func:`_crash_worker` on two CPU workers raises, and the seconds it took."""
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        launch(_crash_worker, ["cpu", "cpu"], how, timeout_s=timeout_s)
+    return caught.value, time.monotonic() - started
 
 
-def test_failed_worker_stops_the_others_and_is_named(tmp_path: Path) -> None:
+def test_failed_worker_stops_the_others_and_is_named() -> None:
     """SIGKILL, os._exit and an exception in worker 1: launch returns (no hang) with an error naming it."""
-    done = _run_crash_script(tmp_path, "kill", "exit", "raise")
-    for how in ("kill", "exit", "raise"):
-        assert f"{how} RANK 1 DEVICE cpu" in done.stdout, done.stdout
-    assert "worker rank 1 (cpu) failed: killed by signal SIGKILL" in done.stdout
-    assert "worker rank 1 (cpu) failed: exited with code 3" in done.stdout
-    assert "worker rank 1 (cpu) failed: ValueError: boom in worker one" in done.stdout
+    for how, reason in (("kill", "killed by signal SIGKILL"), ("exit", "exited with code 3"),
+                        ("raise", "ValueError: boom in worker one")):
+        error, _ = _launch_crash(how, timeout_s=20)
+        assert (error.rank, error.device) == (1, "cpu"), error
+        assert str(error).startswith(f"worker rank 1 (cpu) failed: {reason}"), error
 
 
-def test_a_stopped_worker_is_named_not_the_healthy_one_that_timed_out(tmp_path: Path) -> None:
-    """SIGSTOP worker 1 (mid-run, or before its first collective): was "worker rank 0 failed: Timed out waiting
-    ... for recv", never naming the stopped worker. Its heartbeat stops, so the launcher names it."""
-    done = _run_crash_script(tmp_path, "stop", "stop_at_start")
+def test_a_stopped_worker_is_named_not_the_healthy_one_that_timed_out() -> None:
+    """SIGSTOP worker 1 (mid-run, or before its first collective): its heartbeat stops, so the launcher names it,
+    not worker 0, which times out waiting for it."""
     for how in ("stop", "stop_at_start"):
-        assert f"{how} RANK 1 DEVICE cpu" in done.stdout, done.stdout
-    assert done.stdout.count("worker rank 1 (cpu) failed: stopped responding: no heartbeat for") == 2, done.stdout
-    seconds = [float(line.split("SECONDS")[1]) for line in done.stdout.splitlines() if " SECONDS " in line]
-    assert all(s < 60 for s in seconds), seconds  # no hang: timeout_s is 6 s (slack for a loaded machine)
-
-
-def _run_crash_script(tmp_path: Path, *modes: str) -> subprocess.CompletedProcess:
-    script = tmp_path / "crash.py"
-    script.write_text(_CRASH_SCRIPT.format(tests=str(ROOT / "tests")))
-    done = subprocess.run([sys.executable, str(script), *modes], capture_output=True, text=True, timeout=150,
-                          cwd=ROOT)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+        error, seconds = _launch_crash(how, timeout_s=6)
+        assert (error.rank, error.device) == (1, "cpu"), error
+        assert str(error).startswith("worker rank 1 (cpu) failed: stopped responding: no heartbeat for"), error
+        assert seconds < 60  # no hang: timeout_s is 6 s
 
 
 def test_launch_rejects_bad_arguments() -> None:
@@ -460,8 +433,6 @@ def test_launch_rejects_bad_arguments() -> None:
 
 
 def test_launch_options_and_summary_text() -> None:
-    from rsnet.parallel import launch_options, summarize
-
     options = launch_options({"timeout_s": 30, "slowdown": [1, 2], "backend": "auto", "cpu_threads": None})
     assert options == {"timeout_s": 30.0, "slowdown": [1.0, 2.0], "backend": None, "cpu_threads": None}
     rows = [{"epoch": 0, "interval": 1, "merge_time": 0.01, "n/0": 64, "n/1": 32, "updates/0": 2, "updates/1": 2,

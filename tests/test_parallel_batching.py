@@ -21,11 +21,11 @@ from rsnet.parallel.batching import (
 )
 
 
-def _run_controller(speeds, total=48, b_min=8, b_max=1024, steps=20, start=None, **kw):
-    sizes = start or initial_batch_sizes(total, len(speeds), b_min, b_max)
+def _run_controller(speeds, total=48, batch_min=8, batch_max=1024, steps=20, start=None, **kw):
+    sizes = start or initial_batch_sizes(total, len(speeds), batch_min, batch_max)
     history = [list(sizes)]
     for _ in range(steps):
-        sizes = next_batch_sizes(sizes, speeds, total, b_min, b_max, **kw)
+        sizes = next_batch_sizes(sizes, speeds, total, batch_min, batch_max, **kw)
         history.append(list(sizes))
     return history
 
@@ -76,11 +76,11 @@ def test_controller_is_stable_under_speed_noise() -> None:
 
 
 def test_controller_respects_bounds_and_memory_cap() -> None:
-    history = _run_controller([100.0, 1.0], total=256, b_min=16, b_max=128)
-    assert history[-1] == [128, 128]  # fast worker capped; the slow one takes the rest, never below b_min
-    history = _run_controller([100.0, 1.0], total=256, b_min=32, b_max=1024)
+    history = _run_controller([100.0, 1.0], total=256, batch_min=16, batch_max=128)
+    assert history[-1] == [128, 128]  # the fast worker held at batch_max, the slow one takes the rest
+    history = _run_controller([100.0, 1.0], total=256, batch_min=32, batch_max=1024)
     assert min(history[-1]) >= 32
-    # A per-worker cap (after an out-of-memory) below b_min wins, and its share goes to the others.
+    # A worker's batch_max (lowered after an out-of-memory) below batch_min wins; its share goes to the others.
     sizes = next_batch_sizes([64, 64], [1.0, 1.0], 128, 32, [16, 1024], damping=1.0)
     assert sizes[0] == 16 and sizes[1] == 112
     targets = proportional_targets([1.0, 1.0, 1.0], 300, 8, [50, 1000, 1000])
@@ -116,7 +116,7 @@ def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:
 
 
 def test_no_claim_below_the_minimum_whatever_the_order() -> None:
-    """Defect: 'remaining 9, batch 8 -> 1 left' — the scrap trained as a batch of 1 and crashed BatchNorm."""
+    """'remaining 9, batch 8 -> 1 left' must not train a scrap of 1 (BatchNorm raises on a batch of 1)."""
     store = DictStore()
     a, b = IntervalClaimer(store, "k", 17, minimum=8), IntervalClaimer(store, "k", 17, minimum=8)
     assert a.claim(8) == (0, 8)
@@ -145,7 +145,7 @@ def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
     assert tail_claim_size(8, 9, [2.0, 1.0], 1) == 3
     assert tail_claim_size(16, 1, [1.0, 1.0], 0) == 1  # never zero while something is left
     assert tail_claim_size(16, 0, [1.0, 1.0], 0) == 16 and tail_claim_size(16, 5, [0.0, 0.0], 0) == 16
-    # With a minimum (b_min): no claim below it (claim_span adds a remainder below it to the claim).
+    # With a minimum (batch_min): no claim below it (claim_span adds a remainder below it to the claim).
     assert tail_claim_size(16, 12, [1.0, 1.0], 0, minimum=8) == 8 and claim_span(0, 8, 12, 8) == (0, 12)
     assert tail_claim_size(16, 20, [1.0, 1.0], 0, minimum=8) == 10
     assert tail_claim_size(16, 20, [3.0, 1.0], 1, minimum=8) == 8
@@ -153,7 +153,7 @@ def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
 
 
 def test_total_batch_is_kept_or_the_config_refused() -> None:
-    """Defect: with B / W not a multiple of batch_multiple, or bounds that cannot add up to B, the sum drifted."""
+    """Σ b_i = B also where B / W is not a multiple of batch_multiple; bounds that cannot add up to B are refused."""
     assert initial_batch_sizes(100, 3, 8, 1024) == [36, 32, 32]
     assert initial_batch_sizes(32, 3, 8, 1024) == [16, 8, 8]
     assert initial_batch_sizes(30, 2, 8, 1024, multiple=1) == [15, 15]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-import rsnet.parallel.strategies as strategies_module
+import rsnet.parallel.strategies.base as strategy_base
 from conftest import DictStore
 from rsnet.parallel import WorkerContext, build_strategy
 from rsnet.parallel.batching import epoch_permutation
@@ -31,8 +31,8 @@ def _context(rank: int, world: int, store: DictStore) -> WorkerContext:
 def _build(trainer: dict, ctx: WorkerContext, num_samples: int, total_batch: int):
     """A strategy as worker ``ctx.rank``'s process builds it: its store keys are numbered by how many strategies
     the process built before (the same on every worker), so here every simulated worker counts from zero."""
-    strategies_module._instances = 0
-    return build_strategy(trainer, ctx, nn.Linear(1, 1), None, num_samples, total_batch, SEED)
+    strategy_base._instances = 0
+    return build_strategy(trainer, ctx, nn.Linear(1, 1), num_samples, total_batch, SEED)
 
 
 def simulate(speeds: list[float], total_batch: int, merge_interval: int, num_samples: int, epochs: int = 3):
@@ -60,7 +60,7 @@ def simulate(speeds: list[float], total_batch: int, merge_interval: int, num_sam
                 updates[rank] += 1
             known = [samples[r] / clock[r] if clock[r] else known[r] for r in range(world)]
             table = {"n": samples, "s": known, "b": [s.batch_size for s in strategies], "updates": updates,
-                     "compute": clock, "b_max": [s.cap for s in strategies]}
+                     "compute": clock, "batch_max": [s.batch_max for s in strategies]}
             for strategy in strategies:
                 strategy.adapt(table)
             assert all(s.sizes == strategies[0].sizes for s in strategies)  # every worker computes the same sizes

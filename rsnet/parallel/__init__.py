@@ -3,9 +3,10 @@
 See docs/scheduler.md for the algorithm, the configs and the torchrun command for several machines.
 """
 
+from rsnet.parallel.batching import next_batch_sizes
+from rsnet.parallel.config import launch_options
 from rsnet.parallel.launcher import WorkerContext, WorkerError, choose_backend, launch
 from rsnet.parallel.merge import normalized_merge
-from rsnet.parallel.batching import next_batch_sizes
 from rsnet.parallel.strategies import (
     STRATEGIES,
     AdaptiveStrategy,
@@ -14,7 +15,6 @@ from rsnet.parallel.strategies import (
     SyncStrategy,
     build_strategy,
     format_row,
-    launch_options,
     summarize,
 )
 

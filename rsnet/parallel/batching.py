@@ -1,10 +1,10 @@
 """Dynamic scheduling and batch-size control: pure functions plus the store-backed claimer.
 
 * :func:`epoch_permutation` — the shared, seeded order of an epoch (every worker computes the same one).
-* :func:`interval_bounds` / :func:`static_batches` — how an epoch is cut, never leaving a piece below ``b_min``.
+* :func:`interval_bounds` / :func:`static_batches` — how an epoch is cut, never leaving a piece below ``batch_min``.
 * :class:`IntervalClaimer` — workers claim the next ``b_i`` positions of a merge interval through an
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
-  so that no claim is smaller than ``b_min`` (a remainder below it joins the claim before it).
+  so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 """
@@ -25,8 +25,8 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
 
 def interval_bounds(num_samples: int, merge_interval: int, minimum: int = 1) -> list[tuple[int, int]]:
     """[start, end) positions of every merge interval of an epoch; a last interval shorter than ``minimum``
-    joins the one before it (the adaptive strategy passes max(b_min, M / 2): no interval is too short for a
-    batch of b_min, and no merge is spent on a scrap of an epoch)."""
+    joins the one before it (the adaptive strategy passes max(batch_min, M / 2): no interval is too short for a
+    batch of batch_min, and no merge is spent on a scrap of an epoch)."""
     if num_samples <= 0:
         return []
     size = merge_interval if 0 < merge_interval < num_samples else num_samples
@@ -107,36 +107,40 @@ def tail_claim_size(batch: int, remaining: int, weights: Sequence[float], rank: 
 # --------------------------------------------------------------------------------------- batch sizes
 
 
-def check_batch_settings(total_batch: int, world: int, b_min: int, b_max: int, multiple: int) -> None:
-    """Raise ValueError, naming the setting to change, when ``world`` batches within [b_min, b_max] (multiples
-    of ``multiple``) cannot add up to ``total_batch``."""
-    if b_min < 1 or b_max < b_min:
-        raise ValueError(f"trainer.batch_min={b_min}, trainer.batch_max={b_max}: need 1 <= batch_min <= batch_max")
-    if multiple > 1 and b_min % multiple:
-        raise ValueError(f"trainer.batch_min={b_min} is not a multiple of trainer.batch_multiple={multiple}: "
-                         f"use batch_min={max(multiple, b_min // multiple * multiple)} or batch_multiple=1")
-    if world * b_min > total_batch:
-        raise ValueError(f"batch_size={total_batch} is too small for {world} workers with trainer.batch_min={b_min} "
-                         f"(every worker needs at least batch_min, {world} x {b_min} = {world * b_min}): raise "
-                         f"batch_size to >= {world * b_min} or lower trainer.batch_min")
-    if sum(initial_batch_sizes(total_batch, world, b_min, b_max, multiple)) != total_batch:
-        raise ValueError(f"batch_size={total_batch} does not fit {world} workers with trainer.batch_max={b_max} "
+def check_batch_settings(total_batch: int, world: int, batch_min: int, batch_max: int, multiple: int) -> None:
+    """Raise ValueError, naming the setting to change, when ``world`` batches within [batch_min, batch_max]
+    (multiples of ``multiple``) cannot add up to ``total_batch``."""
+    if batch_min < 1 or batch_max < batch_min:
+        raise ValueError(f"trainer.batch_min={batch_min}, trainer.batch_max={batch_max}: "
+                         "need 1 <= batch_min <= batch_max")
+    if multiple > 1 and batch_min % multiple:
+        raise ValueError(f"trainer.batch_min={batch_min} is not a multiple of trainer.batch_multiple={multiple}: "
+                         f"use batch_min={max(multiple, batch_min // multiple * multiple)} or batch_multiple=1")
+    if world * batch_min > total_batch:
+        raise ValueError(f"batch_size={total_batch} is too small for {world} workers with "
+                         f"trainer.batch_min={batch_min} (every worker needs at least batch_min, {world} x "
+                         f"{batch_min} = {world * batch_min}): raise batch_size to >= {world * batch_min} or lower "
+                         "trainer.batch_min")
+    if sum(initial_batch_sizes(total_batch, world, batch_min, batch_max, multiple)) != total_batch:
+        raise ValueError(f"batch_size={total_batch} does not fit {world} workers with trainer.batch_max={batch_max} "
                          f"(multiples of trainer.batch_multiple={multiple}): raise trainer.batch_max to >= "
                          f"{math.ceil(total_batch / world / max(multiple, 1)) * max(multiple, 1)} or lower batch_size")
 
 
-def initial_batch_sizes(total_batch: int, world_size: int, b_min: int, b_max: int, multiple: int = 8) -> list[int]:
+def initial_batch_sizes(total_batch: int, world_size: int, batch_min: int, batch_max: int,
+                        multiple: int = 8) -> list[int]:
     """The equal split of B: multiples of ``multiple`` within bounds that add up to B (the lowest ranks get the
     extra multiples, rank 0 also B mod ``multiple``)."""
     share = total_batch / world_size
-    caps = [int(b_max)] * world_size
-    return fit_total(total_batch, [0] * world_size, [share] * world_size, b_min, caps, multiple)
+    batch_maxes = [int(batch_max)] * world_size
+    return fit_total(total_batch, [0] * world_size, [share] * world_size, batch_min, batch_maxes, multiple)
 
 
-def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], b_min: int, caps: Sequence[int],
-              multiple: int) -> list[int]:
-    """Sizes close to ``proposed`` that add up to ``total``: multiples of ``multiple`` within [b_min, cap_i],
-    plus total mod ``multiple`` on one worker. A cap at or below b_min (after an out-of-memory) is a fixed size.
+def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], batch_min: int,
+              batch_maxes: Sequence[int], multiple: int) -> list[int]:
+    """Sizes close to ``proposed`` that add up to ``total``: multiples of ``multiple`` within
+    [batch_min, batch_maxes[i]], plus total mod ``multiple`` on one worker. A batch_max at or below batch_min
+    (after an out-of-memory) is a fixed size.
 
     Where the proposals add up to more (less) than ``total``, one multiple at a time is taken from (given to)
     the worker whose proposal lies furthest above (below) what it ``wanted``; ties go to the lowest rank.
@@ -144,13 +148,13 @@ def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], b_mi
     """
     n = len(proposed)
     unit = max(int(multiple), 1)
-    sizes = [int(caps[i]) if caps[i] <= b_min else 0 for i in range(n)]
-    free = [i for i in range(n) if caps[i] > b_min]
+    sizes = [int(batch_maxes[i]) if batch_maxes[i] <= batch_min else 0 for i in range(n)]
+    free = [i for i in range(n) if batch_maxes[i] > batch_min]
     if not free:
         return sizes
     units_total, remainder = divmod(max(total - sum(sizes), 0), unit)
-    low = -(-b_min // unit)
-    high = {i: max(int(caps[i]) // unit, low) for i in free}
+    low = -(-batch_min // unit)
+    high = {i: max(int(batch_maxes[i]) // unit, low) for i in free}
     units = {i: min(max(int(proposed[i]) // unit, low), high[i]) for i in free}
     while sum(units.values()) > units_total and (above := [i for i in free if units[i] > low]):
         units[max(above, key=lambda i: (units[i] * unit - wanted[i], -i))] -= 1
@@ -158,13 +162,14 @@ def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], b_mi
         units[max(below, key=lambda i: (wanted[i] - units[i] * unit, -i))] += 1
     for i in free:
         sizes[i] = units[i] * unit
-    holders = [i for i in free if sizes[i] + remainder <= caps[i]]
+    holders = [i for i in free if sizes[i] + remainder <= batch_maxes[i]]
     if remainder and holders:
         sizes[max(holders, key=lambda i: (units[i], -i))] += remainder
     return sizes
 
 
-def proportional_targets(speeds: Sequence[float], total_batch: int, b_min: int, b_max: Sequence[int]) -> list[float]:
+def proportional_targets(speeds: Sequence[float], total_batch: int, batch_min: int,
+                         batch_maxes: Sequence[int]) -> list[float]:
     """B·s_i/Σs_j, water-filled so that workers held at a bound hand their share to the others."""
     n = len(speeds)
     targets = [0.0] * n
@@ -174,14 +179,14 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, b_min: int, 
         speed_sum = sum(max(speeds[i], 0.0) for i in free)
         for i in free:
             targets[i] = remaining * max(speeds[i], 0.0) / speed_sum if speed_sum > 0 else remaining / len(free)
-        # Fix the workers above their cap first (their excess goes to the others), then those below b_min.
-        over = [i for i in sorted(free) if targets[i] > b_max[i]]
-        under = [i for i in sorted(free) if targets[i] < min(b_min, b_max[i])]
+        # Fix the workers above their batch_max first (their excess goes to the others), then those below batch_min.
+        over = [i for i in sorted(free) if targets[i] > batch_maxes[i]]
+        under = [i for i in sorted(free) if targets[i] < min(batch_min, batch_maxes[i])]
         fixed = over or under
         if not fixed:
             break
         for i in fixed:
-            targets[i] = float(b_max[i]) if i in over else float(min(b_min, b_max[i]))
+            targets[i] = float(batch_maxes[i]) if i in over else float(min(batch_min, batch_maxes[i]))
             free.discard(i)
             remaining -= targets[i]
         if not free:
@@ -189,24 +194,25 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, b_min: int, 
     return targets
 
 
-def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batch: int, b_min: int,
-                     b_max: Sequence[int] | int, multiple: int = 8, damping: float = 0.5,
+def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batch: int, batch_min: int,
+                     batch_max: Sequence[int] | int, multiple: int = 8, damping: float = 0.5,
                      deadband: float = 0.05) -> list[int]:
     """One controller step: move every b_i part of the way toward its speed-proportional share, keeping Σ b_i = B.
 
-    target_i = B·s_i/Σs_j (water-filled within [b_min, b_max_i]); b_i moves by γ·(target_i − b_i) in whole
-    multiples of ``multiple`` — at least one, at most to the multiple nearest the target — unless it is within
-    ``deadband`` (relative) or half a multiple of its target; then :func:`fit_total` restores Σ b_i = B.
+    target_i = B·s_i/Σs_j (water-filled within [batch_min, batch_max_i]; ``batch_max``: one bound for all workers
+    or one per worker); b_i moves by γ·(target_i − b_i) in whole multiples of ``multiple`` — at least one, at most
+    to the multiple nearest the target — unless it is within ``deadband`` (relative) or half a multiple of its
+    target; then :func:`fit_total` restores Σ b_i = B.
 
     Stability: for fixed speeds every step moves a size toward its target and never further than half a
     multiple past it, inside the hold band, so the sizes settle on the proportional split and stay there.
     """
     n = len(current)
-    caps = [int(b_max)] * n if isinstance(b_max, (int, float)) else [int(c) for c in b_max]
-    caps = [max(c, 1) for c in caps]
+    batch_maxes = [int(batch_max)] * n if isinstance(batch_max, (int, float)) else [int(c) for c in batch_max]
+    batch_maxes = [max(c, 1) for c in batch_maxes]
     if any(s <= 0 for s in speeds):
-        return fit_total(total_batch, current, [float(b) for b in current], b_min, caps, multiple)
-    targets = proportional_targets(speeds, total_batch, b_min, caps)
+        return fit_total(total_batch, current, [float(b) for b in current], batch_min, batch_maxes, multiple)
+    targets = proportional_targets(speeds, total_batch, batch_min, batch_maxes)
     unit = max(int(multiple), 1)
     proposed = []
     for b, target in zip(current, targets):
@@ -221,7 +227,7 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
         moved = max(unit, round(abs(gap) * damping / unit) * unit)
         moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
         proposed.append(int(b) + int(math.copysign(moved, gap)))
-    return fit_total(total_batch, proposed, targets, b_min, caps, multiple)
+    return fit_total(total_batch, proposed, targets, batch_min, batch_maxes, multiple)
 
 
 def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
@@ -230,6 +236,8 @@ def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], s
     two rounds of everyone's batches left as of the claimer's last store call; only then one more store read
     for the exact remainder), where it is the worker's speed share of what is left (:func:`tail_claim_size`)."""
     batch = int(sizes[rank])
+    # Progress estimate from the counter this worker last saw, to save a store round trip per claim: it lags behind
+    # the others' claims since, which can only start the tail balancing late; claim_span keeps every claim correct.
     if len(sizes) == 1 or claimer.size - claimer.seen > 2 * sum(sizes):
         return batch
     weights = list(speeds) if all(s > 0 for s in speeds) else [float(b) for b in sizes]

@@ -61,8 +61,12 @@ def pack_header(weight: float, meta: torch.Tensor, integer: list[torch.Tensor], 
     integer buffers — the primary's values, zeros elsewhere, so the sum is the primary's]. Every part is moved
     to ``device`` before it is joined: the weight and meta are made on the host while integer buffers such as
     ``num_batches_tracked`` live with the model (on a GPU)."""
-    parts = [torch.tensor([weight, 1.0], dtype=torch.float64, device=device), meta.to(device=device, dtype=torch.float64)]
-    parts += [t.detach().reshape(-1).to(device=device, dtype=torch.float64) * (1.0 if primary else 0.0) for t in integer]
+    # The 1 sums to the number of workers: the divisor of the uniform average used when every weight is 0 (no worker
+    # updated in the interval): the weights alone would divide by zero there, and the replicas must still agree.
+    parts = [torch.tensor([weight, 1.0], dtype=torch.float64, device=device),
+             meta.to(device=device, dtype=torch.float64)]
+    parts += [t.detach().reshape(-1).to(device=device, dtype=torch.float64) * (1.0 if primary else 0.0)
+              for t in integer]
     return torch.cat(parts)
 
 
@@ -127,16 +131,3 @@ def average_buffers(buffers: Iterable[torch.Tensor], group=None, comm_device: to
         holder.register_buffer(f"b{index}", buffer, persistent=False)
     if len(list(holder.buffers())):
         normalized_merge(holder, 1.0, group=group, comm_device=comm_device)
-
-
-def replicas_identical(module: nn.Module, group=None, atol: float = 0.0) -> bool:
-    """True when every worker holds the same parameters and buffers (max-min across workers ≤ atol)."""
-    floating, _ = merge_tensors(module)
-    if not floating:
-        return True
-    device = floating[0].device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    flat = torch.cat([t.detach().reshape(-1).double().to(device) for t in floating])
-    high, low = flat.clone(), -flat.clone()
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(low, op=dist.ReduceOp.MAX, group=group)
-    return bool(((high + low).abs() <= atol).all())

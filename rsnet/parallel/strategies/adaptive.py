@@ -1,0 +1,190 @@
+"""``adaptive``: dynamic scheduling, speed-proportional batch sizes, normalized merging every interval."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from rsnet.parallel.batching import (
+    IntervalClaimer,
+    check_batch_settings,
+    epoch_permutation,
+    initial_batch_sizes,
+    interval_bounds,
+    next_batch_sizes,
+    next_claim_size,
+)
+from rsnet.parallel.config import setting
+from rsnet.parallel.merge import MergeResult, normalized_merge
+from rsnet.parallel.strategies.base import Claim, Strategy
+from rsnet.parallel.strategies.reports import format_row
+
+log = logging.getLogger(__name__)
+
+# Per-worker fields carried in the merge's meta vector, in this order.
+_META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max")
+
+
+class AdaptiveStrategy(Strategy):
+    """Dynamic scheduling + adaptive batch sizes + normalized merging (docs/scheduler.md)."""
+
+    name = "adaptive"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        self.merge_interval = int(setting(cfg, "merge_interval", 512))
+        self.multiple = int(setting(cfg, "batch_multiple", 8))
+        self.batch_max = int(setting(cfg, "batch_max", 1024))  # this worker's: lowered after an out-of-memory
+        self.damping = float(setting(cfg, "damping", 0.5))
+        self.deadband = float(setting(cfg, "deadband", 0.05))
+        self.speed_ema = float(setting(cfg, "speed_ema", 0.5))
+        self.warmup_intervals = int(setting(cfg, "warmup_intervals", 1))
+        self.log_intervals = bool(setting(cfg, "log_intervals", True))
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
+        if not 0 < self.speed_ema <= 1:
+            raise ValueError(f"trainer.speed_ema must be in (0, 1], got {self.speed_ema}")
+        check_batch_settings(self.total_batch, self.world, self.batch_min, self.batch_max, self.multiple)
+        self.sizes = initial_batch_sizes(self.total_batch, self.world, self.batch_min, self.batch_max, self.multiple)
+        self.speeds = [0.0] * self.world
+        self.speed = 0.0
+        self.intervals_done = 0
+        self._timing_keys: list[tuple[int, int]] = []  # (row index, interval) whose idle/merge times are pending
+        self._bounds: list[tuple[int, int]] = []
+        self._order = torch.empty(0, dtype=torch.long)
+
+    @property
+    def batch_size(self) -> int:
+        """This worker's current batch size b_i."""
+        return self.sizes[self.rank]
+
+    def lr_scale(self, batch_size: int) -> float:
+        """batch_size / ref_batch, by default batch_size / (B / W): the linear scaling rule relative to an equal
+        split, applied to the batch's real size (a short tail batch steps less). With merge weights
+        p_i = u_i / Σ u_j every sample's gradient then carries lr / B to first order when the workers' update
+        counts are equal — one sync step's weight (docs/scheduler.md, Learning rate and merge weights)."""
+        return batch_size / self.ref_batch
+
+    def on_out_of_memory(self) -> int:
+        """Halve this worker's ``batch_max`` (and its batch); returns the new batch size.
+
+        The lower ``batch_max`` travels with the next merge, so the controller gives the freed share to the others.
+        """
+        if self.batch_size <= 1:
+            raise RuntimeError(f"worker {self.rank} ({self.ctx.device}) runs out of memory at batch size 1")
+        self.batch_max = max(1, self.batch_size // 2)
+        self.sizes[self.rank] = self.batch_max
+        log.warning("worker %d (%s): out of memory, batch_max lowered to %d", self.rank, self.ctx.device,
+                    self.batch_max)
+        return self.batch_max
+
+    def start_epoch(self, epoch: int) -> int:
+        self.epoch = epoch
+        self._order = epoch_permutation(self.num_samples, self.seed, epoch)
+        self._bounds = interval_bounds(self.num_samples, self.merge_interval,
+                                       max(self.batch_min, self.merge_interval // 2))
+        return len(self._bounds)
+
+    def claims(self, interval: int) -> Iterator[Claim]:
+        """Claim batches of the interval through the store until it is used up (no collective)."""
+        low, high = self._bounds[interval]
+        claimer = IntervalClaimer(self.ctx.store, f"{self.prefix}/e{self.epoch}/i{interval}", high - low,
+                                  self.batch_min)
+        while (span := claimer.claim(next_claim_size(claimer, self.rank, self.sizes, self.speeds, self.batch_min))):
+            start, end = span
+            yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
+
+    def end_interval(self, compute_seconds: float) -> None:
+        """The normalized merge: θ ← Σ_i p_i θ_i with p_i = u_i / Σ_j u_j (u = optimizer updates in the interval),
+        then every worker computes the same next batch sizes from the merged speed table."""
+        super().end_interval(compute_seconds)
+        busy = self._compute + self._sleep
+        if self._n > 0 and busy > 0:
+            measured = self._n / busy
+            self.speed = measured if self.speed <= 0 else self.speed_ema * measured + (1 - self.speed_ema) * self.speed
+        mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
+                "batch_max": self.batch_max}
+        k = len(_META_FIELDS)
+        meta = torch.zeros(self.world * k, dtype=torch.float64)
+        meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in _META_FIELDS], dtype=torch.float64)
+        result = normalized_merge(self.model, float(self._updates), meta=meta, group=self.ctx.group,
+                                  comm_device=self.ctx.comm_device)
+        columns = result.meta.view(self.world, k).T
+        table = {field: [float(v) for v in column] for field, column in zip(_META_FIELDS, columns)}
+        self.adapt(table)
+        self._record(table, result)
+        self._reset_counters()
+
+    def adapt(self, table: Mapping[str, list[float]]) -> None:
+        """Next batch sizes from the merged per-worker table (fields of ``_META_FIELDS``, one value per worker);
+        every worker runs this on the same table and so computes the same sizes. The first
+        ``warmup_intervals`` merges keep the sizes (restoring Σ b_i = B after an out-of-memory)."""
+        used = [int(b) for b in table["b"]]
+        batch_maxes = [int(c) for c in table["batch_max"]]
+        self.speeds = [float(s) for s in table["s"]]
+        self.intervals_done += 1
+        speeds = self.speeds if self.intervals_done > self.warmup_intervals else [0.0] * self.world
+        self.sizes = next_batch_sizes(used, speeds, self.total_batch, self.batch_min, batch_maxes, self.multiple,
+                                      self.damping, self.deadband)
+        if sum(self.sizes) != self.total_batch:
+            log.warning("adaptive: the workers' batch_max (%s) leave a total batch of %d instead of batch_size=%d",
+                        batch_maxes, sum(self.sizes), self.total_batch)
+
+    def _record(self, table: dict[str, list[float]], result: MergeResult) -> None:
+        row: dict[str, float] = {"epoch": self.epoch, "interval": self.intervals_done,
+                                 "merge_time": result.merge_s, "idle": result.idle_s}
+        total = result.total_weight or 1.0
+        for rank in range(self.world):
+            for field in _META_FIELDS:
+                row[f"{field}/{rank}"] = table[field][rank]
+            row[f"p/{rank}"] = table["updates"][rank] / total
+            row[f"b_next/{rank}"] = float(self.sizes[rank])
+        # This worker's own idle and merge time go through the store so rank 0 can report everyone's.
+        self.ctx.store.set(f"{self.prefix}/t/{self.intervals_done}/{self.rank}",
+                           f"{result.idle_s:.6f},{result.merge_s:.6f}")
+        self._rows.append(row)
+        self._timing_keys.append((len(self._rows) - 1, self.intervals_done))
+        if self.log_intervals and self.ctx.is_primary:
+            log.info("merge %d (epoch %d): %s", self.intervals_done, self.epoch, format_row(row, self.world))
+
+    def end_epoch(self) -> None:
+        """Every interval ended with a merge, so the replicas are already identical."""
+        self.epoch += 1
+
+    def _complete_rows(self) -> list[dict[str, float]]:
+        """Fill in every worker's idle/merge time (rank 0 only; read from the store)."""
+        if self.ctx.is_primary:
+            for row_index, interval in self._timing_keys:
+                row = self._rows[row_index]
+                for rank in range(self.world):
+                    raw = self.ctx.store.get(f"{self.prefix}/t/{interval}/{rank}").decode()
+                    idle, merge = (float(v) for v in raw.split(","))
+                    row[f"idle/{rank}"], row[f"merge_time/{rank}"] = idle, merge
+                row.pop("idle", None)
+                row["merge_time"] = max(row[f"merge_time/{rank}"] for rank in range(self.world))
+            self._timing_keys = []
+        return self._rows
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "batch_sizes": list(self.sizes), "speeds": list(self.speeds),
+                "speed": self.speed, "batch_max": self.batch_max, "intervals_done": self.intervals_done}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("name") != self.name:
+            return
+        self.intervals_done = int(state.get("intervals_done", 0))
+        if int(state.get("world_size", -1)) != self.world:
+            log.warning("adaptive: checkpoint has %s workers, this run %d: batch sizes start from an equal split",
+                        state.get("world_size"), self.world)
+            return
+        self.sizes = [int(b) for b in state["batch_sizes"]]
+        self.speeds = [float(s) for s in state["speeds"]]
+        self.speed = self.speeds[self.rank]
+        # Only rank 0's batch_max is in the checkpoint (rank 0 saves it); others keep the configured one.
+        if self.rank == 0:
+            self.batch_max = int(state.get("batch_max", state.get("b_max", self.batch_max)))  # "b_max": older runs

@@ -1,0 +1,192 @@
+"""What every strategy shares (the claim it hands the loop, per-step counters, the simulated slowdown's sleep,
+stats rows, reports, state), and the static strategies' equal shares."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rsnet.parallel.batching import static_batches, static_partition
+from rsnet.parallel.config import setting
+from rsnet.parallel.strategies.reports import scheduler_report, slowdown_note, summarize
+from rsnet.parallel.worker import WorkerContext
+
+log = logging.getLogger(__name__)
+
+# Strategies built in this process so far: each gets its own key prefix in the c10d store, so a second run in the
+# same process group (tests, sweeps in one interpreter) never reads the claims or timings a first one left there.
+_instances = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A batch this worker trains on: its sample indices, and ``position``, where it starts on the run's shared
+    clock (epochs since the start of training; drives the lr schedule, warm-up and distillation ramp-up)."""
+
+    indices: torch.Tensor
+    position: float
+
+
+class Strategy:
+    """Shared bookkeeping: per-step counters, the simulated slowdown (``ctx.slowdown``), stats rows.
+
+    ``model`` is the model this worker trains; the loop calls it for the forward pass (``sync`` replaces it by
+    its DistributedDataParallel wrapper).
+    """
+
+    name = "base"
+
+    def __init__(self, trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
+                 seed: int) -> None:
+        global _instances
+        _instances += 1
+        self.cfg, self.ctx, self.model = trainer_cfg, ctx, model
+        self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
+        self.world, self.rank = ctx.world_size, ctx.rank
+        self.prefix = f"rsnet/{self.name}{_instances}"
+        self.batch_min = int(setting(trainer_cfg, "batch_min", 8))
+        # lr of a batch of b = lr x b / ref_batch; default ref_batch = B / world, the batch of an equal split.
+        ref_batch = setting(trainer_cfg, "ref_batch", None)
+        self.ref_batch = float(ref_batch) if ref_batch else max(int(batch_size), 1) / max(ctx.world_size, 1)
+        self.epoch = 0
+        self._rows: list[dict[str, float]] = []
+        self._reported = 0
+        self._reset_counters()
+
+    @classmethod
+    def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
+        """Refuse (or warn about) a setup this strategy cannot train; runs before the strategy is built."""
+
+    # ------------------------------------------------------------------ loop API
+    @property
+    def needs_step_seconds(self) -> bool:
+        """Whether :meth:`after_step` needs every step's own time (a simulated slowdown sleeps in proportion to
+        it); otherwise the loop may time steps asynchronously and report only the interval's total."""
+        return self.ctx.slowdown != 1.0
+
+    def start_epoch(self, epoch: int) -> int:  # pragma: no cover - abstract
+        """Plan ``epoch``; returns its number of intervals."""
+        raise NotImplementedError
+
+    def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
+        """This worker's batches of ``interval`` of the current epoch, in order."""
+        raise NotImplementedError
+
+    def lr_scale(self, batch_size: int) -> float:
+        """Factor on the scheduled lr for a step on ``batch_size`` samples. 1.0 for sync (DDP averages the
+        gradients of the total batch B, which is what ``optimizer.lr`` is tuned for)."""
+        return 1.0
+
+    def after_step(self, batch_size: int, seconds: float | None) -> None:
+        """Count the step; a simulated slow worker sleeps (slowdown − 1) × its own compute time of the step
+        (``seconds`` less any time the step spent waiting for other workers, see :meth:`_own_seconds`)."""
+        extra = (self.ctx.slowdown - 1.0) * max(self._own_seconds(float(seconds)), 0.0) if seconds is not None else 0.0
+        if extra > 0:
+            time.sleep(extra)
+        self._n += int(batch_size)
+        self._updates += 1
+        self._sleep += extra
+
+    def end_interval(self, compute_seconds: float) -> None:
+        """The interval's communication point (a collective on every worker, or nothing). ``compute_seconds``:
+        this worker's step time in the interval, without the simulated-slowdown sleep."""
+        self._compute += float(compute_seconds)
+
+    def end_epoch(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _own_seconds(self, seconds: float) -> float:
+        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait)."""
+        return seconds
+
+    def on_out_of_memory(self) -> int:
+        """Called after a CUDA out-of-memory error; returns the batch size to retry with."""
+        raise RuntimeError(f"{self.name}: out of memory with static batches; lower batch_size")
+
+    # ------------------------------------------------------------------ figures and state
+    def stats(self) -> list[dict[str, float]]:
+        """Log rows recorded since the previous call. On rank 0 they hold every worker's figures (keys
+        ``b/<rank>``, ``s/<rank>``, ...); on other ranks this worker's view."""
+        rows = self._complete_rows()
+        new = rows[self._reported:]
+        self._reported = len(rows)
+        return list(new)
+
+    def summary(self) -> str:
+        """A text summary of the run's scheduling figures (for the end of training)."""
+        return summarize(self._complete_rows(), self.world, self.name, slowdown_note(self._slowdowns()))
+
+    def report(self) -> dict[str, Any]:
+        """The run's scheduling figures per worker, for metrics.json (see :func:`scheduler_report`)."""
+        return scheduler_report(self._complete_rows(), self.world, self.name, [str(d) for d in self.ctx.devices],
+                                self._slowdowns())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "epoch": self.epoch, "world_size": self.world}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") not in (None, self.name):
+            log.warning("strategy state of %r loaded into %r: ignoring it", state.get("name"), self.name)
+            return
+        self.epoch = int(state.get("epoch", 0))
+
+    # ------------------------------------------------------------------ helpers
+    def _reset_counters(self) -> None:
+        self._n, self._updates, self._compute, self._sleep = 0, 0, 0.0, 0.0
+
+    def _complete_rows(self) -> list[dict[str, float]]:
+        return self._rows
+
+    def _slowdowns(self) -> list[float]:
+        return list(self.ctx.slowdowns) or [self.ctx.slowdown]
+
+
+class StaticStrategy(Strategy):
+    """Equal static shares (DistributedSampler-style) cut into intervals of ``steps_per_interval`` batches.
+    The clock of step k of an epoch is k·B / N_padded: the same on every worker."""
+
+    steps_per_interval = 1
+
+    @classmethod
+    def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
+        if batch_size < ctx.world_size:
+            raise ValueError(f"batch_size {batch_size} is smaller than the number of workers {ctx.world_size}")
+
+    def start_epoch(self, epoch: int) -> int:
+        self.epoch = epoch
+        shard = static_partition(self.num_samples, self.seed, epoch, self.rank, self.world)
+        self._batches = static_batches(shard, self._static_batch(), min(self.batch_min, self._static_batch()))
+        self._padded = len(shard) * self.world
+        return -(-len(self._batches) // self.steps_per_interval)
+
+    def claims(self, interval: int) -> Iterator[Claim]:
+        first = interval * self.steps_per_interval
+        for step in range(first, min(first + self.steps_per_interval, len(self._batches))):
+            position = step * self._static_batch() * self.world / self._padded
+            yield Claim(self._batches[step], self.epoch + position)
+
+    def _static_batch(self) -> int:
+        return max(1, self.total_batch // self.world)
+
+    def _gather_epoch_row(self, epoch: int, extra: Mapping[str, float] | None = None) -> None:
+        """One row per epoch with every worker's counters (a collective)."""
+        busy = self._compute + self._sleep
+        mine = {"n": self._n, "updates": self._updates, "compute": busy, "s": self._n / busy if busy > 0 else 0.0,
+                "b": self._static_batch(), **(extra or {})}
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.ctx.group)
+        total = sum(r["n"] for r in everyone) or 1
+        row: dict[str, float] = {"epoch": epoch, "interval": epoch + 1}
+        for rank, r in enumerate(everyone):
+            for key, value in r.items():
+                row[f"{key}/{rank}"] = float(value)
+            row[f"p/{rank}"] = r["n"] / total
+        self._rows.append(row)
+        self._reset_counters()

@@ -1,0 +1,59 @@
+"""``local_sgd``: static equal shares, uniform model averaging every H local steps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+from rsnet.parallel.config import setting
+from rsnet.parallel.merge import average_buffers, normalized_merge
+from rsnet.parallel.strategies.base import StaticStrategy
+
+
+class LocalSGDStrategy(StaticStrategy):
+    """Static equal partition; uniform model averaging every H = ``average_every`` local steps (parallel
+    restarted SGD), BatchNorm statistics included: an interval is H steps and ends with the average (the
+    last interval of an epoch may be shorter, so every epoch ends averaged)."""
+
+    name = "local_sgd"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps_per_interval = int(setting(self.cfg, "average_every", 8))
+        if self.steps_per_interval < 1:
+            raise ValueError(f"trainer.average_every must be >= 1, got {self.steps_per_interval}")
+        params = list(self.model.parameters())
+        fits = bool(params) and params[0].device == self.ctx.comm_device
+        self.use_torch_averager = fits and bool(setting(self.cfg, "torch_averager", True))
+        self._merge_s = 0.0
+        self._averages = 0
+
+    def lr_scale(self, batch_size: int) -> float:
+        """batch_size / ref_batch: 1.0 for the static batch B/W by default (ref_batch = B/W). Averaging W replicas
+        that each stepped with lr on their own batch B/W moves the model like one sync step with lr on the union
+        batch B (identical for H = 1 without momentum); scaling each worker by (B/W)/B would divide it by W."""
+        return batch_size / self.ref_batch
+
+    def end_interval(self, compute_seconds: float) -> None:
+        """Average the replicas: parameters with torch's model-averaging all-reduce (the one
+        ``PeriodicModelAverager`` uses) where they sit on the backend's device, and buffers, or everything
+        through :func:`normalized_merge` (host-staged) otherwise."""
+        super().end_interval(compute_seconds)
+        started = time.perf_counter()
+        if self.use_torch_averager:
+            average_parameters(iter([p for p in self.model.parameters() if p.requires_grad]), self.ctx.group)
+            average_buffers(self.model.buffers(), group=self.ctx.group, comm_device=self.ctx.comm_device)
+        else:
+            normalized_merge(self.model, 1.0, group=self.ctx.group, comm_device=self.ctx.comm_device)
+        self._merge_s += time.perf_counter() - started
+        self._averages += 1
+
+    def end_epoch(self) -> None:
+        self._gather_epoch_row(self.epoch, {"averages": self._averages, "merge_time": self._merge_s})
+        self._averages, self._merge_s = 0, 0.0
+        self.epoch += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "average_every": self.steps_per_interval}

@@ -1,0 +1,105 @@
+"""``sync``: DistributedDataParallel, with a comm hook that tells the step's own compute from its waiting."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rsnet.parallel.config import setting
+from rsnet.parallel.strategies.base import StaticStrategy
+from rsnet.parallel.worker import WorkerContext
+
+
+class SyncStrategy(StaticStrategy):
+    """DistributedDataParallel: equal static batches B/world, gradient all-reduce every step (inside backward).
+    Its intervals (``interval_steps`` batches) only set how often the loop syncs with the host."""
+
+    name = "sync"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        ctx = self.ctx
+        self.steps_per_interval = int(setting(self.cfg, "interval_steps", 16))
+        if self.steps_per_interval < 1:
+            raise ValueError(f"trainer.interval_steps must be >= 1, got {self.steps_per_interval}")
+        device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+        staged = ctx.device.type == "cuda" and ctx.backend == "gloo"  # a GPU worker among CPU workers
+        if staged:
+            for tensor in self.model.state_dict().values():  # DDP's own init broadcast, through host memory
+                host = tensor.detach().cpu()
+                dist.broadcast(host, src=0, group=ctx.group)
+                tensor.copy_(host.to(tensor.device))
+        # From here on the loop trains the model through its DDP wrapper (same parameters and buffers).
+        self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids, process_group=ctx.group,
+                                                         init_sync=not staged, broadcast_buffers=not staged)
+        # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
+        # last bucket is handed to the backend and when the last reduction completes: the time in between is
+        # spent communicating or waiting for the other workers, not computing (see _own_seconds).
+        self._comm = _CommTimer(ctx, staged)
+        self.model.register_comm_hook(self._comm, _timed_allreduce_hook)
+
+    @classmethod
+    def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
+        super().check_setup(ctx, model, batch_size)
+        if ctx.world_size > 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            warnings.warn("trainer=sync: BatchNorm statistics are per replica (DDP broadcasts rank 0's buffers)",
+                          stacklevel=3)
+
+    def _own_seconds(self, seconds: float) -> float:
+        """The step time less the un-overlapped tail of the gradient all-reduce (waiting for the slowest worker
+        and the last bucket's transfer), so a simulated slowdown scales compute only."""
+        waited = self._comm.pop_wait()
+        return max(seconds - waited, 0.0)
+
+    def end_epoch(self) -> None:
+        # DDP broadcasts rank 0's buffers before each forward; do it once more so replicas end identical.
+        comm = self.ctx.comm_device
+        for buffer in self.model.buffers():
+            staged = buffer.detach().to(comm)
+            dist.broadcast(staged, src=0, group=self.ctx.group)
+            with torch.no_grad():
+                buffer.copy_(staged.to(buffer.device))
+        self._gather_epoch_row(self.epoch)
+        self.epoch += 1
+
+
+class _CommTimer:
+    """State of :func:`_timed_allreduce_hook`: when the step's last bucket was launched and its last reduction
+    completed (perf_counter seconds)."""
+
+    def __init__(self, ctx: WorkerContext, staged: bool) -> None:
+        self.ctx, self.staged = ctx, staged
+        self.last_launch = self.last_done = None
+
+    def pop_wait(self) -> float:
+        """Seconds from the last bucket's launch to the last completion in the step just done; resets."""
+        launch, done = self.last_launch, self.last_done
+        self.last_launch = self.last_done = None
+        if launch is None or done is None:
+            return 0.0
+        return max(done - launch, 0.0)
+
+
+def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, and they are strings here
+    """DDP comm hook: average the bucket (through host memory when ``timer.staged``: a GPU worker in a gloo
+    group), recording launch and completion times for :meth:`SyncStrategy._own_seconds`."""
+    ctx = timer.ctx
+    tensor = bucket.buffer()
+    staged = tensor.detach().cpu() if timer.staged else tensor
+    staged.div_(ctx.world_size)
+    timer.last_launch = time.perf_counter()
+    work = dist.all_reduce(staged, group=ctx.group, async_op=True)
+
+    def done(future: torch.futures.Future) -> torch.Tensor:
+        if timer.staged:
+            tensor.copy_(future.value()[0].to(tensor.device))
+        now = time.perf_counter()
+        timer.last_done = now if timer.last_done is None else max(timer.last_done, now)
+        return tensor
+
+    return work.get_future().then(done)
