@@ -238,7 +238,8 @@ def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, files:
     for tag, cams in maps.items():
         for image, cam, path in zip(images, cams.cpu().numpy(), files):
             target = attention_dir / f"{_safe_name(path, root)}_{tag}.png"
-            Image.fromarray(overlay(image, cam)).save(target)
+            with atomic_write(target) as handle:
+                Image.fromarray(overlay(image, cam)).save(handle, format="PNG")
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="predict", version_base="1.3")

@@ -18,6 +18,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
+from rsnet.files import atomic_write
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
 
 
@@ -130,7 +131,8 @@ def _keep_projector_entries(config_path: Path, earlier: str) -> None:
     merged.embeddings.extend(e for e in text_format.Parse(earlier, ProjectorConfig()).embeddings
                              if e.tensor_name not in names)
     merged.embeddings.extend(current.embeddings)
-    config_path.write_text(text_format.MessageToString(merged))
+    with atomic_write(config_path, "w") as handle:  # a crash here must not lose the earlier run's entries
+        handle.write(text_format.MessageToString(merged))
 
 
 class TensorBoardLogger:
