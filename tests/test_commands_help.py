@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import compose_command
+from helpers import REPO, compose_command
 from omegaconf import OmegaConf
 
 from rsnet.cli import check_no_bare_words, check_renamed_setting
 from rsnet.commands.help import command_help
 
-REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 # command config -> the config groups its help must list (the others it does not read)
 COMMANDS = {"config": {"dataset", "model", "backbone", "trainer"}, "evaluate": {"dataset"}, "predict": set(),
@@ -66,7 +64,10 @@ def test_help_through_hydra_lists_the_commands_own_settings() -> None:
     assert result.returncode == 0, result.stderr
     options = ", ".join(sorted(path.stem for path in (CONF / "dataset").glob("*.yaml")))
     assert f"dataset: {options}  (default: the run's own)" in result.stdout
-    assert "tta: none" in result.stdout and "backbone:" not in result.stdout and "trainer:" not in result.stdout
+    settings = result.stdout.split("== Settings (key=value) ==\n")[1].split("\n\n")[0]
+    assert [line.split(":")[0] for line in settings.splitlines() if not line.startswith(" ")] == [
+        "checkpoint", "seed", "batch_size", "device", "out", "tta"]  # conf/evaluate.yaml's, no training setting
+    assert "tta: none " in settings and "backbone:" not in result.stdout and "trainer:" not in result.stdout
 
 
 def test_predicts_old_model_key_is_named() -> None:

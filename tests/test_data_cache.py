@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import label_value
+from helpers import label_value
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
 from multiprocessing.reduction import ForkingPickler
 from torch.utils.data import DataLoader

@@ -8,7 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import make_fake_archive
+from helpers import make_fake_archive
 from PIL import Image
 
 from rsnet.data import CorruptImageError, DecodeReport, HighBitDepthWarning, build_datasets, decode_image

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -17,7 +18,6 @@ from rsnet.data import DatasetNotFoundError, DatasetValidationError, build_datas
 from rsnet.data.datasets import build_datasets_from_config
 from rsnet.data.specs import IMAGE_EXTENSIONS, image_folder_spec
 
-REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("river", "Beach", "city")  # written in this order; the labels follow the sorted names
 
 

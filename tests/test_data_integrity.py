@@ -10,7 +10,7 @@ import pickle
 
 import numpy as np
 import pytest
-from conftest import label_value, make_fake_archive, truncate_file
+from helpers import label_value, make_fake_archive, truncate_file
 
 import rsnet.data.cache as cache_mod
 from rsnet.data import (

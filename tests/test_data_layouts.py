@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import label_value, truncate_file
+from helpers import label_value, truncate_file
 
 from rsnet.data import (
     DATASETS,

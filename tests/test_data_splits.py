@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import label_value
+from helpers import label_value
 
 from rsnet.data import (
     DATASETS,

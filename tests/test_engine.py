@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import training_config
 
 from rsnet.trained_model import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import ConfigError, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.lr_schedule import learning_rate
 
-CONFIG = {
-    "seed": 0, "epochs": 2, "batch_size": 16, "eval_batch_size": 8, "amp": "bf16", "compile": False,
-    "optimizer": {"lr": 0.02, "momentum": 0.9},
-    "dataset": {"name": "ucmerced_mini", "train_ratio": 0.8, "image_size": 64},
-    "model": {"arch": "baseline"}, "backbone": {"name": "test_resnet"},
-    "trainer": {"devices": ["cpu", "cpu"]}, "lr_schedule": {"name": "cosine"},
-}
+CONFIG = training_config("model=baseline", "backbone=test_resnet", "dataset.train_ratio=0.8", "dataset.image_size=64",
+                         "batch_size=16", "trainer.devices=[cpu,cpu]")
 
 
 def test_warmup_then_cosine_reaches_floor() -> None:
@@ -33,7 +30,7 @@ def test_warmup_then_cosine_reaches_floor() -> None:
 def test_step_schedule_decays_at_milestones() -> None:
     kwargs = dict(base_lr=1.0, epochs=10, name="step", milestones=[0.5, 0.8], gamma=0.1)
     assert [learning_rate(e, **kwargs) for e in (4.9, 5.0, 8.0)] == pytest.approx([1.0, 0.1, 0.01])
-    with pytest.raises(ValueError, match="linear"):
+    with pytest.raises(ValueError, match=r"^lr_schedule.name='linear' is not known; use 'cosine' or 'step'$"):
         learning_rate(0.0, base_lr=1.0, epochs=1, name="linear")
 
 
@@ -44,12 +41,7 @@ def test_valid_config_passes() -> None:
 @pytest.mark.parametrize("trainer", ["adaptive", "sync", "local_sgd"])
 def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     """Every default of conf/ has the type the checks demand (the type table and the yaml files agree)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"trainer={trainer}", "trainer.devices=[cpu,cpu]", "run_dir=unused"])
-    check_training_config(OmegaConf.to_container(cfg, resolve=True), num_workers=2)
+    check_training_config(training_config(f"trainer={trainer}", "trainer.devices=[cpu,cpu]"), num_workers=2)
 
 
 @pytest.mark.parametrize("path, value, needle", [
@@ -101,16 +93,19 @@ def test_devices_one_name_or_a_list_and_unknown_ones_refused() -> None:
 
 def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:
     assert check_run_dir(tmp_path, resume=False, overwrite=False) is None
-    with pytest.raises(ConfigError, match="does not exist"):
-        check_run_dir(tmp_path, resume=True, overwrite=False)
     last = tmp_path / "checkpoints" / "last.pt"
+    with pytest.raises(ConfigError, match=re.escape(f"resume=true but {last} does not exist; start without resume, "
+                                                    "or point hydra.run.dir at the run to continue")):
+        check_run_dir(tmp_path, resume=True, overwrite=False)
     last.parent.mkdir()
     last.write_bytes(b"x")
-    with pytest.raises(ConfigError, match="resume=true"):
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path} already holds a run ({last}); pass resume=true to "
+                                                    "continue it, overwrite=true to start afresh there")):
         check_run_dir(tmp_path, resume=False, overwrite=False)
     assert check_run_dir(tmp_path, resume=False, overwrite=True) is None
     assert check_run_dir(tmp_path, resume=True, overwrite=False) == last
-    with pytest.raises(ConfigError, match="contradict"):
+    with pytest.raises(ConfigError, match="^resume=true and overwrite=true contradict each other: pass resume to "
+                                          "continue the run in this run dir, overwrite to start afresh there$"):
         check_run_dir(tmp_path, resume=True, overwrite=True)
 
 
@@ -199,9 +194,8 @@ def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
     strategy = _ChunkedStrategy(model)
     data = SimpleNamespace(train=_RandomImages(8))
     ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
-    config = {"epochs": 1, "optimizer": {"lr": 0.1}, "run_dir": ".", "log": {"progress_bar": False},
-              "lr_schedule": {"name": "cosine", "warmup_epochs": 0, "milestones": [0.5], "gamma": 0.1,
-                              "min_lr_ratio": 0.0}}
+    config = training_config("epochs=1", "optimizer.lr=0.1", "run_dir=.", "log.progress_bar=false",
+                             "lr_schedule.warmup_epochs=0", "lr_schedule.min_lr_ratio=0.0")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = model.fc.weight.detach().clone()
     meter = train_one_epoch(ctx, config, 0, data, strategy, MultiBranchLoss(), optimizer)
@@ -245,9 +239,8 @@ def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: 
         save_checkpoint(tmp_path / "checkpoints" / "last.pt", {**_checkpoint_payload(), "epoch": checkpoint_epoch})
     model = _DivergedModel()
     ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
-    config = {"epochs": 1, "optimizer": {"lr": 0.1}, "run_dir": str(tmp_path), "log": {"progress_bar": False},
-              "lr_schedule": {"name": "cosine", "warmup_epochs": 0, "milestones": [0.5], "gamma": 0.1,
-                              "min_lr_ratio": 0.0}}
+    config = training_config("epochs=1", "optimizer.lr=0.1", f"run_dir={tmp_path}", "log.progress_bar=false",
+                             "lr_schedule.warmup_epochs=0", "lr_schedule.min_lr_ratio=0.0")
     with pytest.raises(NonFiniteLossError) as caught:
         train_one_epoch(ctx, config, 0, SimpleNamespace(train=_RandomImages(4)), _ChunkedStrategy(model),
                         MultiBranchLoss(), torch.optim.SGD(model.parameters(), lr=0.1))

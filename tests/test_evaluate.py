@@ -1,19 +1,16 @@
-"""Evaluation metrics; also defines the stand-in models the viz and predict tests share."""
+"""Evaluation metrics, evaluate() on stand-in and real models, and scripts/evaluate.py in-process."""
 
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import STAND_IN_CLASSES, PlainClassifier, StandInModel, TensorDataset, run_evaluate_script
 from PIL import Image
-from torch import nn
 
 from rsnet.evaluation import (
     EvalResult,
@@ -25,77 +22,7 @@ from rsnet.evaluation import (
     write_confusion_csv,
     write_confusion_png,
 )
-from rsnet.trained_model import LoadedModel, ModelSource
-from rsnet.models.output import MultiBranchOutput
-
-
-class StandInModel(nn.Module):
-    """conv trunk -> two branches (main, aux1), each GAP -> Linear; ensemble = mean of their logits."""
-
-    def __init__(self, num_classes: int = 4, width: int = 8) -> None:
-        super().__init__()
-        self.trunk = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-                                   nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU())
-        self.main_block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
-        self.aux_block = nn.Sequential(nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.ReLU())
-        self.fc_main = nn.Linear(width, num_classes)
-        self.fc_aux1 = nn.Linear(width, num_classes)
-
-    def cam_classifiers(self) -> dict[str, nn.Linear]:
-        return {"main": self.fc_main, "aux1": self.fc_aux1}
-
-    def forward(self, x: torch.Tensor) -> MultiBranchOutput:
-        shared = self.trunk(x)
-        features = {"main": self.main_block(shared), "aux1": self.aux_block(shared)}
-        logits = {k: self.cam_classifiers()[k](f.mean(dim=(2, 3))) for k, f in features.items()}
-        logits["ensemble"] = (logits["main"] + logits["aux1"]) / 2
-        return MultiBranchOutput(logits=logits, features=features, ensemble="ensemble")
-
-
-class PlainClassifier(nn.Module):
-    """An exported-style model: returns a logits Tensor."""
-
-    def __init__(self, num_classes: int = 4) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class TensorDataset(torch.utils.data.Dataset):
-    def __init__(self, n: int = 10, num_classes: int = 4, size: int = 32, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, 3, size, size, generator=g)
-        self.labels = (torch.arange(n) % num_classes).numpy()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return self.x[i], int(self.labels[i])
-
-
-CLASSES = list("abcd")
-EVALUATE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
-
-
-def run_evaluate_script(model: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *overrides: str) -> None:
-    """scripts/evaluate.py in-process, its command line ``overrides`` parsed by Hydra from conf/evaluate.yaml; the
-    checkpoint is ``model`` (classes a-d, 16 px) and its test split ``TensorDataset(n=8, size=16)``."""
-    script = importlib.import_module("rsnet.commands.evaluate")  # the code of scripts/evaluate.py (a thin wrapper)
-    loaded = LoadedModel(model, ModelSource(tmp_path / "run" / "checkpoints" / "best.pt", "checkpoint"),
-                         {"class_names": CLASSES, "image_size": 16, "mean": [0.5] * 3, "std": [0.5] * 3},
-                         {"dataset": {"name": "stand_in", "train_ratio": 0.5}, "seed": 0})
-    monkeypatch.setattr(script, "load_model", lambda path, device: loaded)
-    monkeypatch.setattr(script, "build_datasets_from_config", lambda *args, **kwargs: SimpleNamespace(
-        test=TensorDataset(n=8, size=16), class_names=CLASSES))
-    with initialize_config_dir(config_dir=str(EVALUATE_SCRIPT.parents[1] / "conf"), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=["checkpoint=stand_in", *overrides])
-    script.main(cfg)
-
-
-# --------------------------------------------------------------------------------------------- tests
+from rsnet.models import build_model
 
 
 def _result(preds: dict[str, list[int]], targets: list[int], reported: str = "main") -> EvalResult:
@@ -169,15 +96,15 @@ def test_evaluate_plain_classifier_and_loader() -> None:
 
 
 def test_evaluate_empty_dataset() -> None:
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"^evaluate\(\) got an empty dataset$"):
         evaluate(StandInModel(), TensorDataset(n=0), "cpu")
 
 
-def test_evaluate_real_model_when_available() -> None:
-    models = pytest.importorskip("rsnet.models")
-    net = models.build_model("esd_mbenet", "test_resnet", num_classes=4)
+def test_evaluate_real_model() -> None:
+    net = build_model("esd_mbenet", "test_resnet", num_classes=4)
     result = evaluate(net, TensorDataset(n=6, size=64), "cpu", batch_size=4)
-    assert {"main", result.reported_head} <= set(result.predictions)
+    assert result.reported_head == "ensemble"
+    assert list(result.predictions) == ["main", "aux1", "aux2", "gate_ensemble", "feature_ensemble", "ensemble"]
     metrics = compute_metrics(result, list("abcd"))
     assert set(metrics["oa"]) == set(result.predictions) and metrics["num_samples"] == 6
 
@@ -246,13 +173,15 @@ def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, t
     run_evaluate_script(StandInModel(), monkeypatch, tmp_path, f"out={out}")
     metrics = json.loads(out.read_text())
     assert metrics["tta"] == "none" and metrics["dataset"] == "stand_in" and metrics["num_samples"] == 8
-    assert set(metrics["per_class_f1"]) == set(CLASSES) and "macro_f1" in metrics
+    assert set(metrics["per_class_f1"]) == set(STAND_IN_CLASSES) and "macro_f1" in metrics
     assert sorted(p.name for p in out.parent.iterdir()) == ["eval.v1.json", "eval.v1_confusion.csv",
                                                             "eval.v1_confusion.png"]
     with (out.parent / "eval.v1_confusion.csv").open() as handle:
         table = list(csv.reader(handle))
-    assert table[0] == ["true/predicted", *CLASSES]
+    assert table[0] == ["true/predicted", *STAND_IN_CLASSES]
     assert [[int(n) for n in row[1:]] for row in table[1:]] == metrics["confusion_matrix"]
     printed = capsys.readouterr().out
-    assert "tta none" in printed
+    heads = ", ".join(f"{head} {metrics['oa'][head]:.2f}" for head in ("main", "aux1", "ensemble"))
+    assert (f"stand_in test split (8 images): accuracy {metrics['accuracy']:.2f} % [ensemble], "
+            f"kappa {metrics['kappa']:.4f}; per head: {heads}; tta none") in printed.splitlines()
     assert f"macro average        8  {metrics['macro_precision']:>9.2f}" in printed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -14,54 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_command
+from helpers import (EXPORT_CLASSES, EXPORT_SIZE, REPO, compose_command, deprecations_from_rsnet, export_recording,
+                     full_logits, load_export_script, write_checkpoint)
 
-import rsnet
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.trained_model import ExportError, load_exported, save_checkpoint
 from rsnet.models import build_model
-
-ROOT = Path(__file__).resolve().parents[1]
-RSNET = Path(rsnet.__file__).resolve().parent
-CLASSES = ["farm", "forest", "harbor"]
-SIZE = 64
-
-
-def write_checkpoint(path: Path, arch: str = "esd_mbenet", classes: list[str] = CLASSES, **overrides) -> Path:
-    torch.manual_seed(0)
-    model = build_model(arch, "test_resnet", len(classes))
-    model.eval()
-    payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": classes,
-               "image_size": SIZE, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2], "epoch": 0, **overrides}
-    return save_checkpoint(path, payload)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
-
-
-def full_logits(checkpoint: Path, x: torch.Tensor, head: str) -> torch.Tensor:
-    from rsnet.trained_model import model_from_training_checkpoint
-
-    model, _ = model_from_training_checkpoint(checkpoint)
-    with torch.no_grad():
-        out = model(x)
-    return out.main_logits if head == "main" else out.prediction_logits
-
-
-def export_recording(checkpoint: Path, out: Path, **kwargs) -> tuple[ExportResult, list[warnings.WarningMessage]]:
-    """``export_checkpoint`` with every warning it emits recorded (none filtered out by the test)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = export_checkpoint(checkpoint, out, **kwargs)
-    return result, caught
-
-
-def deprecations_from_rsnet(caught: list[warnings.WarningMessage]) -> list[str]:
-    """The DeprecationWarnings/FutureWarnings attributed to rsnet's own files (its calls of deprecated APIs)."""
-    return [f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}" for w in caught
-            if issubclass(w.category, (DeprecationWarning, FutureWarning)) and Path(w.filename).is_relative_to(RSNET)]
 
 
 def torch_jit_notices() -> set[str]:
@@ -76,9 +40,9 @@ def test_torchscript_reloads_in_a_fresh_process(checkpoint: Path, tmp_path: Path
     result = export_checkpoint(checkpoint, tmp_path / "ts", format="torchscript", head="main")
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
     meta = json.loads((tmp_path / "ts" / "model.json").read_text())
-    assert meta["class_names"] == CLASSES and meta["image_size"] == SIZE and meta["num_classes"] == 3
+    assert meta["class_names"] == EXPORT_CLASSES and meta["image_size"] == EXPORT_SIZE and meta["num_classes"] == 3
     assert meta["backbone"] == "test_resnet" and meta["head"] == "main" and meta["mean"] == [0.4] * 3
-    x = torch.randn(3, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(3, 3, EXPORT_SIZE, EXPORT_SIZE, generator=torch.Generator().manual_seed(5))
     torch.save(x, tmp_path / "x.pt")
     code = ("import sys, torch; m = torch.jit.load(sys.argv[1]); x = torch.load(sys.argv[2]); "
             "torch.save(m(x).detach(), sys.argv[3])")
@@ -93,8 +57,8 @@ def test_torchscript_reloads_in_a_fresh_process(checkpoint: Path, tmp_path: Path
 def test_roundtrip(checkpoint: Path, tmp_path: Path, fmt: str, head: str) -> None:
     result = export_checkpoint(checkpoint, tmp_path, format=fmt, head=head)
     model = load_exported(tmp_path)
-    assert model.class_names == CLASSES and model.image_size == SIZE and model.metadata["head"] == head
-    x = torch.randn(2, 3, SIZE, SIZE)
+    assert model.class_names == EXPORT_CLASSES and model.image_size == EXPORT_SIZE and model.metadata["head"] == head
+    x = torch.randn(2, 3, EXPORT_SIZE, EXPORT_SIZE)
     with torch.no_grad():
         assert (model(x) - full_logits(checkpoint, x, head)).abs().max() <= 1e-5
     assert result.max_abs_diff <= 1e-5
@@ -117,7 +81,7 @@ def test_onnx_main_branch_has_a_dynamic_batch(onnx_main) -> None:
     (images,) = proto.graph.input
     dims = images.type.tensor_type.shape.dim
     assert images.name == "images" and [o.version for o in proto.opset_import if o.domain == ""] == [18]
-    assert dims[0].dim_param and [d.dim_value for d in dims[1:]] == [3, SIZE, SIZE]
+    assert dims[0].dim_param and [d.dim_value for d in dims[1:]] == [3, EXPORT_SIZE, EXPORT_SIZE]
     assert [o.name for o in proto.graph.output] == ["logits"]
 
 
@@ -127,7 +91,7 @@ def test_onnxruntime_matches_pytorch(onnx_main, checkpoint: Path, batch: int) ->
     result, _ = onnx_main
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
     exported = load_exported(result.path)
-    x = torch.randn(batch, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(batch))
+    x = torch.randn(batch, 3, EXPORT_SIZE, EXPORT_SIZE, generator=torch.Generator().manual_seed(batch))
     assert (exported(x) - full_logits(checkpoint, x, "main")).abs().max() <= 1e-5
 
 
@@ -138,7 +102,7 @@ def test_onnx_export_failure_is_one_clear_error(checkpoint: Path, tmp_path: Path
         raise RuntimeError("Unsupported: data-dependent pooling\n(long exporter report)")
 
     monkeypatch.setattr(torch.onnx, "export", cannot)
-    expected = (rf"ONNX \(torch.export\) cannot express this model at {SIZE} px \(RuntimeError: Unsupported: "
+    expected = (rf"ONNX \(torch.export\) cannot express this model at {EXPORT_SIZE} px \(RuntimeError: Unsupported: "
                 r"data-dependent pooling\); use format=torchscript or format=state_dict$")
     with pytest.raises(ExportError, match=expected):
         export_checkpoint(checkpoint, tmp_path, format="onnx", head="ensemble")
@@ -163,16 +127,18 @@ def test_onnx_export_emits_no_deprecation(onnx_main) -> None:
 
 def test_export_script_end_to_end(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "exported"
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_main_branch.py"), f"checkpoint={checkpoint}",
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "export_main_branch.py"), f"checkpoint={checkpoint}",
                           "format=torchscript", "head=main", f"out={out}"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+                         cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "max abs logit difference" in run.stdout
-    assert (out / "model.ts").is_file() and (out / "model.json").is_file()
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "export_main_branch.py"),
+    assert sorted(path.name for path in out.iterdir()) == ["model.json", "model.ts"]
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "export_main_branch.py"),
                           f"checkpoint={out / 'model.json'}", f"out={tmp_path / 'x'}"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300)
-    assert bad.returncode == 2 and "not" in bad.stderr and "Traceback" not in bad.stderr
+                         text=True, cwd=REPO, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr == (f"error: checkpoint={out / 'model.json'} is an exported model, not a training checkpoint; "
+                          "export reads a run's checkpoints/best.pt (or the run folder)\n")
 
 
 def test_errors(checkpoint: Path, tmp_path: Path) -> None:
@@ -190,7 +156,8 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
         export_checkpoint(tmp_path / "other.pt", tmp_path / "c")
     with pytest.raises(ExportError, match="format must be one of .*'timm'"):
         export_checkpoint(checkpoint, tmp_path / "d", format="tflite")
-    with pytest.raises(ExportError, match="model.json"):
+    with pytest.raises(ExportError, match=re.escape(f"{tmp_path}: no model.json found; pass a folder written by "
+                                                    "scripts/export_main_branch.py")):
         load_exported(tmp_path)
 
 
@@ -227,7 +194,7 @@ def test_export_reads_a_run_folder(checkpoint: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     best = write_checkpoint(run / "checkpoints" / "best.pt")
     result = export_checkpoint(run, tmp_path / "export", format="state_dict")
-    assert result.source.path == best and load_exported(tmp_path / "export").class_names == CLASSES
+    assert result.source.path == best and load_exported(tmp_path / "export").class_names == EXPORT_CLASSES
     with pytest.raises(ExportError, match="is an exported model, not a training checkpoint"):
         export_checkpoint(tmp_path / "export", tmp_path / "again")
 
@@ -261,7 +228,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path,
 
     monkeypatch.setattr(rsnet.export.torch, "save", full)
     with pytest.raises(SystemExit) as stop:
-        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=state_dict",
+        load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=state_dict",
                                               f"out={out}"))
     err = capsys.readouterr().err
     assert stop.value.code == 1 and err.startswith(f"error: no space left on device while writing {out / 'model.pt'}")
@@ -272,14 +239,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path,
 
 def test_export_script_numbers_are_checked(checkpoint: Path, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
-        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "batch_size=abc",
+        load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "batch_size=abc",
                                               f"out={tmp_path}"))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err == "error: batch_size='abc': must be a whole number >= 1\n"
-
-
-def _export_script():
-    """The code of scripts/export_main_branch.py (a thin wrapper) and of the rsnet-export command."""
-    import importlib
-
-    return importlib.import_module("rsnet.commands.export")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import compose_command
-from test_export import (CLASSES, SIZE, _export_script, deprecations_from_rsnet, export_recording, full_logits,
-                         write_checkpoint)
+from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_from_rsnet, export_recording,
+                     full_logits, load_export_script, write_checkpoint)
 
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.trained_model import ExportError, load_exported, load_model
@@ -31,7 +30,7 @@ def timm_export(checkpoint: Path, tmp_path_factory) -> tuple[ExportResult, list[
 def test_timm_reloads_it_with_identical_logits(timm_export, checkpoint: Path) -> None:
     result, _ = timm_export
     model = timm.create_model(f"local-dir:{result.path.parent}", pretrained=True).eval()
-    x = torch.randn(3, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(3, 3, EXPORT_SIZE, EXPORT_SIZE, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (model(x) - full_logits(checkpoint, x, "main")).abs().max() <= 1e-6
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-6
@@ -43,14 +42,15 @@ def test_timm_config_carries_labels_and_preprocessing(timm_export) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
     assert config["architecture"] == "test_resnet" and config["num_classes"] == 3
-    assert config["label_names"] == CLASSES
+    assert config["label_names"] == EXPORT_CLASSES
     cfg = config["pretrained_cfg"]
-    assert cfg["input_size"] == [3, SIZE, SIZE] and cfg["mean"] == [0.4] * 3 and cfg["std"] == [0.2] * 3
+    assert cfg["input_size"] == [3, EXPORT_SIZE, EXPORT_SIZE] and cfg["mean"] == [0.4] * 3 and cfg["std"] == [0.2] * 3
     assert (cfg["crop_pct"], cfg["crop_mode"]) == (1.0, "squash")  # rsnet resizes the whole image
     model = timm.create_model(f"local-dir:{out}", pretrained=True)
     data = timm.data.resolve_data_config(model=model)
-    assert data["input_size"] == (3, SIZE, SIZE) and list(data["mean"]) == [0.4] * 3 and list(data["std"]) == [0.2] * 3
-    assert model.pretrained_cfg["label_names"] == CLASSES
+    assert data["input_size"] == (3, EXPORT_SIZE, EXPORT_SIZE)
+    assert list(data["mean"]) == [0.4] * 3 and list(data["std"]) == [0.2] * 3
+    assert model.pretrained_cfg["label_names"] == EXPORT_CLASSES
     meta = json.loads((out / "model.json").read_text())
     assert (meta["format"], meta["file"], meta["head"]) == ("timm", "model.safetensors", "main")
 
@@ -59,12 +59,12 @@ def test_rsnet_loads_a_timm_export(timm_export) -> None:
     result, _ = timm_export
     out = result.path.parent
     loaded = load_model(out, setting="model")
-    assert loaded.source.kind == "export" and loaded.metadata["class_names"] == CLASSES
-    x = torch.randn(2, 3, SIZE, SIZE)
+    assert loaded.source.kind == "export" and loaded.metadata["class_names"] == EXPORT_CLASSES
+    x = torch.randn(2, 3, EXPORT_SIZE, EXPORT_SIZE)
     with torch.no_grad():
         reference = loaded.model(x)
         for path in (out / "model.safetensors", out / "config.json", out / "model.json"):
-            assert load_exported(path).class_names == CLASSES
+            assert load_exported(path).class_names == EXPORT_CLASSES
             assert torch.equal(load_exported(path)(x), reference)
 
 
@@ -78,7 +78,7 @@ def test_timm_refuses_the_ensemble(checkpoint: Path, tmp_path: Path, capsys) -> 
     with pytest.raises(ExportError, match=refused):
         export_checkpoint(checkpoint, tmp_path / "a", format="timm", head="ensemble")
     with pytest.raises(SystemExit) as stop:
-        _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", "head=ensemble",
+        load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", "head=ensemble",
                                               f"out={tmp_path / 'b'}"))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: format=timm") and len(err.strip().splitlines()) == 1
@@ -86,7 +86,7 @@ def test_timm_refuses_the_ensemble(checkpoint: Path, tmp_path: Path, capsys) -> 
 
 
 def test_export_script_prints_the_timm_reload(checkpoint: Path, tmp_path: Path, capsys) -> None:
-    _export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", f"out={tmp_path}"))
+    load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=timm", f"out={tmp_path}"))
     out = capsys.readouterr().out
     assert f"timm.create_model('local-dir:{tmp_path}', pretrained=True)" in out
     assert "max abs logit difference vs the full model's main logits: 0" in out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, compose_command
 from omegaconf import OmegaConf
 
 from rsnet.data import DATASETS
@@ -20,7 +21,6 @@ from rsnet.trained_model import load_checkpoint, save_checkpoint
 from rsnet.export import export_checkpoint
 from rsnet.models import build_model
 
-REPO = Path(__file__).resolve().parents[1]
 SIZE = 32
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 NOT_ROOT = pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -71,8 +71,6 @@ def script(name: str, *args: str, full_disk: bool = False) -> subprocess.Complet
 def in_process(name: str, *args: str, capsys: pytest.CaptureFixture) -> subprocess.CompletedProcess:
     """scripts/<name> (predict.py or evaluate.py) run in this process: its config composed from ``args`` as Hydra
     composes the command line, then the command's ``main`` (no interpreter start: for the cases that stop early)."""
-    from conftest import compose_command
-
     command = name.removesuffix(".py")
     main = importlib.import_module(f"rsnet.commands.{command}").main
     capsys.readouterr()

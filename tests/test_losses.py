@@ -68,7 +68,7 @@ def test_single_head_is_cross_entropy_only() -> None:
 
 
 def test_bad_options() -> None:
-    with pytest.raises(ValueError, match="feature_loss"):
+    with pytest.raises(ValueError, match=r"^feature_loss must be one of \('attention', 'mse', 'none'\), got 'cosine'$"):
         MultiBranchLoss(feature_loss="cosine")
     with pytest.raises(KeyError, match="teacher"):
         MultiBranchLoss(teacher="nope")(output(), torch.tensor([0, 1, 2, 0]))

@@ -61,12 +61,13 @@ def test_model(arch: str, backbone: str) -> None:
 def test_copy_branches_and_options() -> None:
     model = build_model("esd_mbenet", "test_resnet", 3, aux_branch="copy", num_branches=4)
     out = model(batch())
-    assert {"aux1", "aux2", "aux3"} <= set(out.logits)
+    assert list(out.logits) == ["main", "aux1", "aux2", "aux3", "gate_ensemble", "feature_ensemble", "ensemble"]
     assert out.features["aux1"].shape == out.features["stage4"].shape
     assert model.model_config["dilations"] == [2, 3, 4]
-    with pytest.raises(ValueError, match="aux_branch"):
+    with pytest.raises(ValueError, match=r"^aux_branch must be one of \('dilated', 'copy'\), got 'nope'$"):
         build_model("esd_mbenet", "test_resnet", 3, aux_branch="nope")
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(ValueError, match=r"^unknown option\(s\) \['grids'\] for arch 'baseline'; "
+                                         r"valid: \['drop_rate'\]$"):
         build_model("baseline", "test_resnet", 3, grids=[1])
     with pytest.raises(ValueError, match=r"model.arch=.resnet. is not known; valid: baseline, esd_mbenet, mgml_fenet"):
         build_model("resnet", "test_resnet", 3)
@@ -80,5 +81,6 @@ def test_unknown_backbone_suggests_names() -> None:
 def test_validate_image_size() -> None:
     validate_image_size("resnet50", 224)
     validate_image_size("vgg16", 32)
-    with pytest.raises(ValueError, match="too small"):
+    with pytest.raises(ValueError, match=r"^image_size 16 is too small for backbone 'densenet121': it downsamples 32x, "
+                                         r"so inputs need at least 32 px"):
         validate_image_size("densenet121", 16)

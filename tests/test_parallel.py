@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import trainer_config
 from torch import nn
 
 from rsnet.parallel import WorkerContext, WorkerError, build_strategy, launch, launch_options, summarize
@@ -95,10 +96,10 @@ def _merge_worker(ctx, weights: list[float]):
             "meta": result.meta, "total": result.total_weight}
 
 
-def _static_worker(ctx, name: str, n: int, batch: int, epochs: int, extra: dict):
-    model = _model(batchnorm=name == "local_sgd")
+def _static_worker(ctx, trainer: dict, n: int, batch: int, epochs: int):
+    model = _model(batchnorm=trainer["name"] == "local_sgd")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = build_strategy({"name": name, **extra}, ctx, model, n, batch, seed=5)
+    strategy = build_strategy(trainer, ctx, model, n, batch, seed=5)
     x, y = _data(n)
     seen = _loop(strategy, optimizer, x, y, epochs, lr=0.1)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -118,7 +119,7 @@ def _first_order_worker(ctx, lr: float):
     torch.manual_seed(0)
     model = nn.Linear(6, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    strategy = build_strategy({"name": "adaptive", "merge_interval": 64, "log_intervals": False}, ctx, model, 64, 32,
+    strategy = build_strategy(trainer_config("adaptive", merge_interval=64, log_intervals=False), ctx, model, 64, 32,
                               seed=1)
     strategy.sizes = [24, 8]
     x, y = _regression_data(64)
@@ -163,7 +164,7 @@ def _crash_worker(ctx, how: str):
 
 def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     n, epochs = 960, 3
-    trainer = {"name": "adaptive", "merge_interval": 192, "warmup_intervals": 1}
+    trainer = trainer_config("adaptive", merge_interval=192, warmup_intervals=1)
     out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     # Dynamic claiming: each epoch's indices are covered exactly once across the two workers.
     for epoch in range(epochs):
@@ -273,7 +274,7 @@ def test_merge_on_cuda_with_batchnorm() -> None:
 
 def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> None:
     n, batch = 16, 16  # one step: each worker gets 8 samples
-    out = launch(_static_worker, ["cpu", "cpu"], "sync", n, batch, 1, {}, timeout_s=TIMEOUT)
+    out = launch(_static_worker, ["cpu", "cpu"], trainer_config("sync"), n, batch, 1, timeout_s=TIMEOUT)
     seen = out["seen"]
     assert len(seen[0][0]) == len(seen[1][0]) == 8
     for key in out["state"][0]:
@@ -292,8 +293,8 @@ def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> Non
 
 def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
     n, batch, period = 24, 8, 2  # shards of 12, batches of 4: 3 local steps, averages after step 2 and at the end
-    out = launch(_static_worker, ["cpu", "cpu"], "local_sgd", n, batch, 1, {"average_every": period, "ref_batch": 8},
-                 timeout_s=TIMEOUT)
+    trainer = trainer_config("local_sgd", average_every=period, ref_batch=8)
+    out = launch(_static_worker, ["cpu", "cpu"], trainer, n, batch, 1, timeout_s=TIMEOUT)
     seen = out["seen"]
     for key in out["state"][0]:
         assert torch.equal(out["state"][0][key], out["state"][1][key])
@@ -328,7 +329,7 @@ def _sync_wait_worker(ctx, steps: int, delay: float):
     it in the all-reduce, and that wait must not count as rank 1's compute time."""
     model = _model(batchnorm=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = build_strategy({"name": "sync"}, ctx, model, 8 * steps, 8, seed=5)
+    strategy = build_strategy(trainer_config("sync"), ctx, model, 8 * steps, 8, seed=5)
     x, y = _data(8 * steps)
     step_seconds = []
     assert strategy.start_epoch(0) == 1  # steps <= interval_steps (16): one interval
@@ -365,16 +366,16 @@ def _offline_context() -> WorkerContext:
 
 def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
     model = _model()
-    adaptive = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
+    adaptive = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     assert adaptive.lr_scale(24) == 1.0  # equal split 24 / 24
     assert adaptive.lr_scale(32) == pytest.approx(32 / 24)
     assert adaptive.lr_scale(9) == pytest.approx(9 / 24)  # a short batch steps with its real size
-    adaptive = build_strategy({"name": "adaptive", "ref_batch": 48}, _offline_context(), model, 100, 48, 0)
+    adaptive = build_strategy(trainer_config("adaptive", ref_batch=48), _offline_context(), model, 100, 48, 0)
     assert adaptive.lr_scale(32) == pytest.approx(32 / 48)
 
 
 def test_one_worker_runs_in_process() -> None:
-    trainer = {"name": "adaptive", "merge_interval": 64}
+    trainer = trainer_config("adaptive", merge_interval=64)
     out = launch(_adaptive_worker, ["cpu"], 128, 2, trainer, 0.0, timeout_s=TIMEOUT)
     assert sorted(out["seen"][0][0]) == list(range(128))
     assert out["lr_scale"] == 1.0
@@ -384,18 +385,18 @@ def test_one_worker_runs_in_process() -> None:
 
 def test_strategy_state_round_trip() -> None:
     model = _model()
-    strategy = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
+    strategy = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     strategy.sizes, strategy.speeds, strategy.intervals_done, strategy.epoch = [32, 16], [2.0, 1.0], 7, 3
     state = strategy.state_dict()
-    fresh = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
+    fresh = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     fresh.load_state_dict(state)
     assert fresh.sizes == [32, 16] and fresh.speeds == [2.0, 1.0] and fresh.epoch == 3
     assert fresh.on_out_of_memory() == 16 and fresh.state_dict()["batch_max"] == 16
-    older = build_strategy({"name": "adaptive"}, _offline_context(), model, 100, 48, 0)
+    older = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     older.load_state_dict({**{k: v for k, v in state.items() if k != "batch_max"}, "b_max": 24})  # older checkpoint
     assert older.state_dict()["batch_max"] == 24
     with pytest.raises(ValueError, match="unknown trainer.name"):
-        build_strategy({"name": "nope"}, _offline_context(), model, 100, 48, 0)
+        build_strategy({**trainer_config("adaptive"), "name": "nope"}, _offline_context(), model, 100, 48, 0)
 
 
 def _launch_crash(how: str, timeout_s: float) -> tuple[WorkerError, float]:
@@ -433,7 +434,7 @@ def test_launch_rejects_bad_arguments() -> None:
 
 
 def test_launch_options_and_summary_text() -> None:
-    options = launch_options({"timeout_s": 30, "slowdown": [1, 2], "backend": "auto", "cpu_threads": None})
+    options = launch_options(trainer_config("adaptive", timeout_s=30, slowdown=[1, 2]))
     assert options == {"timeout_s": 30.0, "slowdown": [1.0, 2.0], "backend": None, "cpu_threads": None}
     rows = [{"epoch": 0, "interval": 1, "merge_time": 0.01, "n/0": 64, "n/1": 32, "updates/0": 2, "updates/1": 2,
              "b/0": 32, "b/1": 16, "b_next/0": 32, "b_next/1": 16, "s/0": 200.0, "s/1": 100.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DictStore
+from helpers import DictStore
 
 from rsnet.parallel.batching import (
     IntervalClaimer,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,27 +12,19 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import compose_command
-from test_evaluate import StandInModel
+from helpers import PREDICT_CLASSES, REPO, StandInModel, checkpoint_payload, compose_command, load_predict_script
 
 import rsnet.export
 import rsnet.trained_model
 from rsnet.data import to_float_chw
 from rsnet.trained_model import save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "predict.py"
-CLASSES = ["forest", "river", "beach", "harbor"]
-
-
-def _load_script():
-    """The code of scripts/predict.py (a thin wrapper) and of the rsnet-predict command."""
-    return importlib.import_module("rsnet.commands.predict")
+SCRIPT = REPO / "scripts" / "predict.py"
 
 
 @pytest.fixture(scope="module")
 def predict_mod():
-    return _load_script()
+    return load_predict_script()
 
 
 @pytest.fixture
@@ -51,11 +43,6 @@ def predict_command(arguments: list[str]):
     return compose_command("predict", *arguments)
 
 
-def _payload(model_config: dict, state: dict) -> dict:
-    return {"model_config": model_config, "model_state": state, "class_names": CLASSES, "image_size": 32,
-            "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "epoch": 1}
-
-
 def test_settings_come_from_conf_predict_yaml(predict_mod, capsys) -> None:
     args = compose_command("predict", "checkpoint=m.pt", "images=x", "topk=5", "out=p.csv")
     assert args.checkpoint == "m.pt" and args.topk == 5 and args.out == "p.csv"
@@ -70,13 +57,13 @@ def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ValueError, match="no images .* found in .*empty"):
         predict_mod.list_images(empty)
-    with pytest.raises(FileNotFoundError, match="missing"):
+    with pytest.raises(FileNotFoundError, match=re.escape(f"image folder {tmp_path / 'missing'} does not exist")):
         predict_mod.list_images(tmp_path / "missing")
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg")
     with pytest.raises(ValueError, match="cannot read image .*broken.jpg"):
         predict_mod.read_image(broken, 32)
-    sample = sorted((ROOT / "data/ucmerced-mini/Images/forest").glob("*.jpg"))[0]
+    sample = sorted((REPO / "data/ucmerced-mini/Images/forest").glob("*.jpg"))[0]
     assert predict_mod.read_image(sample, 48).shape == (48, 48, 3)
 
 
@@ -86,37 +73,41 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     model.model_config = {"arch": "stand_in"}
 
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
     rows = predict_mod.predict(predict_command(
         [f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}", "topk=2"]))
     assert [Path(r["file"]).name for r in rows] == ["a.jpg", "b.png", "c.tif"]
     with out.open() as handle:
         table = list(csv.DictReader(handle))
-    assert len(table) == 3 and all(r["class"] in CLASSES for r in table)
-    assert all(len(r["top_k"].split(";")) == 2 for r in table)
-    assert 0.0 < float(table[0]["probability"]) <= 1.0
+    assert table == [{**r, "probability": f"{r['probability']:.6f}"} for r in rows]  # the CSV holds the rows
+    images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
+    with torch.no_grad():
+        expected = model(to_float_chw(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
+    # by default the ensemble scores: its top 2 classes and their probabilities
+    top_p, top_i = torch.softmax(expected.logits["ensemble"], dim=1).topk(2, dim=1)
+    assert [r["class"] for r in rows] == [PREDICT_CLASSES[i] for i in top_i[:, 0].tolist()]
+    assert [r["probability"] for r in rows] == pytest.approx(top_p[:, 0].tolist(), abs=1e-6)
+    assert [[part.split(" ")[0] for part in r["top_k"].split("; ")] for r in rows] == \
+        [[PREDICT_CLASSES[i] for i in pair] for pair in top_i.tolist()]
     written = sorted(p.name for p in attn.iterdir())
     assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1", "gradcam_main"))
     assert np.asarray(Image.open(attn / "a_gradcam_main.png")).shape == (32, 32, 3)
     # head=main scores the main branch
     rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
-    images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
-    with torch.no_grad():
-        expected = model(to_float_chw(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
-    assert [r["class"] for r in rows_main] == [CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
+    assert [r["class"] for r in rows_main] == [PREDICT_CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
 def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     from rsnet.models import build_model
 
     torch.manual_seed(0)
-    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES))
-    ckpt = save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
+    model = build_model("esd_mbenet", "test_resnet", num_classes=len(PREDICT_CLASSES))
+    ckpt = save_checkpoint(tmp_path / "best.pt", checkpoint_payload(model.model_config, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
     result = _run(f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}", f"attention_dir={attn}")
     assert result.returncode == 0, result.stderr
@@ -131,7 +122,7 @@ def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
 
 def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_path: Path, capsys) -> None:
     (image_dir / "zz_broken.png").write_bytes(b"garbage")
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, {}))
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, {}))
     empty = tmp_path / "empty"
     empty.mkdir()
     for argv, needle in [([f"checkpoint={tmp_path / 'nope.pt'}", f"images={image_dir}"], "nope.pt"),
@@ -150,7 +141,7 @@ def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     (image_dir / "b2_broken.png").write_bytes(b"garbage")
     (image_dir / "d_broken.jpg").write_bytes(b"garbage")
     args = [f"checkpoint={ckpt}", f"images={image_dir}", "batch_size=2"]
@@ -172,7 +163,7 @@ def test_a_run_folder_without_best_pt_means_its_last(predict_mod, image_dir: Pat
     model.model_config = {"arch": "stand_in"}
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints" / "last.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    save_checkpoint(run / "checkpoints" / "last.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     predict_mod.predict(predict_command([f"checkpoint={run}", f"images={image_dir}"]))
     assert f"checkpoint {run / 'checkpoints' / 'last.pt'} (the last checkpoint of {run}: it has no best.pt)" in \
         capsys.readouterr().err
@@ -187,8 +178,8 @@ def esd_checkpoint(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     from rsnet.models import build_model
 
     torch.manual_seed(0)
-    model = build_model("esd_mbenet", "test_resnet", num_classes=len(CLASSES)).eval()
-    return model, save_checkpoint(tmp_path / "best.pt", _payload(model.model_config, model.state_dict()))
+    model = build_model("esd_mbenet", "test_resnet", num_classes=len(PREDICT_CLASSES)).eval()
+    return model, save_checkpoint(tmp_path / "best.pt", checkpoint_payload(model.model_config, model.state_dict()))
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "state_dict", "timm"])
@@ -269,7 +260,7 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
     model.model_config = {"arch": "stand_in"}
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
     config = {"dataset": {"high_bit_depth": high_bit_depth}} if high_bit_depth else {}
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", {**_payload({"arch": "stand_in"}, model.state_dict()),
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", {**checkpoint_payload({"arch": "stand_in"}, model.state_dict()),
                                                    "config": config})
     folder = tmp_path / "imgs16"
     folder.mkdir()

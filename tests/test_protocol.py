@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import CONF, REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -16,7 +17,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rsnet.engine.epoch_end import evaluates_after
 from rsnet.settings import pretrained_tag, protocol_folder
 
-REPO = Path(__file__).resolve().parent.parent
 TINY = ["backbone=test_resnet", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false",
         "trainer.devices=[cpu]", "model=baseline"]
 
@@ -38,7 +38,7 @@ def test_pretrained_tags() -> None:
 def test_every_nth_epoch_and_the_last_are_evaluated() -> None:
     config = {"epochs": 7, "eval_every": 3}
     assert [epoch for epoch in range(1, 8) if evaluates_after(epoch, config)] == [3, 6, 7]
-    assert all(evaluates_after(epoch, {"epochs": 7}) for epoch in range(1, 8))
+    assert all(evaluates_after(epoch, {"epochs": 7, "eval_every": 1}) for epoch in range(1, 8))
 
 
 def train(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -74,7 +74,7 @@ def test_a_sweep_over_ratios_writes_one_folder_per_protocol_and_prints_the_paper
 
 def compose_train(*overrides: str) -> DictConfig:
     """rsnet-train's config for ``overrides``, with its ``hydra`` section."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import rsnet.parallel.strategies.base as strategy_base
-from conftest import DictStore
+from helpers import DictStore, trainer_config
 from rsnet.parallel import WorkerContext, build_strategy
 from rsnet.parallel.batching import epoch_permutation
 
@@ -39,7 +39,7 @@ def simulate(speeds: list[float], total_batch: int, merge_interval: int, num_sam
     """Run the adaptive scheduler's claiming and control as ``len(speeds)`` devices of those speeds (samples/s)
     would; returns (claims as (epoch, rank, Claim) in store order, total batch after every merge, strategies)."""
     world, store = len(speeds), DictStore()
-    trainer = {"name": "adaptive", "merge_interval": merge_interval, "log_intervals": False}
+    trainer = trainer_config("adaptive", merge_interval=merge_interval, log_intervals=False)
     strategies = [_build(trainer, _context(rank, world, store), num_samples, total_batch) for rank in range(world)]
     claims, totals, known = [], [], [0.0] * world
     for epoch in range(epochs):
@@ -113,7 +113,7 @@ def test_static_strategies_share_one_clock() -> None:
     """sync / local_sgd: step k of an epoch is at k·B / N_padded on every worker."""
     for name in ("local_sgd",):  # sync wraps the model in DDP, which needs a process group
         world, store = 3, DictStore()
-        strategies = [_build({"name": name, "average_every": 2}, _context(r, world, store), 100, 24)
+        strategies = [_build(trainer_config(name, average_every=2), _context(r, world, store), 100, 24)
                       for r in range(world)]
         per_worker = []
         for strategy in strategies:

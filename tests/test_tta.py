@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import compose_command
-from test_evaluate import CLASSES, PlainClassifier, StandInModel, TensorDataset, run_evaluate_script
-from test_predict import _load_script, _payload
-from test_predict import CLASSES as PREDICT_CLASSES
+from helpers import (PREDICT_CLASSES, STAND_IN_CLASSES, PlainClassifier, StandInModel, TensorDataset,
+                     checkpoint_payload, compose_command, load_predict_script, run_evaluate_script)
 from torch import nn
 
 from rsnet.data import to_float_chw
@@ -103,10 +101,12 @@ def test_evaluate_script_accepts_tta(monkeypatch, tmp_path: Path, capsys) -> Non
     model, out = StandInModel(), tmp_path / "eval.json"
     run_evaluate_script(model, monkeypatch, tmp_path, f"out={out}", "tta=d4")
     metrics = json.loads(out.read_text())
-    expected = compute_metrics(evaluate(TTAModel(model), TensorDataset(n=8, size=16), "cpu"), CLASSES)
+    expected = compute_metrics(evaluate(TTAModel(model), TensorDataset(n=8, size=16), "cpu"), STAND_IN_CLASSES)
     assert metrics["tta"] == "d4" and metrics["oa"] == pytest.approx(expected["oa"])
     assert metrics["confusion_matrix"] == expected["confusion_matrix"]
-    assert "tta d4" in capsys.readouterr().out
+    heads = ", ".join(f"{head} {metrics['oa'][head]:.2f}" for head in ("main", "aux1", "ensemble"))
+    assert (f"stand_in test split (8 images): accuracy {metrics['accuracy']:.2f} % [ensemble], "
+            f"kappa {metrics['kappa']:.4f}; per head: {heads}; tta d4") in capsys.readouterr().out.splitlines()
     with pytest.raises(SystemExit) as stop:
         run_evaluate_script(model, monkeypatch, tmp_path, f"out={tmp_path / 'bad.json'}", "tta=abc")
     err = capsys.readouterr().err
@@ -117,12 +117,12 @@ def test_evaluate_script_accepts_tta(monkeypatch, tmp_path: Path, capsys) -> Non
 def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
     import rsnet.trained_model
 
-    predict_mod = _load_script()
+    predict_mod = load_predict_script()
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", _payload({"arch": "stand_in"}, model.state_dict()))
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     images = tmp_path / "imgs"
     images.mkdir()
     rng = np.random.default_rng(0)
@@ -136,7 +136,8 @@ def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
         probs = torch.softmax(torch.stack([model(view).logits["main"] for view in _by_hand(x)]).mean(0), dim=1)
     assert [r["class"] for r in rows] == [PREDICT_CLASSES[i] for i in probs.argmax(1).tolist()]
     assert [r["probability"] for r in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-5)
-    assert "tta d4)" in capsys.readouterr().err
+    assert f"checkpoint {ckpt}: stand_in (main head, epoch 1, tta d4): 4 classes, 32 px, 2 images" in \
+        capsys.readouterr().err.splitlines()
     with pytest.raises(SystemExit) as stop:
         predict_mod.main(compose_command("predict", f"checkpoint={ckpt}", f"images={images}", "tta=abc"))
     err = capsys.readouterr().err

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_evaluate import PlainClassifier, StandInModel
+from helpers import PlainClassifier, StandInModel
 
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images, render_confusion_matrix

@@ -62,18 +62,18 @@ class StepPrecision:
 
 def use_channels_last(config: dict[str, Any], device: torch.device) -> bool:
     """channels_last (NHWC) memory format for model and batches: CUDA workers with ``channels_last=true``."""
-    return bool(config.get("channels_last", False)) and device.type == "cuda"
+    return bool(config["channels_last"]) and device.type == "cuda"
 
 
 def compiled_forward(module: nn.Module, config: dict[str, Any]) -> Callable[..., Any]:
     """``torch.compile(module, dynamic=True)`` when ``compile=true`` (dynamic: the adaptive scheduler changes batch
     sizes, which would otherwise recompile), else the module itself. Parameters stay shared with ``module``."""
-    return torch.compile(module, dynamic=True) if config.get("compile", False) else module
+    return torch.compile(module, dynamic=True) if config["compile"] else module
 
 
 def set_deterministic(config: dict[str, Any]) -> None:
     """``deterministic=true``: deterministic algorithms only (an op without one raises), no cuDNN autotuning."""
-    if not config.get("deterministic", False):
+    if not config["deterministic"]:
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic GEMMs
     torch.use_deterministic_algorithms(True)

@@ -26,7 +26,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
         value = config[key]
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: must be a positive integer")
-    eval_every = config.get("eval_every", 1)
+    eval_every = config["eval_every"]
     if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
         raise ConfigError(f"eval_every={eval_every!r}: must be a positive integer (epochs between evaluations; "
                           "the last epoch is always evaluated)")
@@ -50,10 +50,10 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
                           "every worker needs at least one sample per step")
     trainer = config["trainer"]
     _check_launch_settings(trainer, num_workers)
-    if trainer.get("name", "adaptive") == "adaptive":
+    if trainer["name"] == "adaptive":
         try:
-            check_batch_settings(config["batch_size"], num_workers, int(trainer.get("batch_min", 8)),
-                                 int(trainer.get("batch_max", 1024)), int(trainer.get("batch_multiple", 8)))
+            check_batch_settings(config["batch_size"], num_workers, int(trainer["batch_min"]),
+                                 int(trainer["batch_max"]), int(trainer["batch_multiple"]))
         except ValueError as error:
             raise ConfigError(str(error)) from error
 
@@ -96,17 +96,17 @@ def check_setting_types(config: dict[str, Any]) -> None:
 
 def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
     """One simulated-slowdown factor (>= 1) per worker, and a positive timeout."""
-    slowdown = trainer.get("slowdown")
+    slowdown = trainer["slowdown"]
     if slowdown is not None:
         factors = list(slowdown) if isinstance(slowdown, (list, tuple)) else [slowdown]
         if len(factors) != num_workers:
             raise ConfigError(f"trainer.slowdown={factors} has {len(factors)} factor(s) for {num_workers} worker(s) "
-                              f"(trainer.devices={trainer.get('devices')}): give one factor per worker, e.g. "
+                              f"(trainer.devices={trainer['devices']}): give one factor per worker, e.g. "
                               f"[{', '.join(['1.0'] * num_workers)}]")
         if any(not isinstance(f, (int, float)) or f < 1.0 for f in factors):
             raise ConfigError(f"trainer.slowdown={factors}: every factor must be a number >= 1.0 "
                               "(1.0 = full speed, 2.0 = twice as slow)")
-    timeout = trainer.get("timeout_s", 600)
+    timeout = trainer["timeout_s"]
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"trainer.timeout_s={timeout!r}: must be a positive number of seconds (e.g. 600)")
 

@@ -35,7 +35,7 @@ def new_run_state() -> dict[str, Any]:
 
 def evaluates_after(epoch: int, config: dict[str, Any]) -> bool:
     """Whether the 1-based ``epoch`` is evaluated: every ``eval_every`` epochs, and always the last."""
-    return epoch % int(config.get("eval_every", 1)) == 0 or epoch == int(config["epochs"])
+    return epoch % int(config["eval_every"]) == 0 or epoch == int(config["epochs"])
 
 
 def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -131,8 +131,8 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
     return {
         "dataset": dataset["name"], "train_ratio": data.split.train_ratio,
         "val_ratio": data.split.val_ratio, "image_size": data.image_size,
-        "pretrained": pretrained_tag(config["backbone"].get("pretrained", False)),
-        "epochs": config["epochs"], "eval_every": int(config.get("eval_every", 1)),
+        "pretrained": pretrained_tag(config["backbone"]["pretrained"]),
+        "epochs": config["epochs"], "eval_every": int(config["eval_every"]),
         "selection": "validation" if data.val is not None else "last epoch",
     }
 
@@ -147,7 +147,7 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: dict[str, Any],
     headline = selected["metrics"] if selected else state["last_metrics"]
     summary = {
         "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
-        "trainer": config["trainer"].get("name"), "seed": config["seed"], "protocol": protocol(config, data),
+        "trainer": config["trainer"]["name"], "seed": config["seed"], "protocol": protocol(config, data),
         "epochs": epochs_done, "epochs_planned": config["epochs"],
         "train_samples": len(data.train), "val_samples": len(data.val) if data.val is not None else 0,
         "test_samples": len(data.test),

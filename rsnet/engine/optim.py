@@ -25,6 +25,6 @@ def check_optimizer_name(name: Any) -> str:
 def build_optimizer(model: nn.Module, optimizer: dict[str, Any]) -> torch.optim.Optimizer:
     """``timm.optim.create_optimizer_v2`` from the ``optimizer`` settings (name, lr, momentum, weight_decay):
     parameters of norm layers and biases form a group without weight decay."""
-    return timm.optim.create_optimizer_v2(model, opt=check_optimizer_name(optimizer.get("name", "sgd")),
+    return timm.optim.create_optimizer_v2(model, opt=check_optimizer_name(optimizer["name"]),
                                           lr=optimizer["lr"], weight_decay=optimizer["weight_decay"],
-                                          momentum=optimizer.get("momentum", 0.9), filter_bias_and_bn=True)
+                                          momentum=optimizer["momentum"], filter_bias_and_bn=True)

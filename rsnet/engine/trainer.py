@@ -51,7 +51,7 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     leave the earlier run as it was).
     """
     trainer = config["trainer"]
-    devices = resolve_devices(trainer.get("devices"))
+    devices = resolve_devices(trainer["devices"])
     workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
     check_training_config(config, num_workers=workers)
     run_dir = Path(config["run_dir"])
@@ -122,11 +122,11 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     torch.manual_seed(seed)  # identical initial replicas on every worker
     data = load_data(config, run_dir, write_split=ctx.is_primary)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
-                        pretrained=config["backbone"].get("pretrained", False),
-                        **config["model"].get("options", {})).to(ctx.device)
+                        pretrained=config["backbone"]["pretrained"],
+                        **config["model"]["options"]).to(ctx.device)
     if use_channels_last(config, ctx.device):
         model = model.to(memory_format=torch.channels_last)
-    criterion = MultiBranchLoss(**config["model"].get("loss", {}))
+    criterion = MultiBranchLoss(**config["model"]["loss"])
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
     state = new_run_state()
@@ -167,7 +167,7 @@ def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataB
     reuse_split = split_file.is_file() and config["resume"]
     weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
     data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None,
-                                      mean=weights["mean"], std=weights["std"], augment=config.get("augment"))
+                                      mean=weights["mean"], std=weights["std"], augment=config["augment"])
     if write_split:
         data.split.save(split_file)
     return data
@@ -188,7 +188,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     meter = EpochMeter()
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
     prefetcher = BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device,
-                                 enabled=bool(config.get("prefetch", True)))
+                                 enabled=bool(config["prefetch"]))
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:
@@ -219,7 +219,7 @@ class _StepRunner:
         self.ctx, self.config, self.strategy, self.criterion, self.optimizer = ctx, config, strategy, criterion, optimizer
         self.meter = meter
         self.timer = StepTimer(ctx.device, every_step=strategy.needs_step_seconds)
-        self.precision = StepPrecision.for_device(config.get("amp", "bf16"), ctx.device)
+        self.precision = StepPrecision.for_device(config["amp"], ctx.device)
         self.channels_last = use_channels_last(config, ctx.device)
         self.forward = compiled_forward(strategy.model, config)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=ctx.device)
@@ -253,7 +253,7 @@ class _StepRunner:
                 losses = self.criterion(output, labels, epoch=position)
             self.optimizer.zero_grad(set_to_none=True)
             self.precision.backward_and_step(losses.total, self.optimizer, self.strategy.model.parameters(),
-                                             self.config.get("max_grad_norm"))
+                                             self.config["max_grad_norm"])
         finally:
             seconds = self.timer.stop()
         self.nonfinite |= ~torch.isfinite(losses.total.detach())

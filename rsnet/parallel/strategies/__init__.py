@@ -25,7 +25,6 @@ from typing import Any
 
 from torch import nn
 
-from rsnet.parallel.config import setting
 from rsnet.parallel.strategies.adaptive import AdaptiveStrategy
 from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.local_sgd import LocalSGDStrategy
@@ -43,7 +42,7 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AdaptiveStrat
 def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                    seed: int) -> Strategy:
     """The strategy named by ``trainer_cfg.name`` (a key of :data:`STRATEGIES`; default adaptive)."""
-    name = str(setting(trainer_cfg, "name", "adaptive"))
+    name = str(trainer_cfg["name"])
     if name not in STRATEGIES:
         raise ValueError(f"unknown trainer.name {name!r}; valid: {', '.join(STRATEGIES)}")
     STRATEGIES[name].check_setup(ctx, model, batch_size)

@@ -17,7 +17,6 @@ from rsnet.parallel.batching import (
     next_batch_sizes,
     next_claim_size,
 )
-from rsnet.parallel.config import setting
 from rsnet.parallel.merge import MergeResult, normalized_merge
 from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.reports import format_row
@@ -36,14 +35,14 @@ class AdaptiveStrategy(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.cfg
-        self.merge_interval = int(setting(cfg, "merge_interval", 512))
-        self.multiple = int(setting(cfg, "batch_multiple", 8))
-        self.batch_max = int(setting(cfg, "batch_max", 1024))  # this worker's: lowered after an out-of-memory
-        self.damping = float(setting(cfg, "damping", 0.5))
-        self.deadband = float(setting(cfg, "deadband", 0.05))
-        self.speed_ema = float(setting(cfg, "speed_ema", 0.5))
-        self.warmup_intervals = int(setting(cfg, "warmup_intervals", 1))
-        self.log_intervals = bool(setting(cfg, "log_intervals", True))
+        self.merge_interval = int(cfg["merge_interval"])
+        self.multiple = int(cfg["batch_multiple"])
+        self.batch_max = int(cfg["batch_max"])  # this worker's: lowered after an out-of-memory
+        self.damping = float(cfg["damping"])
+        self.deadband = float(cfg["deadband"])
+        self.speed_ema = float(cfg["speed_ema"])
+        self.warmup_intervals = int(cfg["warmup_intervals"])
+        self.log_intervals = bool(cfg["log_intervals"])
         if not 0 < self.damping <= 1:
             raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
         if not 0 < self.speed_ema <= 1:

@@ -14,7 +14,6 @@ import torch.distributed as dist
 from torch import nn
 
 from rsnet.parallel.batching import static_batches, static_partition
-from rsnet.parallel.config import setting
 from rsnet.parallel.strategies.reports import scheduler_report, slowdown_note, summarize
 from rsnet.parallel.worker import WorkerContext
 
@@ -51,9 +50,9 @@ class Strategy:
         self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
         self.world, self.rank = ctx.world_size, ctx.rank
         self.prefix = f"rsnet/{self.name}{_instances}"
-        self.batch_min = int(setting(trainer_cfg, "batch_min", 8))
+        self.batch_min = int(trainer_cfg["batch_min"])
         # lr of a batch of b = lr x b / ref_batch; default ref_batch = B / world, the batch of an equal split.
-        ref_batch = setting(trainer_cfg, "ref_batch", None)
+        ref_batch = trainer_cfg.get("ref_batch")  # sync has none: its lr scale is always 1
         self.ref_batch = float(ref_batch) if ref_batch else max(int(batch_size), 1) / max(ctx.world_size, 1)
         self.epoch = 0
         self._rows: list[dict[str, float]] = []

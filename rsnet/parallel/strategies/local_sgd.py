@@ -7,7 +7,6 @@ from typing import Any
 
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-from rsnet.parallel.config import setting
 from rsnet.parallel.merge import average_buffers, normalized_merge
 from rsnet.parallel.strategies.base import StaticStrategy
 
@@ -21,12 +20,12 @@ class LocalSGDStrategy(StaticStrategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.steps_per_interval = int(setting(self.cfg, "average_every", 8))
+        self.steps_per_interval = int(self.cfg["average_every"])
         if self.steps_per_interval < 1:
             raise ValueError(f"trainer.average_every must be >= 1, got {self.steps_per_interval}")
         params = list(self.model.parameters())
         fits = bool(params) and params[0].device == self.ctx.comm_device
-        self.use_torch_averager = fits and bool(setting(self.cfg, "torch_averager", True))
+        self.use_torch_averager = fits and bool(self.cfg["torch_averager"])
         self._merge_s = 0.0
         self._averages = 0
 

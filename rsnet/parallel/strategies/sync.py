@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rsnet.parallel.config import setting
 from rsnet.parallel.strategies.base import StaticStrategy
 from rsnet.parallel.worker import WorkerContext
 
@@ -24,7 +23,7 @@ class SyncStrategy(StaticStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         ctx = self.ctx
-        self.steps_per_interval = int(setting(self.cfg, "interval_steps", 16))
+        self.steps_per_interval = int(self.cfg["interval_steps"])
         if self.steps_per_interval < 1:
             raise ValueError(f"trainer.interval_steps must be >= 1, got {self.steps_per_interval}")
         device_ids = [ctx.device] if ctx.device.type == "cuda" else None
