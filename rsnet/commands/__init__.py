@@ -12,6 +12,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
@@ -31,11 +33,19 @@ def hydra_config_path() -> str:
     return "pkg://rsnet.conf" if conf_folder() is not CHECKOUT_CONF else str(CHECKOUT_CONF)
 
 
-from omegaconf import OmegaConf  # noqa: E402
+def config_groups(config_name: str) -> dict[str, str | None]:
+    """The config groups ``conf/<config_name>.yaml`` selects in its defaults list, each with its default option
+    (None: none unless given); Hydra's own groups and ``override`` entries are not listed."""
+    text = conf_folder().joinpath(f"{config_name}.yaml").read_text()
+    defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []  # not resolved
+    return {group: default for entry in defaults if isinstance(entry, dict) for group, default in entry.items()
+            if not group.startswith(("override ", "hydra/"))}
 
-from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, defined above
+
+from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, config_groups, above
 from rsnet.settings import protocol_folder  # noqa: E402
 
 register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)
 # run folder names: ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
 OmegaConf.register_new_resolver("rsnet_protocol", protocol_folder, replace=True)
+

@@ -8,11 +8,9 @@ keys it reads (rsnet-evaluate does not list the training groups it ignores) and 
 
 from __future__ import annotations
 
-from typing import Any
-
 from omegaconf import OmegaConf
 
-from rsnet.commands import conf_folder
+from rsnet.commands import conf_folder, config_groups
 
 RESOLVER = "rsnet_help"
 SKIPPED_BLOCKS = ("defaults", "hydra")  # composition and Hydra's own settings: not the command's keys
@@ -45,19 +43,14 @@ def _settings(lines: list[str]) -> list[str]:
     return kept
 
 
-def _groups(defaults: list[Any], config_name: str) -> list[str]:
-    """``group: option, option, ...  (default: x)`` for every config group in the ``defaults`` list."""
+def _groups(config_name: str) -> list[str]:
+    """``group: option, option, ...  (default: x)`` for every config group of the command's defaults list."""
     lines = []
-    for entry in defaults:
-        if not isinstance(entry, dict):
-            continue
-        for group, default in entry.items():
-            if group.startswith(("override ", "hydra/")):
-                continue
-            options = sorted(path.name.removesuffix(".yaml") for path in conf_folder().joinpath(group).iterdir()
-                             if path.name.endswith(".yaml"))
-            chosen = NULL_GROUP_MEANING.get(config_name, "none") if default is None else default
-            lines.append(f"{group}: {', '.join(options)}  (default: {chosen})")
+    for group, default in config_groups(config_name).items():
+        options = sorted(path.name.removesuffix(".yaml") for path in conf_folder().joinpath(group).iterdir()
+                         if path.name.endswith(".yaml"))
+        chosen = NULL_GROUP_MEANING.get(config_name, "none") if default is None else default
+        lines.append(f"{group}: {', '.join(options)}  (default: {chosen})")
     return lines
 
 
@@ -65,9 +58,8 @@ def command_help(config_name: str) -> str:
     """The help text of the command whose config is ``conf/<config_name>.yaml``."""
     text = conf_folder().joinpath(f"{config_name}.yaml").read_text()
     lines = text.splitlines()
-    defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []  # not resolved
     sections = ["\n".join(_header(lines))]
-    groups = _groups(defaults, config_name)
+    groups = _groups(config_name)
     if groups:
         sections.append("== Config groups (group=option; a group's keys: group.key=value) ==\n" + "\n".join(groups))
     sections.append("== Settings (key=value) ==\n" + "\n".join(_settings(lines)))

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import USER_ERRORS, user_errors
-from rsnet.commands import conf_folder, hydra_config_path
+from rsnet.commands import conf_folder, config_groups, hydra_config_path
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
@@ -107,9 +107,9 @@ def record_config(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def known_top_level_keys() -> set[str]:
-    """The top-level keys of conf/config.yaml and the config groups (the folders of conf/), as in a composed config."""
+    """The top-level keys of conf/config.yaml and its config groups, as in a composed config."""
     keys = {str(key) for key in OmegaConf.create(CONF.joinpath("config.yaml").read_text())} - {"defaults", "hydra"}
-    return keys | {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    return keys | set(config_groups("config"))
 
 
 def argv_for_this_rank(argv: list[str]) -> list[str]:
