@@ -136,12 +136,12 @@ def names_export_file(path: Path) -> bool:
 
 def _run_checkpoint(folder: Path) -> ModelSource | None:
     """best.pt (else last.pt) of a run folder's checkpoints/ or of a checkpoints folder itself."""
-    for where in (folder / "checkpoints", folder):
-        for name in CHECKPOINT_NAMES:
-            if (where / name).is_file():
-                note = f"the best checkpoint of {folder}" if name == "best.pt" else \
-                    f"the last checkpoint of {folder}: it has no best.pt"
-                return ModelSource(where / name, "checkpoint", note)
+    candidates = [run_checkpoint_path(folder, name) for name in CHECKPOINT_NAMES]
+    for path in [*candidates, *(folder / name for name in CHECKPOINT_NAMES)]:
+        if path.is_file():
+            note = f"the best checkpoint of {folder}" if path.name == "best.pt" else \
+                f"the last checkpoint of {folder}: it has no best.pt"
+            return ModelSource(path, "checkpoint", note)
     return None
 
 

@@ -52,13 +52,14 @@ EXPORT_SIZE = 64  # the image size of write_checkpoint
 # --------------------------------------------------------------------------------------------- commands
 
 
-def compose_command(config_name: str, *overrides: str) -> DictConfig:
+def compose_command(config_name: str, *overrides: str, return_hydra_config: bool = False) -> DictConfig:
     """A command's settings as its Hydra app receives them for these command-line ``overrides``
-    (conf/<config_name>.yaml); pass them to the command's ``main(cfg)``."""
+    (conf/<config_name>.yaml); pass them to the command's ``main(cfg)``. ``return_hydra_config``: with the
+    ``hydra`` section too."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def training_config(*overrides: str) -> dict:

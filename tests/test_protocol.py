@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CONF, REPO
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from helpers import REPO, compose_command
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.engine.epoch_end import evaluates_after
@@ -72,18 +71,12 @@ def test_a_sweep_over_ratios_writes_one_folder_per_protocol_and_prints_the_paper
     assert "| baseline (test_resnet) | " in result.stdout
 
 
-def compose_train(*overrides: str) -> DictConfig:
-    """rsnet-train's config for ``overrides``, with its ``hydra`` section."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-
-
 @pytest.mark.parametrize("preset, dataset, ratios", [
     ("paper_aid", "aid", "0.2,0.5"), ("paper_nwpu_resisc45", "nwpu_resisc45", "0.1,0.2"),
     ("paper_ucmerced", "ucmerced", "0.5,0.8"),
 ])
 def test_paper_presets_set_the_recipe_and_sweep_the_protocol(preset: str, dataset: str, ratios: str) -> None:
-    cfg = compose_train(f"experiment={preset}")
+    cfg = compose_command("config", f"experiment={preset}", return_hydra_config=True)
     assert cfg.dataset.name == dataset and cfg.dataset.image_size == 224 and cfg.epochs == 60
     assert cfg.backbone.name == "resnet50" and cfg.backbone.pretrained is True
     assert dict(cfg.hydra.sweeper.params) == {"dataset.train_ratio": ratios, "model": "baseline,esd_mbenet,mgml_fenet",
@@ -92,7 +85,7 @@ def test_paper_presets_set_the_recipe_and_sweep_the_protocol(preset: str, datase
 
 
 def test_the_cpu_preset_is_the_recipe_check() -> None:
-    cfg = compose_train("experiment=cpu_aid_dev", "backbone=test_resnet")
+    cfg = compose_command("config", "experiment=cpu_aid_dev", "backbone=test_resnet", return_hydra_config=True)
     assert (cfg.dataset.name, cfg.dataset.image_size, cfg.dataset.train_ratio, cfg.epochs) == ("aid", 64, 0.5, 30)
     assert cfg.backbone.name == "test_resnet"  # a command-line group choice wins over the preset's
 
@@ -104,6 +97,7 @@ def test_the_cpu_preset_is_the_recipe_check() -> None:
 def test_bad_protocol_settings_are_refused_before_training(override: str, message: str) -> None:
     from rsnet.engine.config_checks import ConfigError, check_training_config
 
-    config = OmegaConf.to_container(compose_train("backbone=test_resnet", override), resolve=False)
+    cfg = compose_command("config", "backbone=test_resnet", override, return_hydra_config=True)
+    config = OmegaConf.to_container(cfg, resolve=False)
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_training_config(config)

@@ -19,7 +19,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.engine.lr_schedule import check_schedule_name
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import check_arch, validate_image_size
-    from rsnet.parallel.batching import check_batch_settings
+    from rsnet.parallel.batching import check_batch_per_worker, check_batch_settings
 
     check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):
@@ -45,10 +45,11 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     except ValueError as error:
         raise ConfigError(f"dataset.image_size={dataset['image_size']} / backbone.name="
                           f"{config['backbone']['name']!r}: {error}") from error
-    if config["batch_size"] < num_workers:
-        raise ConfigError(f"batch_size={config['batch_size']} is smaller than the number of workers ({num_workers}); "
-                          "every worker needs at least one sample per step")
     trainer = config["trainer"]
+    try:
+        check_batch_per_worker(config["batch_size"], num_workers)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
     _check_launch_settings(trainer, num_workers)
     if trainer["name"] == "adaptive":
         try:

@@ -107,6 +107,13 @@ def tail_claim_size(batch: int, remaining: int, weights: Sequence[float], rank: 
 # --------------------------------------------------------------------------------------- batch sizes
 
 
+def check_batch_per_worker(total_batch: int, world: int) -> None:
+    """Raise ValueError unless ``total_batch`` gives each of ``world`` workers at least one sample per step."""
+    if total_batch < world:
+        raise ValueError(f"batch_size={total_batch} is smaller than the number of workers ({world}); "
+                         "every worker needs at least one sample per step")
+
+
 def check_batch_settings(total_batch: int, world: int, batch_min: int, batch_max: int, multiple: int) -> None:
     """Raise ValueError, naming the setting to change, when ``world`` batches within [batch_min, batch_max]
     (multiples of ``multiple``) cannot add up to ``total_batch``."""

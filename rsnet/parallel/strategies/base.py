@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rsnet.parallel.batching import static_batches, static_partition
+from rsnet.parallel.batching import check_batch_per_worker, static_batches, static_partition
 from rsnet.parallel.strategies.reports import scheduler_report, slowdown_note, summarize
 from rsnet.parallel.worker import WorkerContext
 
@@ -155,8 +155,7 @@ class StaticStrategy(Strategy):
 
     @classmethod
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
-        if batch_size < ctx.world_size:
-            raise ValueError(f"batch_size {batch_size} is smaller than the number of workers {ctx.world_size}")
+        check_batch_per_worker(batch_size, ctx.world_size)
 
     def start_epoch(self, epoch: int) -> int:
         self.epoch = epoch
