@@ -4,7 +4,7 @@ conftest.py.
 - paths: ``REPO``, ``CONF``, ``MINI_ROOT`` (data/ucmerced-mini), ``TIF_SAMPLE_ROOT``
   (tests/fixtures/ucmerced-tif-sample), ``RSNET`` (the package's folder);
 - commands: ``compose_command`` (a command's Hydra settings), ``training_config`` / ``trainer_config`` (rsnet-train's
-  settings as a dict), ``load_predict_script``, ``load_export_script``, ``run_evaluate_script``;
+  settings as a dict), ``run_train`` (rsnet-train in-process), ``load_predict_script``, ``load_export_script``, ``run_evaluate_script``;
 - fake archives: ``make_fake_archive(base, name, ...)`` writes a tiny archive of ``name`` ("ucmerced",
   "nwpu_resisc45", "aid", "ucmerced_mini") with the real class names and file naming. Every image is a solid colour
   that encodes its label (red channel = ``label_value(label)``), so tests can check labels from pixels;
@@ -17,6 +17,7 @@ conftest.py.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import warnings
 from pathlib import Path
@@ -71,6 +72,32 @@ def training_config(*overrides: str) -> dict:
 def trainer_config(name: str, **overrides: object) -> dict:
     """conf/trainer/<name>.yaml as a run composes it (with conf/_base/launcher.yaml), plus ``overrides``."""
     return {**training_config(f"trainer={name}")["trainer"], **overrides}
+
+
+def run_train(run_dir: Path, *overrides: str) -> int:
+    """rsnet-train in this process, as Hydra runs it for the command line ``overrides`` with ``hydra.run.dir=run_dir``
+    (without its callbacks and log file); returns the exit status (0 when the command returned). Its output is the
+    test's (``capfd``: the spawned workers' too)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    from rsnet.commands import train
+
+    cfg = compose_command("config", *overrides, f"hydra.run.dir={run_dir}", return_hydra_config=True)
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir)  # what Hydra sets when the job starts
+    HydraConfig.instance().set_config(cfg)
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]  # the task sees its settings only, as under Hydra
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # Hydra creates the run dir before the job starts
+    try:
+        train.main(task_cfg)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    finally:
+        HydraConfig.instance().cfg = None
+    return 0
 
 
 def load_predict_script() -> ModuleType:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, run_train
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -174,12 +174,10 @@ def test_train_on_a_user_config_dir_dataset(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_train_without_a_root_is_one_line_exit_2(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "train.py"), "dataset=image_folder", "backbone=test_resnet",
-         "trainer.devices=[cpu]", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, f"{result.stdout}\n{result.stderr}"
-    assert result.stderr.strip().splitlines()[-1] == (
+def test_train_without_a_root_is_one_line_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    status = run_train(tmp_path / "run", "dataset=image_folder", "backbone=test_resnet", "trainer.devices=[cpu]")
+    err = capfd.readouterr().err
+    assert status == 2, err
+    assert err.strip().splitlines()[-1] == (
         "error: dataset.root=... is required for dataset=image_folder: a folder with one sub-folder of images per class")
     assert not (tmp_path / "run" / "checkpoints").exists()

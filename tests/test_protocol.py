@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, compose_command
+from helpers import REPO, compose_command, run_train
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -40,8 +40,9 @@ def test_every_nth_epoch_and_the_last_are_evaluated() -> None:
     assert all(evaluates_after(epoch, {"epochs": 7, "eval_every": 1}) for epoch in range(1, 8))
 
 
-def train(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *flags, *TINY, *args], cwd=REPO,
+def train_sweep(*args: str) -> subprocess.CompletedProcess:
+    """scripts/train.py -m (a Hydra multirun) as a user runs it, with ``TINY`` and ``args``."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), "-m", *TINY, *args], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result
@@ -50,7 +51,7 @@ def train(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProces
 @pytest.mark.slow
 def test_eval_every_tests_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    train("epochs=3", "eval_every=2", f"hydra.run.dir={run_dir}", "log.attention_every=100")
+    assert run_train(run_dir, *TINY, "epochs=3", "eval_every=2", "log.attention_every=100") == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [("test_accuracy" in row) for row in metrics["history"]] == [False, True, True]
     assert metrics["protocol"]["eval_every"] == 2 and metrics["accuracy"] == metrics["history"][-1]["test_accuracy"]
@@ -62,7 +63,7 @@ def test_eval_every_tests_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_sweep_over_ratios_writes_one_folder_per_protocol_and_prints_the_papers_table(tmp_path: Path) -> None:
-    result = train("epochs=1", "dataset.train_ratio=0.5,0.6", f"hydra.sweep.dir={tmp_path}", flags=("-m",))
+    result = train_sweep("epochs=1", "dataset.train_ratio=0.5,0.6", f"hydra.sweep.dir={tmp_path}")
     runs = sorted(str(path.parent.relative_to(tmp_path)) for path in tmp_path.rglob("metrics.json"))
     assert runs == ["ucmerced_mini/r0.5_32px_scratch/baseline_test_resnet/seed0",
                     "ucmerced_mini/r0.6_32px_scratch/baseline_test_resnet/seed0"]

@@ -1,4 +1,6 @@
-"""End-to-end runs of the real scripts on the bundled data with a tiny backbone."""
+"""End-to-end runs on the bundled data with a tiny backbone: rsnet-train in-process (``helpers.run_train``), and
+the real scripts as a user runs them where the command line itself is under test (Hydra's errors and callbacks,
+Ctrl-C, export/predict/evaluate/aggregate on a trained run)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.trained_model import load_checkpoint
@@ -37,7 +39,20 @@ def run_script(script: str, *args: str, expect_ok: bool = True, timeout: int = 3
     return result
 
 
-def train(run_dir: Path, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def train(capfd: pytest.CaptureFixture | None, run_dir: Path, *args: str,
+          expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """rsnet-train in this process with ``TINY`` and ``args``; its exit status and output (with ``capfd``)."""
+    if capfd is not None:
+        capfd.readouterr()  # what earlier steps of the test printed
+    status = run_train(run_dir, *TINY, *args)
+    out, err = capfd.readouterr() if capfd is not None else ("", "")
+    if expect_ok:
+        assert status == 0, f"rsnet-train {' '.join(args)} failed:\n{out}\n{err}"
+    return subprocess.CompletedProcess(args, status, out, err)
+
+
+def train_script(run_dir: Path, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """scripts/train.py as a user runs it, with ``TINY`` and ``args``."""
     return run_script("train.py", *TINY, f"hydra.run.dir={run_dir}", *args, expect_ok=expect_ok)
 
 
@@ -54,14 +69,14 @@ def image_tags(run_dir: Path) -> set[str]:
 def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two epochs with a validation part (a quarter of the training images): best.pt is selected on it."""
     run_dir = tmp_path_factory.mktemp("esd") / "run"
-    train(run_dir, "model=esd_mbenet", "epochs=2", "dataset.val_ratio=0.25")
+    train(None, run_dir, "model=esd_mbenet", "epochs=2", "dataset.val_ratio=0.25")
     return run_dir
 
 
 @pytest.mark.parametrize("model", ["baseline", "mgml_fenet"])
-def test_train_writes_every_output(tmp_path: Path, model: str) -> None:
+def test_train_writes_every_output(tmp_path: Path, model: str, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
-    result = train(run_dir, f"model={model}", "epochs=1")
+    result = train(capfd, run_dir, f"model={model}", "epochs=1")
     assert "test accuracy" in result.stdout
     metrics = check_run_outputs(run_dir, epochs=1)
     assert not (run_dir / "checkpoints" / "best.pt").exists()  # without validation nothing is selected on test
@@ -96,28 +111,28 @@ def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
     assert cams == {f"attention/cam_{head}" for head in ("main", "aux1", "aux2", "feature_ensemble")}, tags
 
 
-def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path) -> None:
+def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "resumed"
     shutil.copytree(esd_run, run_dir)
-    result = train(run_dir, "model=esd_mbenet", "epochs=3", "resume=true")
+    result = train(capfd, run_dir, "model=esd_mbenet", "epochs=3", "resume=true")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["epochs"] == 3
     assert [row["epoch"] for row in metrics["history"]] == [1, 2, 3]
     assert "test accuracy" in result.stdout
 
 
-def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Path) -> None:
+def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "finished"
     shutil.copytree(esd_run, run_dir)
     before = json.loads((run_dir / "metrics.json").read_text())
-    result = train(run_dir, "model=esd_mbenet", "epochs=2", "resume=true")
+    result = train(capfd, run_dir, "model=esd_mbenet", "epochs=2", "resume=true")
     assert f"test accuracy (ensemble): {before['accuracy']:.2f} %" in result.stdout
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 
-def test_resume_under_another_image_size_is_refused(esd_run: Path) -> None:
+def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest.CaptureFixture) -> None:
     """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
-    result = train(esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",
+    result = train(capfd, esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",
                    expect_ok=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(
@@ -126,11 +141,13 @@ def test_resume_under_another_image_size_is_refused(esd_run: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: Path) -> None:
+def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: Path, tmp_path: Path) -> None:
     """Was: refused (exit 2), but Hydra had already rewritten .hydra/config.yaml with the refused command."""
+    esd_run = shutil.copytree(esd_run, tmp_path / "run")
+    (esd_run / "train.log").write_text("the first run's log\n")  # what the command line leaves (not run_train)
     before = dir_contents(esd_run)
     assert (esd_run / ".hydra" / "config.yaml").is_file() and (esd_run / ".hydra" / "overrides.yaml").is_file()
-    result = train(esd_run, "model=esd_mbenet", "epochs=2", "seed=7", expect_ok=False)
+    result = train_script(esd_run, "model=esd_mbenet", "epochs=2", "seed=7", expect_ok=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {esd_run} already holds a run ({esd_run / 'checkpoints' / 'last.pt'}); pass resume=true to continue "
@@ -189,23 +206,23 @@ def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
     ("dataset.image_size=8", "dataset.image_size=8"),
     ("+epoch=1", "did you mean 'epochs'"),  # was accepted, and the default 12 epochs trained
 ])
-def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str) -> None:
-    result = train(tmp_path / "run", "epochs=1", override, expect_ok=False)
+def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str, capfd: pytest.CaptureFixture) -> None:
+    result = train(capfd, tmp_path / "run", "epochs=1", override, expect_ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:
-    result = train(tmp_path / "run", "model=resnet_ensemble", expect_ok=False)
+    result = train_script(tmp_path / "run", "model=resnet_ensemble", expect_ok=False)
     assert result.returncode == 1, result.stderr
     assert "Could not find 'model/resnet_ensemble'" in result.stderr
     assert "Available options in 'model':\n\tbaseline\n\tesd_mbenet\n\tmgml_fenet\n" in result.stderr
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path) -> None:
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "diverging"
     shutil.copytree(esd_run, run_dir)
-    result = train(run_dir, "model=esd_mbenet", "epochs=3", "resume=true", "optimizer.lr=1e30",
+    result = train(capfd, run_dir, "model=esd_mbenet", "epochs=3", "resume=true", "optimizer.lr=1e30",
                    "lr_schedule.warmup_epochs=0", expect_ok=False)
     assert result.returncode == 1, result.stderr
     assert "error: the run stopped: the loss became NaN or infinite at epoch 3, within steps " in result.stderr
@@ -215,9 +232,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: 
     assert all(torch.isfinite(value).all() for value in checkpoint["model_state"].values() if value.is_floating_point())
 
 
-def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path) -> None:
+def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "two_workers"
-    result = train(run_dir, "model=baseline", "epochs=1", "trainer=adaptive", "trainer.devices=[cpu,cpu]",
+    result = train(capfd, run_dir, "model=baseline", "epochs=1", "trainer=adaptive", "trainer.devices=[cpu,cpu]",
                    "trainer.slowdown=[1.0,2.0]", "trainer.merge_interval=64")
     assert "SIMULATED" in result.stderr  # the slowdown is reported as simulated
     metrics = check_run_outputs(run_dir, epochs=1)
@@ -230,12 +247,12 @@ def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path) ->
     assert {"scheduler/b/0", "scheduler/b/1", "scheduler/p/0", "scheduler/idle/1"} <= tags, tags
 
 
-def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path) -> None:
+def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """Defect: this command crashed in epoch 1 on a batch of 1 ('Expected more than 1 value per channel')."""
     run_dir = tmp_path / "three_workers"
-    run_script("train.py", "trainer.devices=[cpu,cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.0,3.0]",
-               "trainer.merge_interval=64", "backbone=test_resnet", "model=baseline", "dataset.image_size=32",
-               "epochs=2", "log.progress_bar=false", f"hydra.run.dir={run_dir}")
+    train(capfd, run_dir, "trainer.devices=[cpu,cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.0,3.0]",
+          "trainer.merge_interval=64", "model=baseline", "dataset.image_size=32", "epochs=2",
+          "log.attention_every=100")
     report = json.loads((run_dir / "metrics.json").read_text())["scheduler"]
     assert report["strategy"] == "adaptive" and report["simulated_slowdown"] == [1.0, 1.0, 3.0]
     workers = report["workers"]
@@ -245,12 +262,12 @@ def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path
     assert all(w["updates"] > 0 and w["mean_batch"] >= 8 for w in workers)
 
 
-def test_prefetch_changes_timing_only(tmp_path: Path) -> None:
+def test_prefetch_changes_timing_only(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """The background thread prepares the same batches in the same order: identical weights either way."""
     states = []
     for prefetch in ("true", "false"):
         run_dir = tmp_path / f"prefetch_{prefetch}"
-        train(run_dir, "model=baseline", "epochs=1", f"prefetch={prefetch}", "dataset.image_size=32")
+        train(capfd, run_dir, "model=baseline", "epochs=1", f"prefetch={prefetch}", "dataset.image_size=32")
         states.append(load_checkpoint(run_dir / "checkpoints" / "last.pt")["model_state"])
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
@@ -293,9 +310,9 @@ def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: 
         assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == epoch + 1
 
 
-def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path) -> None:
+def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """Was: with two workers, a missing dataset root came back as "worker rank 0 failed" and both tracebacks."""
-    result = train(tmp_path / "run", "trainer.devices=[cpu,cpu]", f"dataset.root={tmp_path / 'nowhere'}",
+    result = train(capfd, tmp_path / "run", "trainer.devices=[cpu,cpu]", f"dataset.root={tmp_path / 'nowhere'}",
                    expect_ok=False)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "worker rank" not in result.stderr, result.stderr
