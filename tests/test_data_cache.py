@@ -121,7 +121,7 @@ def test_no_cache_decodes_on_access(fake_archive, monkeypatch):
     real = store_mod.decode_image
     monkeypatch.setattr(store_mod, "decode_image", lambda p, *a: calls.append(p) or real(p, *a))
     img = bundle.train.raw(0)
-    assert img.shape == (12, 12, 3) and calls == [bundle.train.files[0]]
+    assert img.shape == (12, 12, 3) and calls == [bundle.train.paths[0]]
 
 
 def test_bad_cache_mode(mini_root):

@@ -136,8 +136,8 @@ def test_dataset_warns_once_with_the_count_and_how(tmp_path, cache):
             "rescaled to 8 bit by a per-image stretch of percentiles 2..98 to 0..255 "
             "(dataset.high_bit_depth=percentile; 'refuse' stops on such files instead)"]
     key = "beach/beach00.tif"
-    ds = bundle.train if key in bundle.train.keys else bundle.test
-    img = ds.raw(ds.keys.index(key))
+    ds = bundle.train if key in bundle.train.names else bundle.test
+    img = ds.raw(ds.names.index(key))
     assert int(img.max()) - int(img.min()) >= 200  # stored stretched, not white
 
 

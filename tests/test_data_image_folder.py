@@ -82,7 +82,7 @@ def test_build_gives_a_stratified_split_with_the_folder_classes(tmp_path: Path) 
     assert set(bundle.split.train).isdisjoint(bundle.split.test) and len(bundle.split.train + bundle.split.test) == 20
     for ds in (bundle.train, bundle.test):  # every label matches the folder its file came from (pixels too)
         for i in range(len(ds)):
-            assert ds.keys[i].split("/")[0] == bundle.class_names[ds.labels[i]]
+            assert ds.names[i].split("/")[0] == bundle.class_names[ds.labels[i]]
             assert abs(int(ds.raw(i)[..., 0].mean()) - (20 + 60 * int(ds.labels[i]))) <= 3
 
 

@@ -53,11 +53,11 @@ def test_discovery_from_every_root_depth(fake_archive, name):
         with pytest.warns(DatasetCountWarning):
             scan = scan_dataset(name, root)
         assert scan.class_root == expected
-        assert len(scan.keys) == 2 * spec.num_classes
+        assert len(scan.names) == 2 * spec.num_classes
         assert scan.counts() == {c: 2 for c in spec.classes}
         # class order = spec order; labels grouped by class
         assert np.array_equal(scan.labels, np.repeat(np.arange(spec.num_classes), 2))
-        assert scan.keys[0].startswith(spec.classes[0] + "/")
+        assert scan.names[0].startswith(spec.classes[0] + "/")
 
 
 def test_file_naming_matches_layout(fake_archive):
@@ -80,8 +80,8 @@ def test_build_reads_every_layout_with_correct_labels(fake_archive, name):
             img = ds.raw(i)
             assert img.shape == (16, 16, 3) and img.dtype == np.uint8
             assert abs(int(img[..., 0].mean()) - label_value(int(ds.labels[i]))) <= 3
-            assert Path(ds.files[i]).is_file()
-            assert Path(ds.files[i]).parent.name == bundle.class_names[ds.labels[i]]
+            assert Path(ds.paths[i]).is_file()
+            assert Path(ds.paths[i]).parent.name == bundle.class_names[ds.labels[i]]
 
 
 def test_missing_unexpected_and_empty_classes_are_errors(fake_archive):
@@ -101,7 +101,7 @@ def test_hidden_folders_and_non_image_files_are_ignored(fake_archive):
     (top / "Images" / ".ipynb_checkpoints").mkdir()
     (top / "Images" / "beach" / "Thumbs.db").write_bytes(b"x")
     scan = scan_dataset("ucmerced", top, check_counts=False)
-    assert len(scan.keys) == 21
+    assert len(scan.names) == 21
 
 
 def test_count_mismatch_is_a_warning_naming_the_class(fake_archive):
@@ -141,10 +141,10 @@ def test_real_ucm_tif_sample(tif_sample_root, tmp_path):
     assert len(bundle.train) == 21 and len(bundle.test) == 21
     img = bundle.train.raw(0)
     assert img.shape == (256, 256, 3) and img.dtype == np.uint8 and img.std() > 5
-    assert bundle.train.files[0].endswith(".tif")
+    assert bundle.train.paths[0].endswith(".tif")
     from PIL import Image
 
-    with Image.open(bundle.train.files[0]) as im:  # stored pixels are the file's, unchanged at 256 px
+    with Image.open(bundle.train.paths[0]) as im:  # stored pixels are the file's, unchanged at 256 px
         assert np.array_equal(img, np.asarray(im.convert("RGB")))
     x, y = bundle.train.get_batch([0, 5])
     assert x.shape == (2, 3, 256, 256) and y.tolist() == [0, 5]
@@ -195,7 +195,7 @@ def test_corrupt_file_is_named_or_skipped(fake_archive, name):
     assert bundle.skipped == [key]
     assert len(bundle.train) + len(bundle.test) == 3 * spec.num_classes - 1
     assert key not in bundle.split.train + bundle.split.test
-    assert str(bad) not in bundle.train.files + bundle.test.files
+    assert str(bad) not in bundle.train.paths + bundle.test.paths
 
 
 def test_prefers_the_archive_folder_when_two_datasets_share_class_names(fake_archive, tmp_path):

@@ -34,9 +34,9 @@ def aid_scan(fake_archive):
 @pytest.mark.parametrize("ratio", [0.2, 0.5, 0.8])
 def test_every_class_in_train_and_test_at_the_ratio(aid_scan, ratio):
     _, counts, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, ratio, seed=3, class_names=scan.spec.classes)
+    split = stratified_split(scan.names, scan.labels, ratio, seed=3, class_names=scan.spec.classes)
     assert set(split.train).isdisjoint(split.test)
-    assert sorted(split.train + split.test) == sorted(scan.keys)
+    assert sorted(split.train + split.test) == sorted(scan.names)
     for c, n in counts.items():
         n_train = sum(f.startswith(c + "/") for f in split.train)
         n_test = sum(f.startswith(c + "/") for f in split.test)
@@ -48,14 +48,14 @@ def test_every_class_in_train_and_test_at_the_ratio(aid_scan, ratio):
 def test_same_seed_same_split_different_seed_different(aid_scan):
     _, _, scan = aid_scan
     classes = scan.spec.classes
-    a = stratified_split(scan.keys, scan.labels, 0.5, 0, classes)
-    b = stratified_split(scan.keys, scan.labels, 0.5, 0, classes)
-    c = stratified_split(scan.keys, scan.labels, 0.5, 1, classes)
+    a = stratified_split(scan.names, scan.labels, 0.5, 0, classes)
+    b = stratified_split(scan.names, scan.labels, 0.5, 0, classes)
+    c = stratified_split(scan.names, scan.labels, 0.5, 1, classes)
     assert a.train == b.train and a.test == b.test
     assert set(a.train) != set(c.train)
     # independent of the order the files were listed in
-    perm = np.random.default_rng(0).permutation(len(scan.keys))
-    d = stratified_split([scan.keys[i] for i in perm], scan.labels[perm], 0.5, 0, classes)
+    perm = np.random.default_rng(0).permutation(len(scan.names))
+    d = stratified_split([scan.names[i] for i in perm], scan.labels[perm], 0.5, 0, classes)
     assert sorted(d.train) == sorted(a.train)
 
 
@@ -68,13 +68,13 @@ def test_save_load_round_trip_reproduces_the_run(aid_scan, tmp_path):
     assert Split.load(path) == first.split
     # a different seed/ratio in the call is overridden by the split file
     again = build_datasets("aid", top, 0.5, 99, 8, check_counts=False, split_file=path)
-    assert again.train.files == first.train.files and again.test.files == first.test.files
+    assert again.train.paths == first.train.paths and again.test.paths == first.test.paths
     assert np.array_equal(again.train.labels, first.train.labels)
 
 
 def test_split_with_missing_files_is_a_clear_error(aid_scan, tmp_path):
     top, _, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, 0.5, 0, scan.spec.classes, "aid")
+    split = stratified_split(scan.names, scan.labels, 0.5, 0, scan.spec.classes, "aid")
     split.train.append("Airport/airport_999.jpg")
     path = split.save(tmp_path / "split.json")
     with pytest.raises(SplitMismatchError, match=r"1 file\(s\) not found.*airport_999"):
@@ -97,8 +97,8 @@ def _per_class(files: list[str], cls: str) -> int:
 def test_val_is_carved_from_train_per_class_and_test_is_unchanged(aid_scan, val_ratio):
     _, counts, scan = aid_scan
     classes = scan.spec.classes
-    plain = stratified_split(scan.keys, scan.labels, 0.5, 3, classes)
-    split = stratified_split(scan.keys, scan.labels, 0.5, 3, classes, val_ratio=val_ratio)
+    plain = stratified_split(scan.names, scan.labels, 0.5, 3, classes)
+    split = stratified_split(scan.names, scan.labels, 0.5, 3, classes, val_ratio=val_ratio)
     assert split.test == plain.test
     assert sorted(split.train + split.val) == sorted(plain.train)
     assert set(split.val).isdisjoint(split.train) and set(split.val).isdisjoint(split.test)
@@ -125,41 +125,41 @@ def test_train_and_test_of_a_seed_are_those_drawn_before_val_existed():
 def test_val_ratio_zero_gives_the_plain_split(aid_scan):
     _, _, scan = aid_scan
     classes = scan.spec.classes
-    split = stratified_split(scan.keys, scan.labels, 0.2, 5, classes, "aid", val_ratio=0.0)
-    assert split == stratified_split(scan.keys, scan.labels, 0.2, 5, classes, "aid")
+    split = stratified_split(scan.names, scan.labels, 0.2, 5, classes, "aid", val_ratio=0.0)
+    assert split == stratified_split(scan.names, scan.labels, 0.2, 5, classes, "aid")
     assert split.val == [] and split.val_ratio == 0.0
-    rows = split.indices(scan.keys)
+    rows = split.indices(scan.names)
     assert isinstance(rows, SplitRows) and len(rows.val) == 0
-    assert sorted([*rows.train, *rows.test]) == list(range(len(scan.keys)))
+    assert sorted([*rows.train, *rows.test]) == list(range(len(scan.names)))
 
 
 def test_val_is_deterministic_and_independent_of_key_order(aid_scan):
     _, _, scan = aid_scan
     classes = scan.spec.classes
-    a = stratified_split(scan.keys, scan.labels, 0.5, 0, classes, val_ratio=0.3)
-    b = stratified_split(scan.keys, scan.labels, 0.5, 0, classes, val_ratio=0.3)
-    c = stratified_split(scan.keys, scan.labels, 0.5, 1, classes, val_ratio=0.3)
+    a = stratified_split(scan.names, scan.labels, 0.5, 0, classes, val_ratio=0.3)
+    b = stratified_split(scan.names, scan.labels, 0.5, 0, classes, val_ratio=0.3)
+    c = stratified_split(scan.names, scan.labels, 0.5, 1, classes, val_ratio=0.3)
     assert (a.train, a.val, a.test) == (b.train, b.val, b.test)
     assert set(a.val) != set(c.val)
-    perm = np.random.default_rng(0).permutation(len(scan.keys))
-    d = stratified_split([scan.keys[i] for i in perm], scan.labels[perm], 0.5, 0, classes, val_ratio=0.3)
+    perm = np.random.default_rng(0).permutation(len(scan.names))
+    d = stratified_split([scan.names[i] for i in perm], scan.labels[perm], 0.5, 0, classes, val_ratio=0.3)
     assert (d.train, d.val, d.test) == (a.train, a.val, a.test)
 
 
 def test_indices_give_the_val_rows_and_check_val_files(aid_scan):
     _, _, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, 0.5, 0, scan.spec.classes, "aid", val_ratio=0.25)
-    rows = split.indices(scan.keys, scan.spec.classes)
-    assert [scan.keys[r] for r in rows.val] == split.val
-    assert [scan.keys[r] for r in rows.train] == split.train and [scan.keys[r] for r in rows.test] == split.test
+    split = stratified_split(scan.names, scan.labels, 0.5, 0, scan.spec.classes, "aid", val_ratio=0.25)
+    rows = split.indices(scan.names, scan.spec.classes)
+    assert [scan.names[r] for r in rows.val] == split.val
+    assert [scan.names[r] for r in rows.train] == split.train and [scan.names[r] for r in rows.test] == split.test
     split.val.append("Airport/airport_999.jpg")
     with pytest.raises(SplitMismatchError, match=r"1 file\(s\) not found.*airport_999"):
-        split.indices(scan.keys)
+        split.indices(scan.names)
 
 
 def test_restricted_drops_from_val_too(aid_scan):
     _, _, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, 0.5, 0, scan.spec.classes, "aid", val_ratio=0.25)
+    split = stratified_split(scan.names, scan.labels, 0.5, 0, scan.spec.classes, "aid", val_ratio=0.25)
     drop = {split.train[0], split.val[0], split.test[0]}
     kept = split.restricted(drop)
     assert kept.val == split.val[1:] and kept.train == split.train[1:] and kept.test == split.test[1:]
@@ -168,7 +168,7 @@ def test_restricted_drops_from_val_too(aid_scan):
 
 def test_save_load_round_trip_keeps_val(aid_scan, tmp_path):
     _, _, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, 0.5, 4, scan.spec.classes, "aid", val_ratio=0.25)
+    split = stratified_split(scan.names, scan.labels, 0.5, 4, scan.spec.classes, "aid", val_ratio=0.25)
     path = split.save(tmp_path / "run" / "split.json")
     data = json.loads(path.read_text())
     assert data["val"] == split.val and data["val_ratio"] == 0.25 and len(split.val) > 0
@@ -178,7 +178,7 @@ def test_save_load_round_trip_keeps_val(aid_scan, tmp_path):
 
 def test_old_split_file_without_val_loads_with_no_val(aid_scan, tmp_path):
     top, _, scan = aid_scan
-    split = stratified_split(scan.keys, scan.labels, 0.5, 0, scan.spec.classes, "aid")
+    split = stratified_split(scan.names, scan.labels, 0.5, 0, scan.spec.classes, "aid")
     old = {k: v for k, v in json.loads(split.save(tmp_path / "new.json").read_text()).items()
            if k not in ("val", "val_ratio")}
     path = tmp_path / "old.json"
@@ -186,7 +186,7 @@ def test_old_split_file_without_val_loads_with_no_val(aid_scan, tmp_path):
     loaded = Split.load(path)
     assert loaded == split and loaded.val == [] and loaded.val_ratio == 0.0
     bundle = build_datasets("aid", top, 0.5, 0, 8, check_counts=False, split_file=path, val_ratio=0.5)
-    assert bundle.val is None and bundle.train.keys == split.train
+    assert bundle.val is None and bundle.train.names == split.train
 
 
 @pytest.mark.parametrize("val_ratio", [-0.1, 1.0, 1.5, "x", None])
@@ -195,7 +195,7 @@ def test_bad_val_ratio_names_the_setting(aid_scan, val_ratio):
     with pytest.raises(ValueError, match=r"dataset\.val_ratio"):
         check_val_ratio(val_ratio)
     with pytest.raises(ValueError, match=r"dataset\.val_ratio"):
-        stratified_split(scan.keys, scan.labels, 0.5, 0, scan.spec.classes, val_ratio=val_ratio)
+        stratified_split(scan.names, scan.labels, 0.5, 0, scan.spec.classes, val_ratio=val_ratio)
 
 
 @pytest.mark.parametrize("val_ratio", [-0.1, 1.0, "x"])
@@ -212,20 +212,20 @@ def test_build_datasets_returns_the_val_part(fake_archive, caplog):
         bundle = build_datasets("ucmerced_mini", top, 0.5, 0, 8, check_counts=False, val_ratio=0.25)
     # 8 a class: 4 test, 4 train of which round(0.25 * 4) = 1 held out for validation
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (3 * num_classes, num_classes, 4 * num_classes)
-    assert bundle.val.keys == bundle.split.val and bundle.val.name == "ucmerced_mini/val"
+    assert bundle.val.names == bundle.split.val and bundle.val.name == "ucmerced_mini/val"
     assert sorted(bundle.val.labels.tolist()) == list(range(num_classes))
     for i in range(len(bundle.val)):
         label = int(bundle.val.labels[i])
-        assert bundle.val.keys[i].split("/")[0] == bundle.class_names[label]
+        assert bundle.val.names[i].split("/")[0] == bundle.class_names[label]
         assert abs(int(bundle.val.raw(i)[..., 0].mean()) - label_value(label)) <= 3
-    assert set(bundle.val.keys).isdisjoint(bundle.train.keys + bundle.test.keys)
+    assert set(bundle.val.names).isdisjoint(bundle.train.names + bundle.test.names)
     image, _ = bundle.val[0]  # eval transform: no augmentation, same as test
     assert repr(bundle.val.transform) == repr(bundle.test.transform) != repr(bundle.train.transform)
     assert tuple(image.shape) == (3, 8, 8)
     assert f"{3 * num_classes} train / {num_classes} val / {4 * num_classes} test images" in caplog.text
 
     plain = build_datasets("ucmerced_mini", top, 0.5, 0, 8, check_counts=False)
-    assert plain.val is None and plain.test.keys == bundle.test.keys
+    assert plain.val is None and plain.test.names == bundle.test.names
 
 
 def test_split_file_val_is_used_and_val_ratio_ignored(fake_archive, tmp_path):
@@ -233,7 +233,7 @@ def test_split_file_val_is_used_and_val_ratio_ignored(fake_archive, tmp_path):
     first = build_datasets("ucmerced_mini", top, 0.5, 0, 8, check_counts=False, val_ratio=0.25)
     path = first.split.save(tmp_path / "split.json")
     again = build_datasets("ucmerced_mini", top, 0.8, 9, 8, check_counts=False, split_file=path, val_ratio=0.5)
-    assert again.val.keys == first.val.keys and again.train.keys == first.train.keys
+    assert again.val.names == first.val.names and again.train.names == first.train.names
 
 
 def test_build_from_config_reads_val_ratio(fake_archive):

@@ -184,43 +184,43 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
     tta = tta_setting(args["tta"])
     out = check_writable(str(args["out"]), "out") if args["out"] else None  # before the long part, not after it
     # cheap checks before loading the model
-    files = list_images(str(args["images"]), bool_setting("recursive", args["recursive"]))
+    paths = list_images(str(args["images"]), bool_setting("recursive", args["recursive"]))
     attention_dir = Path(str(args["attention_dir"])) if args["attention_dir"] else None
     if attention_dir is not None:
         check_writable_dir(attention_dir, "attention_dir")
     predictor = load_predictor(str(args["checkpoint"]), device, args["head"], tta, attention=attention_dir is not None)
     print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
-          f"{len(files)} images", file=sys.stderr)
+          f"{len(paths)} images", file=sys.stderr)
     k = min(topk, len(predictor.class_names))
     rows: list[dict[str, Any]] = []
     skip_corrupt, bad, report = bool_setting("skip_corrupt", args["skip_corrupt"]), [], DecodeReport()
-    for start in range(0, len(files), batch_size):
-        batch_files, decoded = _decode(files[start:start + batch_size], predictor, bad, report)
+    for start in range(0, len(paths), batch_size):
+        batch_paths, decoded = _decode(paths[start:start + batch_size], predictor, bad, report)
         if bad and not skip_corrupt:
-            _decode(files[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
+            _decode(paths[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
             raise ValueError(f"{len(bad)} unreadable image(s): {_listing(bad)}; fix or remove them, or pass "
                              f"skip_corrupt=true to skip them ({bad[0]})")
-        if not batch_files:
+        if not batch_paths:
             continue
         images = np.stack(decoded)
         inputs = to_float_chw(images, predictor.mean, predictor.std).to(device)
         with torch.no_grad():
             probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
         top_p, top_i = probs.topk(k, dim=1)
-        for path, p_row, i_row in zip(batch_files, top_p.tolist(), top_i.tolist()):
+        for path, p_row, i_row in zip(batch_paths, top_p.tolist(), top_i.tolist()):
             names = [predictor.class_names[i] for i in i_row]
             rows.append({"file": str(path), "class": names[0], "probability": p_row[0],
                          "top_k": "; ".join(f"{n} {p:.4f}" for n, p in zip(names, p_row))})
             print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
         if attention_dir is not None:
-            _save_attention(predictor.full_model, images, inputs, batch_files, Path(args["images"]), attention_dir)
+            _save_attention(predictor.full_model, images, inputs, batch_paths, Path(args["images"]), attention_dir)
     if bad:
         print(f"skipped {len(bad)} unreadable image(s) (skip_corrupt=true): {_listing(bad)}", file=sys.stderr)
     if report.rescaled:
-        print(f"warning: {describe_rescaled(report.rescaled.values(), len(files), predictor.high_bit_depth)}",
+        print(f"warning: {describe_rescaled(report.rescaled.values(), len(paths), predictor.high_bit_depth)}",
               file=sys.stderr)
     if not rows:
-        raise ValueError(f"none of the {len(files)} images in {args['images']} could be read")
+        raise ValueError(f"none of the {len(paths)} images in {args['images']} could be read")
     if out is not None:
         write_csv(out, rows)
         print(f"wrote {out}", file=sys.stderr)
@@ -229,14 +229,14 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, files: list[Path], root: Path,
+def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths: list[Path], root: Path,
                     attention_dir: Path) -> None:
     from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
 
     maps = {f"cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
     maps["gradcam_main"] = grad_cam(model, inputs, head="main")
     for tag, cams in maps.items():
-        for image, cam, path in zip(images, cams.cpu().numpy(), files):
+        for image, cam, path in zip(images, cams.cpu().numpy(), paths):
             target = attention_dir / f"{_safe_name(path, root)}_{tag}.png"
             with atomic_write(target) as handle:
                 Image.fromarray(overlay(image, cam)).save(handle, format="PNG")

@@ -72,18 +72,18 @@ def decode_into(out: np.ndarray, paths: Sequence[str], size: int, high_bit_depth
     return dict(r for r in results if r is not None)
 
 
-def cache_key(dataset: str, size: int, keys: Sequence[str], paths: Sequence[str],
+def cache_key(dataset: str, size: int, names: Sequence[str], paths: Sequence[str],
               high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> str:
     """Hash of what determines the decoded array: dataset, size, rescaling, file list (with sizes/mtimes)."""
     h = hashlib.sha256()
     h.update(json.dumps([CACHE_VERSION, dataset, int(size), str(RESAMPLE), high_bit_depth, PERCENTILES]).encode())
-    for key, path in zip(keys, paths):
+    for name, path in zip(names, paths):
         st = os.stat(path)
-        h.update(f"\n{key}\t{st.st_size}\t{int(st.st_mtime)}".encode())
+        h.update(f"\n{name}\t{st.st_size}\t{int(st.st_mtime)}".encode())
     return h.hexdigest()[:20]
 
 
-def build_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: int, mode: str = "memory",
+def build_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int, mode: str = "memory",
                 cache_dir: str | os.PathLike | None = None, skip_corrupt: bool = False,
                 high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> ImageStore:
     """Decode (or reuse) the images of ``paths`` at ``size`` px.
@@ -93,7 +93,7 @@ def build_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: i
 
     Args:
         dataset: dataset name (part of the disk-cache key and file name).
-        keys: relative file names ("<class>/<file>"), parallel to ``paths``; part of the key.
+        names: relative file names ("<class>/<file>"), parallel to ``paths``; part of the key.
         paths: absolute file paths.
         size: working size in pixels.
         mode: "memory" | "disk" | "none".
@@ -109,7 +109,7 @@ def build_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: i
         raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
     check_high_bit_depth(high_bit_depth)
     if mode == "disk":
-        return _disk_store(dataset, keys, paths, size, cache_dir, skip_corrupt, high_bit_depth)
+        return _disk_store(dataset, names, paths, size, cache_dir, skip_corrupt, high_bit_depth)
     if mode == "memory":
         return _memory_store(paths, size, skip_corrupt, high_bit_depth)
     return _uncached_store(paths, size, skip_corrupt, high_bit_depth)
@@ -153,13 +153,13 @@ def _rescaled_rows(paths: Sequence[str], report: DecodeReport) -> dict[int, str]
     return {i: report.rescaled[p] for i, p in enumerate(paths) if p in report.rescaled}
 
 
-def _disk_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: int,
+def _disk_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
                 cache_dir: str | os.PathLike | None, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
     """Mode "disk": reuse or write ``<cache_dir>/<dataset>_<size>px_n<N>_<key>.npy`` (see the module docstring)."""
     n = len(paths)
     folder, setting = _cache_folder(cache_dir)
-    npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, keys, paths, high_bit_depth)}.npy"
-    reused = _reuse(npy, keys, (n, size, size, 3))
+    npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, names, paths, high_bit_depth)}.npy"
+    reused = _reuse(npy, names, (n, size, size, 3))
     if reused is not None:
         array, meta = reused
         corrupt = {int(i): f"recorded as undecodable when the disk cache '{npy}' was written"
@@ -169,7 +169,7 @@ def _disk_store(dataset: str, keys: Sequence[str], paths: Sequence[str], size: i
         return ImageStore(paths, size, "disk", array, npy, corrupt=sorted(corrupt), decoded=0,
                           high_bit_depth=high_bit_depth,
                           rescaled={int(i): src for i, src in meta.get("rescaled", [])})
-    corrupt, rescaled = _write_cache(npy, setting, dataset, keys, paths, size, high_bit_depth)
+    corrupt, rescaled = _write_cache(npy, setting, dataset, names, paths, size, high_bit_depth)
     _raise_unless_skipped(paths, corrupt, skip_corrupt)  # the cache is kept: a rerun that skips them reuses it
     return ImageStore(paths, size, "disk", np.load(npy, mmap_mode="r"), npy, corrupt=sorted(corrupt), decoded=n,
                       high_bit_depth=high_bit_depth, rescaled=rescaled)
@@ -207,7 +207,7 @@ def _checksum(array: np.ndarray) -> str:
     return f"crc32:{crc:08x}"
 
 
-def _reuse(npy: Path, keys: Sequence[str], shape: tuple[int, ...]) -> tuple[np.ndarray, dict] | None:
+def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...]) -> tuple[np.ndarray, dict] | None:
     """The cached array and its sidecar when both exist, match the file list and pass the checksum."""
     meta_path = npy.with_suffix(".json")
     if not (npy.exists() and meta_path.exists()):
@@ -218,7 +218,7 @@ def _reuse(npy: Path, keys: Sequence[str], shape: tuple[int, ...]) -> tuple[np.n
     except (OSError, ValueError) as exc:
         log.warning("disk cache %s is unreadable (%s); rebuilding", npy, exc)
         return None
-    if array.shape != shape or meta.get("keys") != list(keys):
+    if array.shape != shape or meta.get("names") != list(names):
         log.warning("disk cache %s does not match the file list; rebuilding", npy)
         return None
     if meta.get("checksum") != _checksum(array):
@@ -227,7 +227,7 @@ def _reuse(npy: Path, keys: Sequence[str], shape: tuple[int, ...]) -> tuple[np.n
     return array, meta
 
 
-def _write_cache(npy: Path, setting: str, dataset: str, keys: Sequence[str], paths: Sequence[str], size: int,
+def _write_cache(npy: Path, setting: str, dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
                  high_bit_depth: str) -> tuple[dict[int, str], dict[int, str]]:
     """Decode every image into ``npy``, then write its sidecar (the completion marker).
 
@@ -237,7 +237,7 @@ def _write_cache(npy: Path, setting: str, dataset: str, keys: Sequence[str], pat
     corrupt, digest = _decode_to_file(npy, setting, paths, size, high_bit_depth, report)
     rescaled = _rescaled_rows(paths, report)
     meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, "high_bit_depth": high_bit_depth,
-            "keys": list(keys), "corrupt": sorted(corrupt), "rescaled": sorted(rescaled.items()),
+            "names": list(names), "corrupt": sorted(corrupt), "rescaled": sorted(rescaled.items()),
             "checksum": digest, "created": time.time()}
     with atomic_write(npy.with_suffix(".json"), "w") as handle:
         handle.write(json.dumps(meta))

@@ -107,7 +107,7 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     scan = scan_dataset(spec, _root(spec, root), check_counts=check_counts)
     # split before the (long) decode so a class without a test image is refused at once
     split, rows = _checked_split(scan, [], train_ratio, val_ratio, seed, split_file)
-    store = build_store(spec.name, scan.keys, scan.paths, image_size, cache, cache_dir, skip_corrupt, high_bit_depth)
+    store = build_store(spec.name, scan.names, scan.paths, image_size, cache, cache_dir, skip_corrupt, high_bit_depth)
     skipped = _report_decoding(scan, store)
     if skipped:  # skipping undecodable files can only remove images: draw the split again and recheck it
         split, rows = _checked_split(scan, skipped, train_ratio, val_ratio, seed, split_file)
@@ -137,7 +137,7 @@ def _report_decoding(scan: ScanResult, store: ImageStore) -> list[str]:
         warnings.warn(f"{spec.name} under '{scan.class_root}': "
                       + describe_rescaled(store.rescaled.values(), len(store), store.high_bit_depth),
                       HighBitDepthWarning, stacklevel=3)
-    skipped = [scan.keys[i] for i in store.corrupt]
+    skipped = [scan.names[i] for i in store.corrupt]
     if skipped:
         warnings.warn(
             f"skipped {len(skipped)} undecodable image(s) of {spec.name} under '{scan.class_root}': "
@@ -157,7 +157,7 @@ def _views(scan: ScanResult, store: ImageStore, rows: SplitRows, image_size: int
     spec = scan.spec
 
     def view(part: str, part_rows: np.ndarray, transform: Any) -> SceneDataset:
-        return SceneDataset(store, part_rows, scan.labels[part_rows], [scan.keys[r] for r in part_rows],
+        return SceneDataset(store, part_rows, scan.labels[part_rows], [scan.names[r] for r in part_rows],
                             spec.classes, transform, f"{spec.name}/{part}")
 
     train = view("train", rows.train, train_transform(image_size, mean, std, **augmentation))
@@ -173,12 +173,12 @@ def _checked_split(scan: ScanResult, skipped: list[str], train_ratio: float, val
     spec, drop = scan.spec, set(skipped)
     if split_file is not None:
         split = Split.load(split_file).restricted(drop)
-        rows = split.indices(scan.keys, spec.classes, str(scan.class_root))
+        rows = split.indices(scan.names, spec.classes, str(scan.class_root))
     else:
-        keep = [i for i, k in enumerate(scan.keys) if k not in drop]
-        split = stratified_split([scan.keys[i] for i in keep], scan.labels[keep], train_ratio, seed,
+        keep = [i for i, k in enumerate(scan.names) if k not in drop]
+        split = stratified_split([scan.names[i] for i in keep], scan.labels[keep], train_ratio, seed,
                                  spec.classes, spec.name, val_ratio)
-        rows = split.indices(scan.keys)
+        rows = split.indices(scan.names)
     _require_train_and_test(scan, rows, split.val_ratio, len(skipped), split_file)
     return split, rows
 

@@ -114,18 +114,18 @@ class ScanResult:
     Attributes:
         spec: the dataset's spec.
         class_root: the folder holding the class folders.
-        keys: relative file names "<class>/<file>", grouped by class in class order.
+        names: relative file names "<class>/<file>", grouped by class in class order.
         labels: class index of every file.
     """
 
     spec: DatasetSpec
     class_root: Path
-    keys: list[str]
+    names: list[str]
     labels: np.ndarray
 
     @property
     def paths(self) -> list[str]:
-        return [str(self.class_root / k) for k in self.keys]
+        return [str(self.class_root / k) for k in self.names]
 
     def counts(self) -> dict[str, int]:
         n = np.bincount(self.labels, minlength=self.spec.num_classes)
@@ -142,7 +142,7 @@ def scan_dataset(spec: DatasetSpec | str, root: str | os.PathLike, check_counts:
     spec = get_spec(spec, root)
     class_root = find_class_root(spec, root)
     dirs = {p.name: p for p in _subdirs(class_root)}
-    keys: list[str] = []
+    names: list[str] = []
     labels: list[int] = []
     empty: list[str] = []
     for label, c in enumerate(spec.classes):
@@ -151,10 +151,10 @@ def scan_dataset(spec: DatasetSpec | str, root: str | os.PathLike, check_counts:
         files = sorted((f.name for f in dirs[c].iterdir() if is_image_file(f)), key=_natural_key)
         if not files:
             empty.append(c)
-        keys += [f"{c}/{f}" for f in files]
+        names += [f"{c}/{f}" for f in files]
         labels += [label] * len(files)
     _check_class_folders(spec, class_root, set(dirs), empty)
-    result = ScanResult(spec, class_root, keys, np.asarray(labels, np.int64))
+    result = ScanResult(spec, class_root, names, np.asarray(labels, np.int64))
     if check_counts:
         _warn_unexpected_counts(result)
     return result
@@ -188,7 +188,7 @@ def _warn_unexpected_counts(scan: ScanResult) -> None:
         sample = ", ".join(f"{c}: {n} (expected {e})" for c, (n, e) in list(off.items())[:5])
         warnings.warn(
             f"{spec.title} at '{scan.class_root}': {len(off)} of {spec.num_classes} classes hold a different "
-            f"number of images than the official archive ({len(scan.keys)} images, expected "
+            f"number of images than the official archive ({len(scan.names)} images, expected "
             f"{spec.num_images}): {sample}{' ...' if len(off) > 5 else ''}",
             DatasetCountWarning,
             stacklevel=3,

@@ -22,21 +22,21 @@ class SceneDataset(Dataset):
     image (resized, not augmented); ``ds.get_batch(indices)`` transforms and stacks a batch.
 
     Attributes:
-        files: absolute file paths of this split, in index order.
-        keys: relative file names "<class>/<file>" (as in the saved split).
+        paths: absolute file paths of this split, in index order.
+        names: relative file names "<class>/<file>" (as in the saved split).
         labels: int64 labels.
         class_names: class order.
         transform: the albumentations pipeline applied per image (None: the stored pixels scaled to [0, 1]).
         store: the shared store (``store.array`` is the one (N, S, S, 3) uint8 array).
     """
 
-    def __init__(self, store: ImageStore, rows: np.ndarray, labels: np.ndarray, keys: Sequence[str],
+    def __init__(self, store: ImageStore, rows: np.ndarray, labels: np.ndarray, names: Sequence[str],
                  class_names: Sequence[str], transform: Callable | None, name: str = "") -> None:
         self.store = store
         self.rows = np.asarray(rows, np.int64)
         self.labels = np.asarray(labels, np.int64)
-        self.keys = list(keys)
-        self.files = [store.paths[r] for r in self.rows]
+        self.names = list(names)
+        self.paths = [store.paths[r] for r in self.rows]
         self.class_names = list(class_names)
         self.transform = transform
         self.name = name

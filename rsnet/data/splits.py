@@ -101,8 +101,8 @@ class Split:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"split file '{path}' is not a valid rsnet split: {exc}") from exc
 
-    def indices(self, keys: Sequence[str], class_names: Sequence[str] | None = None, root: str = "") -> SplitRows:
-        """Positions of the train, val and test files in ``keys`` (the dataset's file list).
+    def indices(self, names: Sequence[str], class_names: Sequence[str] | None = None, root: str = "") -> SplitRows:
+        """Positions of the train, val and test files in ``names`` (the dataset's file list).
 
         Raises:
             SplitMismatchError: the split names classes or files the dataset does not have.
@@ -112,7 +112,7 @@ class Split:
                 f"split of '{self.dataset}' has classes {self.class_names[:5]}... which differ from the "
                 f"dataset's {list(class_names)[:5]}..."
             )
-        pos = {k: i for i, k in enumerate(keys)}
+        pos = {k: i for i, k in enumerate(names)}
         missing = [f for f in (*self.train, *self.val, *self.test) if f not in pos]
         if missing:
             where = f" under '{root}'" if root else ""
@@ -138,7 +138,7 @@ def _part_size(ratio: float, n: int) -> int:
 
 
 def stratified_split(
-    keys: Sequence[str],
+    names: Sequence[str],
     labels: Sequence[int] | np.ndarray,
     train_ratio: float,
     seed: int,
@@ -152,7 +152,7 @@ def stratified_split(
 
     The validation draw has its own generator, so the test part of a seed does not depend on
     ``val_ratio`` and train ∪ val is the train part drawn with ``val_ratio=0``. Deterministic in
-    (file set, ratios, seed), independent of the order of ``keys``.
+    (file set, ratios, seed), independent of the order of ``names``.
     """
     ratio = check_train_ratio(train_ratio)
     val_ratio = check_val_ratio(val_ratio)
@@ -163,7 +163,7 @@ def stratified_split(
     val: list[str] = []
     test: list[str] = []
     by_class: dict[int, list[str]] = {c: [] for c in range(len(class_names))}
-    for k, lab in zip(keys, labels.tolist()):
+    for k, lab in zip(names, labels.tolist()):
         by_class[int(lab)].append(k)
     for c in range(len(class_names)):
         files = sorted(by_class[c])
