@@ -1,4 +1,5 @@
-"""Shared fixtures: fake archives in the real dataset layouts and the bundled/real sample data.
+"""Shared fixtures: fake archives in the real dataset layouts, the bundled/real sample data and a small training
+checkpoint.
 
 The plain helpers and test doubles they use live in helpers.py (``from helpers import ...``).
 """
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from helpers import MINI_ROOT, TIF_SAMPLE_ROOT, make_fake_archive
+from helpers import MINI_ROOT, TIF_SAMPLE_ROOT, make_fake_archive, write_checkpoint
 
 
 @pytest.fixture
@@ -40,3 +41,9 @@ def tif_sample_root() -> Path:
     assert TIF_SAMPLE_ROOT.is_dir(), (f"{TIF_SAMPLE_ROOT} is missing: it is tracked in git, restore it "
                                       "(git checkout -- tests/fixtures)")
     return TIF_SAMPLE_ROOT
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training checkpoint of a seeded esd_mbenet on test_resnet (``helpers.write_checkpoint``), one per module."""
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")

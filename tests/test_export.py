@@ -23,11 +23,6 @@ from rsnet.trained_model import ExportError, load_exported, save_checkpoint
 from rsnet.models import build_model
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
-
-
 def torch_jit_notices() -> set[str]:
     """The deprecation notices this torch itself emits for tracing and saving TorchScript (none on older torch)."""
     with warnings.catch_warnings(record=True) as caught:

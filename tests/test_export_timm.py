@@ -10,15 +10,10 @@ import pytest
 import timm
 import torch
 from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_from_rsnet, export_recording,
-                     full_logits, load_export_script, write_checkpoint)
+                     full_logits, load_export_script)
 
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.trained_model import ExportError, load_exported, load_model
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
 
 
 @pytest.fixture(scope="module")

@@ -361,7 +361,7 @@ def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
 
 def _offline_context() -> WorkerContext:
     """Rank 0 of two CPU workers, without a process group: enough to build a strategy offline."""
-    return WorkerContext(rank=0, world_size=2, device=torch.device("cpu"), store=None, group=None, is_primary=True)
+    return WorkerContext(rank=0, world_size=2, device=torch.device("cpu"), store=None, is_primary=True)
 
 
 def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:

@@ -24,7 +24,7 @@ SEED = 3
 
 
 def _context(rank: int, world: int, store: DictStore) -> WorkerContext:
-    return WorkerContext(rank=rank, world_size=world, device=torch.device("cpu"), store=store, group=None,
+    return WorkerContext(rank=rank, world_size=world, device=torch.device("cpu"), store=store,
                          is_primary=rank == 0, devices=["cpu"] * world)
 
 

@@ -75,7 +75,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None, group=None,
+def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None,
                      comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES) -> MergeResult:
     """Replace ``module``'s parameters and buffers by the weighted average over all workers, in place.
 
@@ -84,7 +84,6 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
         weight: w_i (e.g. n_i, the samples this worker processed in the interval); p_i = w_i / Σ_j w_j.
         meta: optional float vector summed across workers alongside Σ w (e.g. per-worker speeds in their
             own slots); returned all-reduced in ``MergeResult.meta``.
-        group: the process group (None: default).
         comm_device: where the all-reduces run (CPU for gloo, the GPU for NCCL); default: the tensors' device.
 
     If Σ_j w_j = 0 the replicas are averaged uniformly.
@@ -94,10 +93,10 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
     params_device = floating[0].device if floating else torch.device("cpu")
     comm = torch.device(comm_device) if comm_device is not None else params_device
     extra = meta.detach().to(torch.float64).flatten() if meta is not None else torch.zeros(0, dtype=torch.float64)
-    header = pack_header(float(weight), extra, integer, dist.get_rank(group) == 0, comm)
+    header = pack_header(float(weight), extra, integer, dist.get_rank() == 0, comm)
     _synchronize(params_device)
     wait_started = time.perf_counter()
-    dist.all_reduce(header, group=group)
+    dist.all_reduce(header)
     idle = time.perf_counter() - wait_started
     header = header.cpu()
     total, count = float(header[0]), float(header[1])
@@ -113,7 +112,7 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
         for bucket in _buckets(floating, bucket_bytes):
             flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
             flat.mul_(scale)
-            dist.all_reduce(flat, group=group)
+            dist.all_reduce(flat)
             flat = flat.to(params_device)
             position = 0
             for tensor in bucket:
@@ -124,10 +123,10 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
     return MergeResult(meta=reduced_meta, total_weight=total, idle_s=idle, merge_s=time.perf_counter() - started)
 
 
-def average_buffers(buffers: Iterable[torch.Tensor], group=None, comm_device: torch.device | str | None = None) -> None:
+def average_buffers(buffers: Iterable[torch.Tensor], comm_device: torch.device | str | None = None) -> None:
     """Uniform average of floating buffers (BatchNorm statistics); integer buffers take rank 0's value."""
     holder = nn.Module()
     for index, buffer in enumerate(buffers):
         holder.register_buffer(f"b{index}", buffer, persistent=False)
     if len(list(holder.buffers())):
-        normalized_merge(holder, 1.0, group=group, comm_device=comm_device)
+        normalized_merge(holder, 1.0, comm_device=comm_device)

@@ -30,16 +30,15 @@ class LaunchSettings:
 class WorkerContext:
     """What a worker knows about its place in the run.
 
-    ``store`` is the c10d store every worker shares (the adaptive scheduler claims batches through it);
-    ``group`` the process group (None means the default group); ``slowdowns`` every worker's simulated
-    slowdown factor by rank (empty: none), checked and logged by :func:`rsnet.parallel.launch`.
+    ``store`` is the c10d store every worker shares (the adaptive scheduler claims batches through it); the
+    collectives use the default process group. ``slowdowns``: every worker's simulated slowdown factor by rank
+    (empty: none), checked and logged by :func:`rsnet.parallel.launch`.
     """
 
     rank: int
     world_size: int
     device: torch.device
     store: Any
-    group: Any
     is_primary: bool
     backend: str = "gloo"
     devices: list[str] = field(default_factory=list)
@@ -73,7 +72,7 @@ def join_group(settings: LaunchSettings, store: Any, rank: int, world: int, loca
         options["device_id"] = device
     dist.init_process_group(settings.backend, store=dist.PrefixStore("rsnet_pg", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=settings.timeout_s), **options)
-    ctx = WorkerContext(rank=rank, world_size=world, device=device, store=store, group=None, is_primary=rank == 0,
+    ctx = WorkerContext(rank=rank, world_size=world, device=device, store=store, is_primary=rank == 0,
                         backend=settings.backend, devices=list(settings.devices), slowdowns=list(settings.slowdowns))
     if ctx.slowdown != 1.0:
         log.warning("worker %d (%s): SIMULATED slowdown x%.2f (sleeps after every step)", rank, device,

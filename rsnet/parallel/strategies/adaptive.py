@@ -110,8 +110,7 @@ class AdaptiveStrategy(Strategy):
         k = len(_META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in _META_FIELDS], dtype=torch.float64)
-        result = normalized_merge(self.model, float(self._updates), meta=meta, group=self.ctx.group,
-                                  comm_device=self.ctx.comm_device)
+        result = normalized_merge(self.model, float(self._updates), meta=meta, comm_device=self.ctx.comm_device)
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(_META_FIELDS, columns)}
         self.adapt(table)

@@ -179,7 +179,7 @@ class StaticStrategy(Strategy):
         mine = {"n": self._n, "updates": self._updates, "compute": busy, "s": self._n / busy if busy > 0 else 0.0,
                 "b": self._static_batch(), **(extra or {})}
         everyone: list[Any] = [None] * self.world
-        dist.all_gather_object(everyone, mine, group=self.ctx.group)
+        dist.all_gather_object(everyone, mine)
         total = sum(r["n"] for r in everyone) or 1
         row: dict[str, float] = {"epoch": epoch, "interval": epoch + 1}
         for rank, r in enumerate(everyone):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from rsnet.parallel.merge import average_buffers, normalized_merge
@@ -42,10 +43,10 @@ class LocalSGDStrategy(StaticStrategy):
         super().end_interval(compute_seconds)
         started = time.perf_counter()
         if self.use_torch_averager:
-            average_parameters(iter([p for p in self.model.parameters() if p.requires_grad]), self.ctx.group)
-            average_buffers(self.model.buffers(), group=self.ctx.group, comm_device=self.ctx.comm_device)
+            average_parameters(iter([p for p in self.model.parameters() if p.requires_grad]), dist.group.WORLD)
+            average_buffers(self.model.buffers(), comm_device=self.ctx.comm_device)
         else:
-            normalized_merge(self.model, 1.0, group=self.ctx.group, comm_device=self.ctx.comm_device)
+            normalized_merge(self.model, 1.0, comm_device=self.ctx.comm_device)
         self._merge_s += time.perf_counter() - started
         self._averages += 1
 

@@ -31,10 +31,10 @@ class SyncStrategy(StaticStrategy):
         if staged:
             for tensor in self.model.state_dict().values():  # DDP's own init broadcast, through host memory
                 host = tensor.detach().cpu()
-                dist.broadcast(host, src=0, group=ctx.group)
+                dist.broadcast(host, src=0)
                 tensor.copy_(host.to(tensor.device))
         # From here on the loop trains the model through its DDP wrapper (same parameters and buffers).
-        self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids, process_group=ctx.group,
+        self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
                                                          init_sync=not staged, broadcast_buffers=not staged)
         # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
         # last bucket is handed to the backend and when the last reduction completes: the time in between is
@@ -60,7 +60,7 @@ class SyncStrategy(StaticStrategy):
         comm = self.ctx.comm_device
         for buffer in self.model.buffers():
             staged = buffer.detach().to(comm)
-            dist.broadcast(staged, src=0, group=self.ctx.group)
+            dist.broadcast(staged, src=0)
             with torch.no_grad():
                 buffer.copy_(staged.to(buffer.device))
         self._gather_epoch_row(self.epoch)
@@ -92,7 +92,7 @@ def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, an
     staged = tensor.detach().cpu() if timer.staged else tensor
     staged.div_(ctx.world_size)
     timer.last_launch = time.perf_counter()
-    work = dist.all_reduce(staged, group=ctx.group, async_op=True)
+    work = dist.all_reduce(staged, async_op=True)
 
     def done(future: torch.futures.Future) -> torch.Tensor:
         if timer.staged:
