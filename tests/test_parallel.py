@@ -429,8 +429,10 @@ def test_a_stopped_worker_is_named_not_the_healthy_one_that_timed_out() -> None:
 def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         launch(_crash_worker, [], "raise")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"trainer.slowdown=\[0.5, 1.0\]: every factor must be a number >= 1.0"):
         launch(_crash_worker, ["cpu", "cpu"], "raise", slowdown=[0.5, 1.0])
+    with pytest.raises(ValueError, match=r"has 1 factor\(s\) for 2 worker\(s\)"):
+        launch(_crash_worker, ["cpu", "cpu"], "raise", slowdown=[2.0])
 
 
 def test_launch_options_and_summary_text() -> None:

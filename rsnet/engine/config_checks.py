@@ -97,16 +97,12 @@ def check_setting_types(config: dict[str, Any]) -> None:
 
 def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
     """One simulated-slowdown factor (>= 1) per worker, and a positive timeout."""
-    slowdown = trainer["slowdown"]
-    if slowdown is not None:
-        factors = list(slowdown) if isinstance(slowdown, (list, tuple)) else [slowdown]
-        if len(factors) != num_workers:
-            raise ConfigError(f"trainer.slowdown={factors} has {len(factors)} factor(s) for {num_workers} worker(s) "
-                              f"(trainer.devices={trainer['devices']}): give one factor per worker, e.g. "
-                              f"[{', '.join(['1.0'] * num_workers)}]")
-        if any(not isinstance(f, (int, float)) or f < 1.0 for f in factors):
-            raise ConfigError(f"trainer.slowdown={factors}: every factor must be a number >= 1.0 "
-                              "(1.0 = full speed, 2.0 = twice as slow)")
+    from rsnet.parallel.launcher import check_slowdown
+
+    try:
+        check_slowdown(trainer["slowdown"], num_workers)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
     timeout = trainer["timeout_s"]
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"trainer.timeout_s={timeout!r}: must be a positive number of seconds (e.g. 600)")

@@ -4,8 +4,7 @@ See docs/scheduler.md for the algorithm, the configs and the torchrun command fo
 """
 
 from rsnet.parallel.batching import next_batch_sizes
-from rsnet.parallel.config import launch_options
-from rsnet.parallel.launcher import WorkerContext, WorkerError, choose_backend, launch
+from rsnet.parallel.launcher import WorkerContext, WorkerError, choose_backend, launch, launch_options
 from rsnet.parallel.merge import normalized_merge
 from rsnet.parallel.strategies import (
     STRATEGIES,

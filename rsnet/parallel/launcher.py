@@ -2,13 +2,13 @@
 
 Three ways in, one worker function:
 
-* one device (:mod:`~rsnet.parallel.worker`): the worker runs in this process, in a world of size 1 (the
+* one device: the worker runs in this process, in a world of size 1 (the
   same code path as many workers);
 * several devices on this machine (:mod:`~rsnet.parallel.spawn`): one spawned process per device; this
   process hosts the c10d ``TCPStore`` on a free port of 127.0.0.1 and watches the children: when one dies,
   raises or stops giving its heartbeat (stopped, hung), the others are terminated and :class:`WorkerError`
   names the worker (rank and device). The children ignore Ctrl-C: this process gets it and stops them;
-* started by ``torchrun`` (:mod:`~rsnet.parallel.torchrun`; ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the
+* started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the
   environment): this process *is* the worker; it takes ``devices[LOCAL_RANK]`` and joins the group through
   the c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``.
 
@@ -19,16 +19,20 @@ the survivors hang.
 
 from __future__ import annotations
 
+import datetime
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rsnet.parallel.spawn import spawn_local
-from rsnet.parallel.torchrun import run_torchrun_worker, started_by_torchrun
-from rsnet.parallel.watch import WorkerError
-from rsnet.parallel.worker import LaunchSettings, WorkerContext, run_in_process
+import torch
+import torch.distributed as dist
 
-__all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "choose_backend", "launch", "started_by_torchrun"]
+from rsnet.parallel.spawn import spawn_local
+from rsnet.parallel.watch import WorkerError
+from rsnet.parallel.worker import LaunchSettings, WorkerContext, destroy_group, join_group, setup_device
+
+__all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "check_slowdown", "choose_backend", "launch",
+           "launch_options", "started_by_torchrun"]
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -49,6 +53,27 @@ def _available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def launch_options(trainer_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`launch` that come from the trainer config (conf/_base/launcher.yaml)."""
+    backend = trainer_cfg["backend"]
+    return {"timeout_s": float(trainer_cfg["timeout_s"]), "slowdown": trainer_cfg["slowdown"],
+            "backend": backend if backend != "auto" else None, "cpu_threads": trainer_cfg["cpu_threads"]}
+
+
+def check_slowdown(slowdown: Sequence[float] | None, num_workers: int) -> list[float]:
+    """The simulated slowdown factors (``trainer.slowdown``): none, or one number >= 1 per worker."""
+    if slowdown is None:
+        return []
+    factors = list(slowdown) if isinstance(slowdown, (list, tuple)) else [slowdown]
+    if len(factors) != num_workers:
+        raise ValueError(f"trainer.slowdown={factors} has {len(factors)} factor(s) for {num_workers} worker(s): give "
+                         f"one factor per worker, e.g. [{', '.join(['1.0'] * num_workers)}]")
+    if any(not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1.0 for f in factors):
+        raise ValueError(f"trainer.slowdown={factors}: every factor must be a number >= 1.0 "
+                         "(1.0 = full speed, 2.0 = twice as slow)")
+    return [float(f) for f in factors]
 
 
 def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -74,10 +99,9 @@ def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, ti
     devices = [str(d) for d in devices]
     if not devices:
         raise ValueError("launch needs at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
-    slowdowns = [float(s) for s in (slowdown or [])]
-    if any(s < 1.0 for s in slowdowns):
-        raise ValueError(f"slowdown factors must be >= 1.0, got {slowdowns}")
-    if started_by_torchrun():
+    torchrun = started_by_torchrun()
+    slowdowns = check_slowdown(slowdown, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
+    if torchrun:
         backend = backend or os.environ.get("RSNET_BACKEND")
         run = run_torchrun_worker
     else:
@@ -85,3 +109,73 @@ def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, ti
     settings = LaunchSettings(devices=devices, backend=backend or choose_backend(devices), timeout_s=timeout_s,
                               slowdowns=slowdowns, cpu_threads=cpu_threads or _cpu_threads_for(devices))
     return run(worker_fn, args, kwargs, settings)
+
+
+def run_in_process(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                   settings: LaunchSettings) -> Any:
+    """The one-device path: ``worker_fn`` runs in this process, in a world of size 1 with its own store."""
+    device = torch.device(settings.devices[0])
+    previous_threads = torch.get_num_threads()
+    setup_device(device, settings.cpu_threads)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=settings.timeout_s),
+                          wait_for_workers=False)
+    if dist.is_initialized():
+        raise RuntimeError("launch: a default process group already exists in this process")
+    ctx = join_group(settings, store, 0, 1, 0)
+    try:
+        return worker_fn(ctx, *args, **kwargs)
+    finally:
+        destroy_group()
+        if device.type == "cpu":
+            torch.set_num_threads(previous_threads)
+
+
+def started_by_torchrun() -> bool:
+    """True when RANK, WORLD_SIZE and LOCAL_RANK are set (torchrun / torch.distributed.run)."""
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                        settings: LaunchSettings) -> Any:
+    """Run ``worker_fn`` as global rank ``RANK`` on ``settings.devices[LOCAL_RANK]``."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if local_rank >= len(settings.devices):
+        raise ValueError(f"LOCAL_RANK {local_rank} has no device: trainer.devices={settings.devices} lists this "
+                         f"node's devices, one per process (torchrun --nproc-per-node={len(settings.devices)})")
+    setup_device(torch.device(settings.devices[local_rank]), settings.cpu_threads)
+    store = _rendezvous_store(rank, world, settings.timeout_s)
+    ctx = join_group(settings, store, rank, world, local_rank)
+    try:
+        return worker_fn(ctx, *args, **kwargs)
+    finally:
+        destroy_group()
+
+
+def _rendezvous_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, keyed by run id and restart.
+
+    torchrun's agent hosts a TCPStore there when ``TORCHELASTIC_USE_AGENT_STORE=True``; otherwise
+    (RANK, WORLD_SIZE, MASTER_* set by hand or by SLURM) rank 0 hosts it. The prefix keeps the keys of
+    a restarted attempt apart from those the failed attempt left behind.
+    """
+    host, port = _master_endpoint()
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world, is_master=not agent_hosts and rank == 0,
+                          timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=not agent_hosts)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"rsnet/{run_id}/{restart}", store)
+
+
+def _master_endpoint() -> tuple[str, int]:
+    """``MASTER_ADDR`` and ``MASTER_PORT``, which torchrun (or whoever set RANK and WORLD_SIZE) must set."""
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(key)]
+    if missing:
+        raise ValueError(f"RANK, WORLD_SIZE and LOCAL_RANK are set (a torchrun-style start), but there is no "
+                         f"{' or '.join(missing)} in the environment: set MASTER_ADDR and MASTER_PORT to rank 0's "
+                         f"address and a free port (torchrun sets them)")
+    port = os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 2**16:
+        raise ValueError(f"MASTER_PORT={port!r} is not a port number (1..65535)")
+    return os.environ["MASTER_ADDR"], int(port)

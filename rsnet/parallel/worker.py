@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,22 +86,3 @@ def destroy_group() -> None:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - cleanup must not mask the real error
             pass
-
-
-def run_in_process(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-                   settings: LaunchSettings) -> Any:
-    """The one-device path: ``worker_fn`` runs in this process, in a world of size 1 with its own store."""
-    device = torch.device(settings.devices[0])
-    previous_threads = torch.get_num_threads()
-    setup_device(device, settings.cpu_threads)
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=settings.timeout_s),
-                          wait_for_workers=False)
-    if dist.is_initialized():
-        raise RuntimeError("launch: a default process group already exists in this process")
-    ctx = join_group(settings, store, 0, 1, 0)
-    try:
-        return worker_fn(ctx, *args, **kwargs)
-    finally:
-        destroy_group()
-        if device.type == "cpu":
-            torch.set_num_threads(previous_threads)
