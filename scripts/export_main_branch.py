@@ -3,7 +3,7 @@
 The same as the ``rsnet-export`` command (the code, and every option, is in rsnet/commands/export.py).
 """
 
-from rsnet.commands.export import run
+from rsnet.commands.export import main
 
 if __name__ == "__main__":
-    run()
+    main()

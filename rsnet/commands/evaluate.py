@@ -121,10 +121,5 @@ def main(cfg: DictConfig) -> None:
         write_outputs(out, metrics, class_names)
 
 
-def run() -> None:
-    """The ``rsnet-evaluate`` command (and scripts/evaluate.py)."""
-    main()
-
-
 if __name__ == "__main__":
-    run()
+    main()

@@ -43,10 +43,5 @@ def main(cfg: DictConfig) -> None:
             print(f"max abs logit difference vs the full model's {meta['head']} logits: {result.max_abs_diff:.3g}")
 
 
-def run() -> None:
-    """The ``rsnet-export`` command (and scripts/export_main_branch.py)."""
-    main()
-
-
 if __name__ == "__main__":
-    run()
+    main()

@@ -89,50 +89,24 @@ AID_COUNTS = {
     "SparseResidential": 300, "Square": 330, "Stadium": 290, "StorageTanks": 360, "Viaduct": 420,
 }  # fmt: skip
 
-UCMERCED = _spec(
-    {c: 100 for c in UCM_CLASSES},
-    name="ucmerced",
-    title="UC Merced Land Use",
-    base_dir="UCMerced_LandUse",
-    images_subdir="Images",
-    file_pattern="<class>NN.tif",
-    url="http://weegee.vision.ucmerced.edu/datasets/UCMerced_LandUse.zip "
-    "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)",
-)
+UCMERCED = _spec({c: 100 for c in UCM_CLASSES}, name="ucmerced", title="UC Merced Land Use",
+                 base_dir="UCMerced_LandUse", images_subdir="Images", file_pattern="<class>NN.tif",
+                 url="http://weegee.vision.ucmerced.edu/datasets/UCMerced_LandUse.zip "
+                     "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)")
+NWPU_RESISC45 = _spec({c: 700 for c in NWPU_CLASSES}, name="nwpu_resisc45", title="NWPU-RESISC45",
+                      base_dir="NWPU-RESISC45", images_subdir="", file_pattern="<class>_NNN.jpg",
+                      url="https://gcheng-nwpu.github.io/#Datasets "
+                          "(official OneDrive/Baidu links to NWPU-RESISC45.rar)")
+AID = _spec(AID_COUNTS, name="aid", title="AID (Aerial Image Dataset)", base_dir="AID", images_subdir="",
+            file_pattern="<classname>_<n>.jpg",
+            url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)")
+UCMERCED_MINI = _spec({c: 20 for c in UCM_CLASSES}, name="ucmerced_mini",
+                      title="UC Merced Land Use (bundled mini sample)", base_dir="ucmerced-mini",
+                      images_subdir="Images", file_pattern="<class>NN.jpg",
+                      url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)")
 
-NWPU_RESISC45 = _spec(
-    {c: 700 for c in NWPU_CLASSES},
-    name="nwpu_resisc45",
-    title="NWPU-RESISC45",
-    base_dir="NWPU-RESISC45",
-    images_subdir="",
-    file_pattern="<class>_NNN.jpg",
-    url="https://gcheng-nwpu.github.io/#Datasets (official OneDrive/Baidu links to NWPU-RESISC45.rar)",
-)
-
-AID = _spec(
-    AID_COUNTS,
-    name="aid",
-    title="AID (Aerial Image Dataset)",
-    base_dir="AID",
-    images_subdir="",
-    file_pattern="<classname>_<n>.jpg",
-    url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)",
-)
-
-UCMERCED_MINI = _spec(
-    {c: 20 for c in UCM_CLASSES},
-    name="ucmerced_mini",
-    title="UC Merced Land Use (bundled mini sample)",
-    base_dir="ucmerced-mini",
-    images_subdir="Images",
-    file_pattern="<class>NN.jpg",
-    url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)",
-)
-
-DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(
-    {s.name: s for s in (UCMERCED, NWPU_RESISC45, AID, UCMERCED_MINI)}
-)
+DATASETS: Mapping[str, DatasetSpec] = MappingProxyType({s.name: s for s in (UCMERCED, NWPU_RESISC45, AID,
+                                                                              UCMERCED_MINI)})
 
 IMAGE_FOLDER = "image_folder"  # dataset.name of the user's own data: its spec is read from dataset.root
 _IMAGE_FOLDER_LAYOUT = "a folder with one sub-folder of images per class"
@@ -178,16 +152,9 @@ def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
         hint = f", and {loose} images directly in it (they are not read)" if loose else ""
         raise ValueError(f"dataset.root='{root}' holds {found}{hint}; dataset={IMAGE_FOLDER} needs "
                          f"{_IMAGE_FOLDER_LAYOUT}, at least 2 classes (extensions {', '.join(IMAGE_EXTENSIONS)})")
-    name = path.resolve().name
-    return _spec(
-        counts,
-        name=IMAGE_FOLDER,
-        title=f"image folder {path}",
-        base_dir=name,
-        images_subdir="",
-        file_pattern="<image file>",
-        url=f"none: dataset={IMAGE_FOLDER} is your own data ({_IMAGE_FOLDER_LAYOUT}), read from dataset.root",
-    )
+    return _spec(counts, name=IMAGE_FOLDER, title=f"image folder {path}", base_dir=path.resolve().name,
+                 images_subdir="", file_pattern="<image file>",
+                 url=f"none: dataset={IMAGE_FOLDER} is your own data ({_IMAGE_FOLDER_LAYOUT}), read from dataset.root")
 
 
 def get_spec(name: str | DatasetSpec, root: str | os.PathLike | None = None) -> DatasetSpec:

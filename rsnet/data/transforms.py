@@ -1,31 +1,12 @@
-"""albumentations pipelines for training (augmenting) and evaluation.
+"""albumentations pipelines for training (augmenting) and evaluation, and rsnet's own uint8 augmentations.
 
-Images reach the transforms as uint8 H×W×3 arrays already resized to the working size, so the eval
-``Resize`` is a no-op for cached data and only matters for images fed from elsewhere (prediction).
-
-Rule: rsnet's own transforms (:class:`RandomResizedCrop`, :class:`Dihedral`, :class:`ColorJitterAffine`)
-use only albumentations' public custom-transform API: they subclass ``A.ImageOnlyTransform``, draw
-their random parameters in ``get_params()`` with ``self.py_random`` (which ``A.Compose(seed=...)`` and
-``SceneDataset.set_seed`` seed, so runs are reproducible), apply them in ``apply(img, **params)`` with
-OpenCV/numpy, and list their constructor arguments in ``get_transform_init_args_names``. Nothing
-imports albumentations' internal modules (``albumentations.augmentations.*``, ``albumentations.core.*``)
-or overrides a built-in transform's methods. Why: albumentations 2.0.x is the last MIT-licensed release;
-keeping our augmentations independent of its internals means its ``Compose`` (and the stock
-``Normalize``/``Resize``/``ColorJitter``/``ToTensorV2``, all public API) could be replaced without
-touching the augmentations. ``tests/test_data_transforms.py`` checks the rule.
-
-Every augmenting step of the training pipeline works on uint8 with one OpenCV call:
-
-- :class:`RandomResizedCrop`: torchvision's crop draw (:func:`crop_box`), then one ``cv2.resize`` of
-  the crop view;
-- :class:`Dihedral`: one of the eight flips/rotations of the square (the elements of ``A.D4``), applied
-  with ``cv2.flip``/``cv2.rotate``/``cv2.transpose``, which write contiguous arrays (``np.rot90`` views
-  would be copied again into the batch);
-- :class:`ColorJitterAffine`: brightness, contrast and saturation jitter (same factor ranges and random
-  order as ``A.ColorJitter``/torchvision), composed into one 3×4 colour matrix and applied by a single
-  ``cv2.transform`` (``A.ColorJitter`` converts colour spaces per step);
-- ``Normalize`` + ``ToTensorV2`` at the end: :meth:`SceneDataset.get_batch` runs them once for the whole
-  batch (:mod:`rsnet.data.batch_transform`; per image only when indexing ``ds[i]``).
+:class:`RandomResizedCrop` (torchvision's draw, one ``cv2.resize``), :class:`Dihedral` (the 8 symmetries of
+``A.D4`` with OpenCV kernels) and :class:`ColorJitterAffine` (brightness/contrast/saturation as one colour matrix)
+use only albumentations' public custom-transform API: random parameters from ``self.py_random`` in
+``get_params()`` (seeded by ``A.Compose(seed=...)`` / ``SceneDataset.set_seed``), pixels in ``apply()``. Nothing
+imports albumentations' internals, so its ``Compose`` could be replaced without touching them (docs/data.md says
+why; tests/test_data_transforms.py checks the rule). ``Normalize`` + ``ToTensorV2`` run once per batch
+(:mod:`rsnet.data.batch_transform`).
 """
 
 from __future__ import annotations
