@@ -1,11 +1,12 @@
-"""Shared fixtures: fake archives in the real dataset layouts, the bundled/real sample data and a small training
-checkpoint.
+"""Shared fixtures: fake archives in the real dataset layouts, the bundled/real sample data, two scene images and a
+small training checkpoint.
 
 The plain helpers and test doubles they use live in helpers.py (``from helpers import ...``).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -47,3 +48,13 @@ def tif_sample_root() -> Path:
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A training checkpoint of a seeded esd_mbenet on test_resnet (``helpers.write_checkpoint``), one per module."""
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    """A folder with two bundled scene images: beach80.jpg and forest81.jpg."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
+        shutil.copy(MINI_ROOT / "Images" / name, folder)
+    return folder

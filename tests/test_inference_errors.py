@@ -52,15 +52,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.fixture
-def images(tmp_path: Path) -> Path:
-    folder = tmp_path / "images"
-    folder.mkdir()
-    for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
-        shutil.copy(REPO / "data" / "ucmerced-mini" / "Images" / name, folder)
-    return folder
-
-
 def script(name: str, *args: str, full_disk: bool = False) -> subprocess.CompletedProcess:
     """Run scripts/<name> from the repository root (with ``full_disk``: every fsync fails with ENOSPC)."""
     command = ["-c", FULL_DISK] if full_disk else []

@@ -161,15 +161,11 @@ def dir_contents(folder: Path) -> dict[str, bytes]:
             if path.is_file() and path.name != ".rsnet.lock"}
 
 
-def test_export_predict_and_evaluate(esd_run: Path, tmp_path: Path) -> None:
+def test_export_predict_and_evaluate(esd_run: Path, images: Path, tmp_path: Path) -> None:
     export_dir = tmp_path / "exported"
     result = run_script("export_main_branch.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}",
                         "format=torchscript", f"out={export_dir}")
     assert "max abs logit difference vs the full model's main logits: " in result.stdout
-    images = tmp_path / "images"
-    images.mkdir()
-    for name in ("beach/beach80.jpg", "forest/forest81.jpg"):
-        shutil.copy(REPO / "data" / "ucmerced-mini" / "Images" / name, images)
     predictions = tmp_path / "preds.csv"
     run_script("predict.py", f"checkpoint={export_dir}", f"images={images}", f"out={predictions}")
     rows = predictions.read_text().strip().splitlines()

@@ -1,22 +1,10 @@
 """Training strategies: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
-``sync`` (DistributedDataParallel) and ``local_sgd`` (periodic uniform averaging).
+``sync`` (DistributedDataParallel) and ``local_sgd`` (periodic uniform averaging), and their registry.
 
-Every strategy drives the same worker loop (rsnet/engine/trainer.py); every communication point is a
-call in that loop::
-
-    for epoch in ...:
-        for interval in range(strategy.start_epoch(epoch)):
-            for claim in strategy.claims(interval):      # store round trips at most, never a collective
-                lr = schedule(claim.position) * strategy.lr_scale(len(claim.indices))
-                loss = criterion(strategy.model(x[claim.indices]), y); loss.backward(); optimizer.step()
-                strategy.after_step(len(claim.indices), step_seconds)
-            strategy.end_interval(compute_seconds)      # adaptive: the merge; local_sgd: the average
-        strategy.end_epoch()                            # afterwards every replica is identical
-
-``claim.position`` is the run's one learning-rate clock (epochs since the start, at the batch's first
-sample in the epoch's shared order): every worker reads the same clock, whatever its share of the batches.
-All workers issue the same collectives in the same order: the adaptive strategy merges at every interval
-boundary on every worker (a worker that claimed nothing merges with weight 0).
+Every strategy drives the same worker loop (rsnet/engine/trainer.py; docs/scheduler.md, "The worker loop"): each
+communication point is a call in it (``start_epoch``, ``claims``, ``after_step``, ``end_interval``, ``end_epoch``),
+every worker issues the same collectives in the same order, and ``claim.position`` is the run's one
+learning-rate clock whatever a worker's share of the batches.
 """
 
 from __future__ import annotations
