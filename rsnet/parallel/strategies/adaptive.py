@@ -24,7 +24,7 @@ from rsnet.parallel.strategies.reports import format_row
 log = logging.getLogger(__name__)
 
 # Per-worker fields carried in the merge's meta vector, in this order.
-_META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max")
+META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max")
 
 
 class AdaptiveStrategy(Strategy):
@@ -107,18 +107,18 @@ class AdaptiveStrategy(Strategy):
             self.speed = measured if self.speed <= 0 else self.speed_ema * measured + (1 - self.speed_ema) * self.speed
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max}
-        k = len(_META_FIELDS)
+        k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
-        meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in _META_FIELDS], dtype=torch.float64)
+        meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
         result = normalized_merge(self.model, float(self._updates), meta=meta, comm_device=self.ctx.comm_device)
         columns = result.meta.view(self.world, k).T
-        table = {field: [float(v) for v in column] for field, column in zip(_META_FIELDS, columns)}
+        table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
         self.adapt(table)
         self._record(table, result)
         self._reset_counters()
 
     def adapt(self, table: Mapping[str, list[float]]) -> None:
-        """Next batch sizes from the merged per-worker table (fields of ``_META_FIELDS``, one value per worker);
+        """Next batch sizes from the merged per-worker table (fields of ``META_FIELDS``, one value per worker);
         every worker runs this on the same table and so computes the same sizes. The first
         ``warmup_intervals`` merges keep the sizes (restoring Σ b_i = B after an out-of-memory)."""
         used = [int(b) for b in table["b"]]
@@ -137,7 +137,7 @@ class AdaptiveStrategy(Strategy):
                                  "merge_time": result.merge_s, "idle": result.idle_s}
         total = result.total_weight or 1.0
         for rank in range(self.world):
-            for field in _META_FIELDS:
+            for field in META_FIELDS:
                 row[f"{field}/{rank}"] = table[field][rank]
             row[f"p/{rank}"] = table["updates"][rank] / total
             row[f"b_next/{rank}"] = float(self.sizes[rank])

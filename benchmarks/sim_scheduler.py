@@ -1,0 +1,347 @@
+"""Simulated scale: the adaptive scheduler against sync (DDP) and a static split, for 2 to 64 workers.
+
+Runs the discrete-event simulator of rsnet/parallel/sim.py (the scheduler's real claiming, tail rule, batch-size
+controller and interval plan, with cost models for steps, store round trips and all-reduces) and prints Markdown
+tables: per scenario samples/s of the three strategies, their ratio to sync, the idle fraction of the workers
+(mean / max), adaptive's update balance (fewest / most updates of a worker), the communication share of the wall
+time, and the merge interval M above which adaptive's merges cost < 5 % of it.
+
+    python benchmarks/sim_scheduler.py                   # every table (arithmetic: seconds)
+    python benchmarks/sim_scheduler.py --quick           # fewer worker counts, shorter runs
+    python benchmarks/sim_scheduler.py --validate        # simulated vs measured samples/s of the 2-CPU benchmark
+    python benchmarks/sim_scheduler.py --validate --real-epochs 3   # ... and vs real 2-worker runs made now
+    python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that sim.py keeps (< 1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rsnet.commands import conf_folder  # noqa: E402
+from rsnet.parallel import sim  # noqa: E402
+
+# docs/scheduler.md, "Measured" (run of 2026-11-22): 2 CPU workers, 1 thread each, baseline/test_resnet at 128 px,
+# batch 32, 8 epochs of the 210 training images of ucmerced-mini, M = 105; samples/s.
+MEASURED = {"[1, 2]": {"sync": 42.6, "adaptive": 62.9}, "[1, 1]": {"sync": 88.7, "adaptive": 83.5}}
+# Adaptive at [1, 2], fast / slow worker: the 3 seeds' totals (3360 / 1680 samples, 153 / 183 updates) per run.
+MEASURED_SPLIT = {"samples": [1120, 560], "updates": [51, 61]}
+BENCH = {"samples": 210, "epochs": 8, "batch": 32, "merge_interval": 105, "backbone": "test_resnet",
+         "image_size": 128}
+SLOWDOWNS = {"[1, 2]": (1.0, 2.0), "[1, 1]": (1.0, 1.0)}
+
+
+def conf_yaml(*parts: str) -> dict:
+    """One yaml file of conf/ (e.g. ``conf_yaml("trainer", "adaptive.yaml")``) as a dict."""
+    folder = conf_folder()
+    for part in parts:
+        folder = folder.joinpath(part)
+    return OmegaConf.to_container(OmegaConf.create(folder.read_text()))
+
+
+SETTINGS = sim.SchedulerSettings.from_configs(conf_yaml("trainer", "adaptive.yaml"), conf_yaml("trainer", "sync.yaml"),
+                                              conf_yaml("config.yaml")["batch_size"])
+
+
+# ----------------------------------------------------------------------------------------------- scenarios
+
+
+def cpu_sweep(worlds: list[int], intervals: int) -> list[sim.Scenario]:
+    """CPU workers (one per host, 10 GbE), every second one at 1/2 speed; 16 samples per worker and step."""
+    return [sim.build_scenario(f"CPU x {w}, every 2nd at 1/2", _alternate(sim.CPU_RESNET18_64,
+                               sim.CPU_RESNET18_64.slowed(2), w), sim.RESNET18_21, sim.ETHERNET_10G, 16, SETTINGS, intervals)
+            for w in worlds]
+
+
+def gpu_sweep(worlds: list[int], intervals: int) -> list[sim.Scenario]:
+    """Half A100, half V100 (nodes joined by InfiniBand), resnet50, 256 samples per worker and step."""
+    return [sim.build_scenario(f"A100 + V100 x {w // 2} each", _alternate(sim.A100, sim.V100, w), sim.RESNET50,
+                               sim.INFINIBAND, 256, SETTINGS, intervals) for w in worlds]
+
+
+def mixes(intervals: int) -> list[sim.Scenario]:
+    """Identical GPUs, two generations, a CPU among GPUs, one straggler: resnet50, 256 samples per worker."""
+    cases = [("8 x A100 (identical)", [sim.A100] * 8, sim.NVLINK),
+             ("4 x A100 + 4 x V100", [sim.A100] * 4 + [sim.V100] * 4, sim.INFINIBAND),
+             ("8 x A100 + 1 CPU (16 cores)", [sim.A100] * 8 + [cpu16()], sim.LOOPBACK),
+             ("8 x A100, one at 1/4", [sim.A100] * 7 + [sim.A100.slowed(4)], sim.NVLINK)]
+    return [sim.build_scenario(name, devices, sim.RESNET50, link, 256, SETTINGS, intervals)
+            for name, devices, link in cases]
+
+
+def cpu_cores(profile: sim.DeviceProfile, count: int, efficiency: float) -> sim.DeviceProfile:
+    """A one-thread CPU profile spread over ``count`` cores at parallel ``efficiency`` (an assumption)."""
+    scale = 1.0 / (count * efficiency)
+    return replace(profile, name=f"{profile.name} x{count} cores", a=profile.a * scale, c=profile.c * scale,
+                   source=f"{profile.source}; {count} cores at {efficiency:.0%} parallel efficiency (assumed)")
+
+
+def cpu16() -> sim.DeviceProfile:
+    """The CPU worker of the GPU mix: a host's 16 cores training resnet50 at 224 px."""
+    return cpu_cores(sim.CPU_RESNET50_224, 16, 0.75)
+
+
+def _alternate(first: sim.DeviceProfile, second: sim.DeviceProfile, world: int) -> list[sim.DeviceProfile]:
+    return [first if rank % 2 == 0 else second for rank in range(world)]
+
+
+# ----------------------------------------------------------------------------------------------- tables
+
+
+def _pair(values: list[float]) -> str:
+    return f"{100 * statistics.mean(values):.1f} / {100 * max(values):.1f}"
+
+
+def comparison_table(title: str, rows: list[sim.Comparison]) -> None:
+    print(f"\n### {title}\n")
+    print("| scenario | W | B | M | ideal /s | adaptive /s | sync /s | static /s | adaptive ÷ sync | static ÷ sync "
+          "| idle % adaptive (mean / max) | idle % sync | idle % static | update balance adaptive "
+          "| merge % adaptive | all-reduce % sync | M for merges < 5 % |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        sc, a, s, st = row.scenario, row.adaptive, row.sync, row.static
+        print(f"| {sc.name} | {sc.world} | {sc.total_batch} | {sc.settings.merge_interval} | {row.ideal:,.0f} "
+              f"| {a.samples_per_s:,.0f} | {s.samples_per_s:,.0f} | {st.samples_per_s:,.0f} "
+              f"| {a.samples_per_s / s.samples_per_s:.2f} "
+              f"| {st.samples_per_s / s.samples_per_s:.2f} | {_pair(a.idle)} | {_pair(s.idle)} | {_pair(st.idle)} "
+              f"| {a.update_balance:.2f} | {100 * a.comm_share:.2f} | {100 * s.comm_share:.2f} | {row.threshold:,} |")
+
+
+def batch_table(rows: list[sim.Comparison]) -> None:
+    """Adaptive's batch sizes at the end of the run against the static split's (both add up to B)."""
+    print("\n### Batch sizes: adaptive after the last merge vs static split\n")
+    print("| scenario | adaptive, last interval (distinct sizes in rank order) | static split |")
+    print("|---|---|---|")
+    for row in rows:
+        print(f"| {row.scenario.name} | {_sizes(row.adaptive.sizes[-1])} | {_sizes(row.static.sizes[0])} |")
+
+
+def _sizes(sizes: list[int]) -> str:
+    return " / ".join(map(str, dict.fromkeys(sizes)))
+
+
+def profile_table() -> None:
+    print("\n### Device profiles t(b) = a + c·b\n")
+    print("| device | a ms | c ms/sample | samples/s at b | source |")
+    print("|---|---|---|---|---|")
+    for profile, batch in [(sim.A100, 256), (sim.V100, 256), (cpu16(), 8), (sim.CPU_RESNET50_224, 4),
+                           (sim.CPU_RESNET18_64, 16), (sim.CPU_TEST_RESNET_128, 16)]:
+        print(f"| {profile.name} | {1000 * profile.a:.2f} | {1000 * profile.c:.4f} | {profile.speed(batch):,.1f} at "
+              f"{batch} | {profile.source} |")
+    print("\n| link (assumed) | bandwidth GB/s | latency µs |\n|---|---|---|")
+    for link in (sim.NVLINK, sim.INFINIBAND, sim.ETHERNET_10G, sim.LOOPBACK):
+        print(f"| {link.name} | {link.bandwidth / 1e9:g} | {link.latency * 1e6:g} |")
+    print(f"\nstore round trip: {sim.STORE_RTT_LOCAL_S * 1e6:.0f} µs on one host (measured), "
+          f"{sim.STORE_RTT_LAN_S * 1e6:.0f} µs across hosts (assumed)")
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+
+def bench_scenario(profile: sim.DeviceProfile, slowdowns: tuple[float, ...], epochs: int) -> sim.Scenario:
+    """The setup of benchmarks/bench_scheduler.py: 2 CPU workers on one host, gloo, the store on the same host."""
+    devices = tuple(profile.slowed(s) if s != 1 else profile for s in slowdowns)
+    settings = replace(SETTINGS, merge_interval=BENCH["merge_interval"])
+    return sim.Scenario("bench", devices, sim.TEST_RESNET_21, sim.LOOPBACK, BENCH["batch"], BENCH["samples"], epochs,
+                        settings, sim.STORE_RTT_LOCAL_S)
+
+
+def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float) -> sim.DeviceProfile:
+    """``profile`` with c set so that simulated sync at [1, 1] trains ``samples_per_s`` (sync's wall time is linear
+    in c, so two simulations give it)."""
+    def wall(c: float) -> float:
+        return sim.simulate_sync(bench_scenario(replace(profile, c=c), SLOWDOWNS["[1, 1]"], epochs)).wall_s
+
+    target = BENCH["samples"] * epochs / samples_per_s
+    first, second = wall(profile.c), wall(2 * profile.c)
+    return replace(profile, c=profile.c * (1 + (target - first) / (second - first)))
+
+
+def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[str, float]],
+             split: dict[str, list[float]], label: str) -> None:
+    """Simulated vs ``measured`` samples/s per scenario and strategy, with ``profile`` as logged and with its c
+    calibrated on sync at [1, 1]; then adaptive's split of the samples and updates between the workers at [1, 2]
+    (per run) against ``split``, and their idle share where measured."""
+    fitted = calibrated(profile, epochs, measured["[1, 1]"]["sync"])
+    print(f"\n### Validation: {label}\n")
+    print(f"profile ({profile.source}): a = {1000 * profile.a:.2f} ms, c = {1000 * profile.c:.3f} ms/sample; "
+          f"calibrated: c = {1000 * fitted.c:.3f} ms/sample; {epochs} epochs\n")
+    print("| slowdown | strategy | measured /s | simulated /s | error % | simulated, calibrated /s | error % "
+          "| ÷ sync: measured / simulated / calibrated |")
+    print("|---|---|---|---|---|---|---|---|")
+    runs = {}
+    for key, slowdowns in SLOWDOWNS.items():
+        runs[key] = {version: {name: simulate(bench_scenario(p, slowdowns, epochs)) for name, simulate in
+                               (("sync", sim.simulate_sync), ("adaptive", sim.simulate_adaptive))}
+                     for version, p in (("logged", profile), ("calibrated", fitted))}
+        for name in ("sync", "adaptive"):
+            real = measured[key][name]
+            speeds = {version: runs[key][version][name].samples_per_s for version in ("logged", "calibrated")}
+            ratios = [real / measured[key]["sync"]] + [speeds[v] / runs[key][v]["sync"].samples_per_s
+                                                       for v in ("logged", "calibrated")]
+            print(f"| {key} | {name} | {real:.1f} | {speeds['logged']:.1f} | {100 * (speeds['logged'] / real - 1):+.1f} "
+                  f"| {speeds['calibrated']:.1f} | {100 * (speeds['calibrated'] / real - 1):+.1f} "
+                  f"| {' / '.join(f'{r:.2f}' for r in ratios)} |")
+    adaptive = runs["[1, 2]"]["logged"]["adaptive"]
+    print(f"\nadaptive at [1, 2], per run, fast / slow worker: samples simulated {_slash(adaptive.worker_samples)}, "
+          f"measured {_slash(split['samples'])}; updates simulated {_slash(adaptive.updates)}, measured "
+          f"{_slash(split['updates'])}")
+    if "idle" in split:
+        print(f"idle % (waiting in merges) simulated {_slash([100 * x for x in adaptive.idle])}, measured "
+              f"{_slash(split['idle'])}")
+
+
+def _slash(values: list[float]) -> str:
+    return " / ".join(f"{v:.0f}" for v in values)
+
+
+def real_runs(epochs: int) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], sim.DeviceProfile]:
+    """Real 2-worker trainings now (benchmarks/bench_scheduler.py's run, seed 0): samples/s per scenario and
+    strategy; adaptive's samples, updates and idle per worker at [1, 2]; the step profile from that run's speeds."""
+    import bench_scheduler
+
+    args = argparse.Namespace(devices="cpu,cpu", threads=1, epochs=epochs, backbone=BENCH["backbone"],
+                              model="baseline", image_size=BENCH["image_size"], batch=BENCH["batch"],
+                              merge_interval=BENCH["merge_interval"], average_every=4, timeout=600)
+    speeds: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="sim_validate_") as tmp:
+        for key, slowdowns in SLOWDOWNS.items():
+            for name in ("sync", "adaptive"):
+                run_dir = Path(tmp) / f"{name}_{slowdowns[1]}"
+                run = bench_scheduler.run(name, ",".join(f"{s:.1f}" for s in slowdowns), 0, args, run_dir)
+                speeds.setdefault(key, {})[name] = run["samples"] / run["wall_s"]
+                print(f"  real {key} {name}: {speeds[key][name]:.1f} samples/s", flush=True)
+                if key == "[1, 2]" and name == "adaptive":
+                    workers = json.loads((run_dir / "metrics.json").read_text())["scheduler"]["workers"]
+                    split = {"samples": run["worker_samples"], "updates": run["updates"],
+                             "idle": [100 * w["idle_s"] / run["wall_s"] for w in workers]}
+                    profile = _profile_from_workers(workers, slowdowns)
+    return speeds, split, profile
+
+
+def _profile_from_workers(workers: list[dict], slowdowns: tuple[float, ...]) -> sim.DeviceProfile:
+    """t(b) through each worker's last batch size and speed (samples / compute seconds, a slowed worker's sleep
+    included, hence divided by its slowdown)."""
+    batches = [w["last_batch"] for w in workers]
+    seconds = [w["last_batch"] / (w["speed"] * s) for w, s in zip(workers, slowdowns)]
+    return sim.fit_profile("test_resnet 128px now", batches, seconds, "speeds logged by the real adaptive [1, 2] run")
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+def time_steps(backbone: str, image_size: int, batches: list[int], repeats: int) -> dict[int, float]:
+    """Seconds of the real training step (rsnet baseline model, its loss, the configured timm optimizer) on random
+    images, one torch thread, at each batch size: the fastest of ``repeats`` steps (as timeit does: the other
+    work on a shared host only ever adds time)."""
+    from rsnet.engine.optim import build_optimizer
+    from rsnet.losses import MultiBranchLoss
+    from rsnet.models import build_model
+
+    torch.set_num_threads(1)
+    config = OmegaConf.create(conf_yaml("config.yaml"))
+    loss_conf = OmegaConf.create(conf_yaml("model", "baseline.yaml")).loss
+    model = build_model("baseline", backbone, 21)
+    criterion = MultiBranchLoss(**OmegaConf.to_container(loss_conf))
+    optimizer = build_optimizer(model, OmegaConf.to_container(config.optimizer))
+    fastest = {}
+    for batch in batches:
+        images, labels = torch.randn(batch, 3, image_size, image_size), torch.randint(0, 21, (batch,))
+        seconds = []
+        for _ in range(repeats + 1):  # the first step warms up
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            criterion(model(images), labels).total.backward()
+            optimizer.step()
+            seconds.append(time.perf_counter() - started)
+        fastest[batch] = min(seconds[1:])
+    return fastest
+
+
+def measure_profile(name: str, backbone: str, image_size: int, batches: list[int], processes: int = 1,
+                    repeats: int = 5) -> sim.DeviceProfile:
+    """Least-squares a + c·b over the step times, averaged over ``processes`` timing at the same time."""
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        runs = pool.starmap(time_steps, [(backbone, image_size, batches, repeats)] * processes)
+    times = [statistics.mean(run[b] for run in runs) for b in batches]
+    profile = sim.fit_profile(name, batches, times)
+    print(f"{name}: a={profile.a:.5f} c={profile.c:.6f}  (steps: "
+          + ", ".join(f"t({b})={t:.3f}s" for b, t in zip(batches, times)) + f"; {processes} process(es))", flush=True)
+    return profile
+
+
+def store_round_trip(calls: int = 500) -> float:
+    """Median seconds of TCPStore.add on 127.0.0.1."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, 1, True)
+    seconds = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        store.add("sim/rtt", 1)
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def measure_all() -> None:
+    """The profiles sim.py keeps, and, for comparison with the logged one, the benchmark's step timed in 2
+    processes at once (as its 2 workers share the host)."""
+    started = time.perf_counter()
+    measure_profile("CPU_RESNET18_64", "resnet18", 64, [8, 16, 24, 32])
+    measure_profile("CPU_RESNET50_224", "resnet50", 224, [1, 2, 3, 4], repeats=3)
+    measure_profile("test_resnet 128px, 2 processes", BENCH["backbone"], BENCH["image_size"], [8, 16, 24, 32],
+                    processes=2)
+    print(f"STORE_RTT_LOCAL_S: {store_round_trip():.2e}")
+    print(f"(measured in {time.perf_counter() - started:.0f} s)")
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="W = 2, 8 and 10 merge intervals per run")
+    parser.add_argument("--intervals", type=int, default=100, help="merge intervals per simulated run")
+    parser.add_argument("--validate", action="store_true", help="simulated vs measured 2-CPU benchmark")
+    parser.add_argument("--real-epochs", type=int, default=0,
+                        help="with --validate: also run real 2-worker trainings of this many epochs now (sync and "
+                             "adaptive at [1, 2] and [1, 1]; about 40 s each) and compare with them")
+    parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in sim.py")
+    args = parser.parse_args()
+    if args.measure_cpu:
+        measure_all()
+        return
+    if args.validate:
+        validate(sim.CPU_TEST_RESNET_128, BENCH["epochs"], MEASURED, MEASURED_SPLIT,
+                 "stored profile vs docs/scheduler.md's measured run (2026-11-22)")
+        if args.real_epochs:
+            speeds, split, profile = real_runs(args.real_epochs)
+            validate(profile, args.real_epochs, speeds, split, "real runs now, profile from their logged speeds")
+        return
+    started = time.perf_counter()
+    worlds, intervals = ([2, 8], 10) if args.quick else ([2, 4, 8, 16, 64], args.intervals)
+    profile_table()
+    cpu, gpu, mixed = cpu_sweep(worlds, intervals), gpu_sweep(worlds, intervals), mixes(intervals)
+    rows = {title: [sim.compare(s) for s in scenarios] for title, scenarios in
+            [("CPU workers (baseline resnet18, 64 px), every second one at 1/2 speed", cpu),
+             ("GPUs: half A100, half V100 (resnet50)", gpu), ("Mixes (resnet50)", mixed)]}
+    for title, comparisons in rows.items():
+        comparison_table(title, comparisons)
+    batch_table([row for comparisons in rows.values() for row in comparisons if row.scenario.world <= 9])
+    print(f"\n({intervals} merge intervals per run; simulated in {time.perf_counter() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

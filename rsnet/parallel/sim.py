@@ -1,0 +1,424 @@
+"""Discrete-event simulator of the parallel strategies (adaptive, sync, a static split) for 2 to 64 workers.
+
+It drives the scheduler's real pure functions (:mod:`rsnet.parallel.batching`: interval plan, claims through
+``IntervalClaimer`` over a simulated store, the tail rule, the batch-size controller, ``fit_total``,
+``static_batches``; called through the module, so a test can replace one) with cost models in place of devices:
+
+* a worker's step on b samples takes t(b) = a + c·b seconds (:class:`DeviceProfile`); a simulated slowdown s
+  multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
+* every store call (a claim, or the tail rule's read of the counter) costs one round trip; as in training with
+  ``prefetch: true``, a worker claims its next batch when it starts the current one, so the round trip hides
+  behind compute unless it is longer than a step;
+* an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
+  the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
+  with the backward pass, so sync's figures here are a lower bound);
+* a merge interval ends when the last worker finishes its last batch; everyone waits for it, then merges.
+
+The run is deterministic: no noise is added to the step times.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from rsnet.parallel import batching
+from rsnet.parallel.merge import BUCKET_BYTES
+from rsnet.parallel.strategies.adaptive import META_FIELDS
+
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb
+GPU_STEP_OVERHEAD_S = 0.005  # assumed fixed cost of a GPU step (launches, optimizer step, host sync) besides images
+COMM_SHARE_TARGET = 0.05
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One worker's step time t(b) = a + c·b seconds; ``source`` says where a and c come from."""
+
+    name: str
+    a: float
+    c: float
+    source: str = ""
+
+    def step_seconds(self, batch: float) -> float:
+        return self.a + self.c * batch if batch > 0 else 0.0
+
+    def speed(self, batch: float) -> float:
+        """Samples per second at batch size ``batch``."""
+        return batch / self.step_seconds(batch)
+
+    def slowed(self, factor: float) -> DeviceProfile:
+        """This device with the simulated slowdown ``factor`` (``trainer.slowdown``): 1/factor of its speed."""
+        return replace(self, name=f"{self.name} at 1/{factor:g}", a=self.a * factor, c=self.c * factor)
+
+
+def gpu_profile(name: str, images_per_s: float, batch: int, source: str) -> DeviceProfile:
+    """A GPU from a published training throughput at ``batch``: t(b) = a + c·b with the assumed overhead a
+    (GPU_STEP_OVERHEAD_S) and c chosen so that t(batch) = batch / images_per_s."""
+    return DeviceProfile(name, GPU_STEP_OVERHEAD_S, 1.0 / images_per_s - GPU_STEP_OVERHEAD_S / batch, source)
+
+
+def fit_profile(name: str, batches: Sequence[float], seconds: Sequence[float], source: str = "") -> DeviceProfile:
+    """Least-squares t(b) = a + c·b through measured step times (a is kept >= 0)."""
+    mean_b, mean_t = statistics.mean(batches), statistics.mean(seconds)
+    c = (sum((b - mean_b) * (t - mean_t) for b, t in zip(batches, seconds))
+         / sum((b - mean_b) ** 2 for b in batches))
+    return DeviceProfile(name, max(mean_t - c * mean_b, 0.0), c, source)
+
+
+# Measured here on 2026-11-23 01:26 UTC with `python benchmarks/sim_scheduler.py --measure-cpu` (2 cores, otherwise
+# idle at the time): the real training step (rsnet's baseline model, 21 classes, its loss, the timm SGD of
+# conf/config.yaml) on random images, one torch thread, least squares over the fastest of 5 (3) steps per batch size.
+CPU_RESNET18_64 = DeviceProfile("cpu resnet18 64px", a=0.0605, c=0.01616,
+                                source="measured here: resnet18 at 64 px, 1 thread, batches 8/16/24/32")
+CPU_RESNET50_224 = DeviceProfile("cpu resnet50 224px", a=0.1204, c=0.4227,
+                                 source="measured here: resnet50 at 224 px, 1 thread, batches 1/2/3/4")
+# The step of benchmarks/bench_scheduler.py's workers (test_resnet at 128 px, 1 thread each, 2 on one host) as its
+# run of 2026-11-22 measured it: the speeds s = samples / compute seconds in the last merge line that
+# docs/scheduler.md quotes, "w0: b=24 s=49.3/s ... | w1: b=8 s=23.8/s" (w1 at slowdown 2).
+CPU_TEST_RESNET_128 = fit_profile("cpu test_resnet 128px", [24, 8], [24 / 49.3, 8 / (2 * 23.8)],
+                                  "speeds logged by the benchmark run of docs/scheduler.md (2 workers on 2 cores)")
+STORE_RTT_LOCAL_S = 22e-6  # measured here: median round trip of TCPStore.add on 127.0.0.1
+STORE_RTT_LAN_S = 200e-6  # assumed: the store on another host of the cluster's network
+
+# ResNet-50 v1.5 training, 1 GPU, mixed precision, batch 256: NVIDIA DeepLearningExamples,
+# PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance results" (pytorch-21.03 NGC
+# container): DGX A100 80GB 2470 img/s, DGX-1 V100 16GB 1200 img/s.
+_NVIDIA_RN50 = "NVIDIA DeepLearningExamples resnet50v1.5 PyTorch README, AMP, batch 256"
+A100 = gpu_profile("A100", 2470, 256, f"{_NVIDIA_RN50}: 2470 img/s")
+V100 = gpu_profile("V100", 1200, 256, f"{_NVIDIA_RN50}: 1200 img/s")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The slowest link of the all-reduce ring: bandwidth in bytes/s (per direction), latency per hop in s."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+
+# Assumptions (not measured here): effective all-reduce bandwidths, below the links' nominal rates.
+NVLINK = Link("NVLink in one 8-GPU node", 200e9, 10e-6)
+INFINIBAND = Link("100 Gb/s InfiniBand between nodes", 12.5e9, 5e-6)
+ETHERNET_10G = Link("10 Gb/s Ethernet between hosts", 1.25e9, 50e-6)
+LOOPBACK = Link("gloo over TCP on one host", 2e9, 50e-6)
+
+
+def ring_allreduce_seconds(nbytes: float, world: int, link: Link) -> float:
+    """One ring all-reduce of ``nbytes``: 2(W − 1)/W · nbytes / bandwidth + W · latency (0 for one worker)."""
+    if world <= 1:
+        return 0.0
+    return 2 * (world - 1) / world * nbytes / link.bandwidth + world * link.latency
+
+
+def bucketed_allreduce_seconds(nbytes: float, world: int, link: Link, bucket_bytes: int) -> float:
+    """All-reduces of ``nbytes`` cut into buckets of at most ``bucket_bytes``, one after the other."""
+    full, rest = divmod(int(nbytes), bucket_bytes)
+    buckets = [bucket_bytes] * full + ([rest] if rest else [])
+    return sum(ring_allreduce_seconds(size, world, link) for size in buckets)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model sends: float32 parameters and floating buffers (merged), integer buffers (in the header)."""
+
+    name: str
+    params: int
+    float_buffers: int
+    int_buffers: int
+
+    @property
+    def merge_bytes(self) -> int:
+        return 4 * (self.params + self.float_buffers)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return 4 * self.params
+
+
+# Counted with timm 1.0.31: the ImageNet models (1000 classes) that the GPU figures are for, and rsnet's baseline
+# (backbone, pooling, linear head) with the 21 classes of UC Merced.
+RESNET50 = ModelSpec("resnet50 (1000 classes)", 25_557_032, 53_120, 53)
+RESNET18_21 = ModelSpec("baseline resnet18 (21 classes)", 11_187_285, 9_600, 20)
+TEST_RESNET_21 = ModelSpec("baseline test_resnet (21 classes)", 374_725, 2_080, 15)
+
+
+def merge_seconds(model: ModelSpec, world: int, link: Link) -> float:
+    """One normalized merge (rsnet.parallel.merge): the float64 header (weight, count, the per-worker meta table,
+    integer buffers), then the parameters and floating buffers in buckets of at most merge.BUCKET_BYTES."""
+    header = 8 * (2 + len(META_FIELDS) * world + model.int_buffers)
+    return (ring_allreduce_seconds(header, world, link)
+            + bucketed_allreduce_seconds(model.merge_bytes, world, link, BUCKET_BYTES))
+
+
+def gradient_allreduce_seconds(model: ModelSpec, world: int, link: Link) -> float:
+    """DDP's all-reduce of the gradients of one step (buckets of DDP_BUCKET_BYTES)."""
+    return bucketed_allreduce_seconds(model.gradient_bytes, world, link, DDP_BUCKET_BYTES)
+
+
+def comm_threshold_interval(merge_s: float, rate: float, share: float = COMM_SHARE_TARGET) -> int:
+    """The smallest merge interval M (samples) whose merge takes less than ``share`` of the wall time when the
+    workers together train ``rate`` samples/s between merges: merge_s / (M / rate + merge_s) < share."""
+    return math.floor(merge_s * rate * (1 - share) / share) + 1
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The adaptive trainer's settings (conf/trainer/adaptive.yaml) and sync's batch_min (conf/trainer/sync.yaml)."""
+
+    merge_interval: int
+    batch_min: int
+    batch_max: int
+    multiple: int
+    damping: float
+    deadband: float
+    speed_ema: float
+    warmup_intervals: int
+    sync_batch_min: int
+
+    base_batch: int  # the total batch B that merge_interval goes with (the run's batch_size)
+
+    @classmethod
+    def from_configs(cls, adaptive: Mapping[str, Any], sync: Mapping[str, Any], batch_size: int) -> SchedulerSettings:
+        """From the trainer configs as a run composes them (conf/trainer/adaptive.yaml, sync.yaml) and its batch_size."""
+        return cls(int(adaptive["merge_interval"]), int(adaptive["batch_min"]), int(adaptive["batch_max"]),
+                   int(adaptive["batch_multiple"]), float(adaptive["damping"]), float(adaptive["deadband"]),
+                   float(adaptive["speed_ema"]), int(adaptive["warmup_intervals"]), int(sync["batch_min"]),
+                   int(batch_size))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Devices, model, link and schedule of one simulated run (``samples`` per epoch)."""
+
+    name: str
+    devices: tuple[DeviceProfile, ...]
+    model: ModelSpec
+    link: Link
+    total_batch: int
+    samples: int
+    epochs: int
+    settings: SchedulerSettings
+    store_rtt: float = STORE_RTT_LAN_S
+    prefetch: bool = True
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+
+def build_scenario(name: str, devices: Sequence[DeviceProfile], model: ModelSpec, link: Link, worker_batch: int,
+                   settings: SchedulerSettings, intervals: int = 40, store_rtt: float = STORE_RTT_LAN_S) -> Scenario:
+    """B = worker_batch · W, M = B times the rounds per merge of ``settings`` (merge_interval / base_batch; 512 / 32
+    = 16 with conf/'s defaults), one epoch of ``intervals`` merge intervals."""
+    total = worker_batch * len(devices)
+    interval = total * settings.merge_interval // settings.base_batch
+    return Scenario(name, tuple(devices), model, link, total, interval * intervals, 1,
+                    replace(settings, merge_interval=interval), store_rtt)
+
+
+@dataclass
+class RunResult:
+    """Totals of one simulated run; per-worker lists are indexed by rank."""
+
+    strategy: str
+    samples: int
+    wall_s: float = 0.0
+    comm_s: float = 0.0
+    compute_s: list[float] = field(default_factory=list)
+    updates: list[int] = field(default_factory=list)
+    worker_samples: list[int] = field(default_factory=list)
+    sizes: list[list[int]] = field(default_factory=list)  # batch sizes per merge interval (adaptive) or the fixed ones
+    interval_updates: list[list[int]] = field(default_factory=list)  # adaptive: per merge interval and worker
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s
+
+    @property
+    def idle(self) -> list[float]:
+        """Each worker's fraction of the wall time spent neither computing nor communicating (waiting)."""
+        return [max(self.wall_s - busy - self.comm_s, 0.0) / self.wall_s for busy in self.compute_s]
+
+    @property
+    def update_balance(self) -> float:
+        """Fewest over most optimizer updates of a worker between two merges (the merge weights p_i ∝ u_i of that
+        interval), averaged over the intervals; 1: every worker's samples carry the same weight. Sync and the
+        static split update every worker at every step: 1."""
+        ratios = [min(u) / max(u) for u in self.interval_updates if max(u)]
+        return statistics.mean(ratios) if ratios else 1.0
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_s / self.wall_s
+
+    def add_steps(self, compute: Sequence[float], samples: Sequence[float], updates: Sequence[int]) -> None:
+        world = len(compute)
+        self.compute_s = [x + y for x, y in zip(self.compute_s or [0.0] * world, compute)]
+        self.worker_samples = [x + y for x, y in zip(self.worker_samples or [0] * world, samples)]
+        self.updates = [x + y for x, y in zip(self.updates or [0] * world, updates)]
+
+
+class SimStore:
+    """The c10d store's atomic counter (``add``), counting calls so that the event loop can charge round trips."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self.calls = 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.calls += 1
+        self.values[key] = self.values.get(key, 0) + int(amount)
+        return self.values[key]
+
+
+@dataclass
+class _Interval:
+    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge."""
+
+    samples: list[int]
+    updates: list[int]
+    compute: list[float]
+    finish: list[float]
+
+
+def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
+                  size: int, start: float) -> _Interval:
+    """Every worker claims and trains batches of one interval (as AdaptiveStrategy.claims with the prefetcher:
+    the next claim is made when a batch starts), in the order of the claims' times."""
+    world, minimum = scenario.world, scenario.settings.batch_min
+    claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
+    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world)
+    events = [(start, rank) for rank in range(world)]
+    while events:
+        now, rank = heapq.heappop(events)
+        calls = store.calls
+        span = claimers[rank].claim(batching.next_claim_size(claimers[rank], rank, sizes, speeds, minimum))
+        ready = now + scenario.store_rtt * (store.calls - calls)
+        if span is None:
+            tally.finish[rank] = max(tally.finish[rank], ready)
+            continue
+        count = span[1] - span[0]
+        begin = max(ready, tally.finish[rank])
+        seconds = scenario.devices[rank].step_seconds(count)
+        tally.finish[rank] = begin + seconds
+        tally.samples[rank] += count
+        tally.updates[rank] += 1
+        tally.compute[rank] += seconds
+        heapq.heappush(events, (begin if scenario.prefetch else tally.finish[rank], rank))
+    return tally
+
+
+def _next_speeds(speeds: list[float], tally: _Interval, ema: float) -> list[float]:
+    """The speed EMA of samples / busy seconds, as AdaptiveStrategy.end_interval computes it (inline there)."""
+    updated = []
+    for speed, samples, busy in zip(speeds, tally.samples, tally.compute):
+        if samples > 0 and busy > 0:
+            measured = samples / busy
+            speed = measured if speed <= 0 else ema * measured + (1 - ema) * speed
+        updated.append(speed)
+    return updated
+
+
+def simulate_adaptive(scenario: Scenario) -> RunResult:
+    """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end, then the
+    controller's next batch sizes from the merged speeds (after ``warmup_intervals`` merges)."""
+    s, world, total = scenario.settings, scenario.world, scenario.total_batch
+    batching.check_batch_settings(total, world, s.batch_min, s.batch_max, s.multiple)
+    sizes = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
+    speeds = [0.0] * world
+    store, merges = SimStore(), 0
+    merge_s = merge_seconds(scenario.model, world, scenario.link)
+    result = RunResult("adaptive", scenario.samples * scenario.epochs)
+    for epoch in range(scenario.epochs):
+        bounds = batching.interval_bounds(scenario.samples, s.merge_interval, max(s.batch_min, s.merge_interval // 2))
+        for index, (low, high) in enumerate(bounds):
+            tally = _run_interval(scenario, sizes, speeds, store, f"e{epoch}/i{index}", high - low, result.wall_s)
+            result.wall_s = max(tally.finish) + merge_s
+            result.comm_s += merge_s
+            result.add_steps(tally.compute, tally.samples, tally.updates)
+            result.interval_updates.append(tally.updates)
+            result.sizes.append(list(sizes))
+            speeds = _next_speeds(speeds, tally, s.speed_ema)
+            merges += 1
+            adapting = speeds if merges > s.warmup_intervals else [0.0] * world
+            sizes = batching.next_batch_sizes(sizes, adapting, total, s.batch_min, [s.batch_max] * world, s.multiple,
+                                              s.damping, s.deadband)
+    return result
+
+
+def _lockstep(name: str, scenario: Scenario, steps: Sequence[Sequence[float]], comm_s: float) -> RunResult:
+    """Synchronous steps (one batch size per worker each): a step lasts as long as its slowest worker, plus the
+    gradient all-reduce."""
+    result = RunResult(name, scenario.samples * scenario.epochs)
+    for batches in steps:
+        seconds = [device.step_seconds(b) for device, b in zip(scenario.devices, batches)]
+        result.wall_s += max(seconds) + comm_s
+        result.comm_s += comm_s
+        result.add_steps(seconds, batches, [1 if b > 0 else 0 for b in batches])
+    return result
+
+
+def simulate_sync(scenario: Scenario) -> RunResult:
+    """DDP: every worker trains B/W samples a step on its DistributedSampler shard (static_batches cuts it)."""
+    world = scenario.world
+    batch = max(1, scenario.total_batch // world)
+    shard = torch.arange(math.ceil(scenario.samples / world))
+    sizes = [len(b) for b in batching.static_batches(shard, batch, min(scenario.settings.sync_batch_min, batch))]
+    comm = gradient_allreduce_seconds(scenario.model, world, scenario.link)
+    result = _lockstep("sync", scenario, [[b] * world for b in sizes] * scenario.epochs, comm)
+    result.sizes = [[batch] * world]
+    return result
+
+
+def static_split(scenario: Scenario) -> list[int]:
+    """Batch sizes fixed once, in proportion to each device's speed at the equal split (what a short measurement
+    before training would give): proportional_targets, then fit_total to multiples that add up to B."""
+    s, world, total = scenario.settings, scenario.world, scenario.total_batch
+    equal = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
+    speeds = [device.speed(b) for device, b in zip(scenario.devices, equal)]
+    maxes = [s.batch_max] * world
+    targets = batching.proportional_targets(speeds, total, s.batch_min, maxes)
+    return batching.fit_total(total, [round(t) for t in targets], targets, s.batch_min, maxes, s.multiple)
+
+
+def simulate_static(scenario: Scenario) -> RunResult:
+    """Speed-proportional fixed batches, no claiming: every step all workers train their b_i, then all-reduce the
+    gradients; an epoch's remainder is one last step at the same proportions."""
+    sizes = static_split(scenario)
+    full, rest = divmod(scenario.samples, sum(sizes))
+    steps = [sizes] * full + ([[b * rest / sum(sizes) for b in sizes]] if rest else [])
+    comm = gradient_allreduce_seconds(scenario.model, scenario.world, scenario.link)
+    result = _lockstep("static", scenario, steps * scenario.epochs, comm)
+    result.sizes = [sizes]
+    return result
+
+
+@dataclass
+class Comparison:
+    """The three strategies on one scenario, and the merge interval above which merges cost < 5 % of the time."""
+
+    scenario: Scenario
+    adaptive: RunResult
+    sync: RunResult
+    static: RunResult
+    threshold: int
+
+    @property
+    def ideal(self) -> float:
+        """Samples/s of the devices at adaptive's last batch sizes with no waiting and no communication."""
+        return sum(d.speed(b) for d, b in zip(self.scenario.devices, self.adaptive.sizes[-1]) if b > 0)
+
+
+def compare(scenario: Scenario) -> Comparison:
+    adaptive = simulate_adaptive(scenario)
+    rate = adaptive.samples / (adaptive.wall_s - adaptive.comm_s)
+    threshold = comm_threshold_interval(merge_seconds(scenario.model, scenario.world, scenario.link), rate)
+    return Comparison(scenario, adaptive, simulate_sync(scenario), simulate_static(scenario), threshold)

@@ -1,0 +1,145 @@
+"""The scheduler simulator (rsnet/parallel/sim.py): cost models, and the strategies it drives through the real
+scheduling functions of rsnet.parallel.batching."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+
+import pytest
+from omegaconf import OmegaConf
+
+from helpers import CONF, REPO, trainer_config, training_config
+from rsnet.parallel import batching, sim
+
+FAST = sim.Link("test link", 1e15, 0.0)  # communication that costs nothing
+SETTINGS = sim.SchedulerSettings.from_configs(trainer_config("adaptive"), trainer_config("sync"),
+                                              training_config()["batch_size"])
+
+
+def pair(slowdown: float, a: float = 0.0, c: float = 0.01, intervals: int = 30, link: sim.Link = FAST,
+         worker_batch: int = 16) -> sim.Scenario:
+    """Two CPU-like workers, the second ``slowdown`` times slower; B = 32, M = 512 (the conf defaults)."""
+    device = sim.DeviceProfile("dev", a, c)
+    devices = [device, device.slowed(slowdown) if slowdown != 1 else device]
+    return sim.build_scenario("pair", devices, sim.TEST_RESNET_21, link, worker_batch, SETTINGS, intervals,
+                              store_rtt=0.0)
+
+
+def test_ring_allreduce_formula():
+    link = sim.Link("l", bandwidth=1e9, latency=1e-3)
+    assert sim.ring_allreduce_seconds(1e9, 4, link) == pytest.approx(2 * 3 / 4 + 4e-3)
+    assert sim.ring_allreduce_seconds(1e9, 2, link) == pytest.approx(1.0 + 2e-3)
+    assert sim.ring_allreduce_seconds(1e9, 1, link) == 0.0
+    # 2.5 buckets: the bandwidth term is the same, the latency is paid once per bucket
+    assert sim.bucketed_allreduce_seconds(2.5e8, 4, link, int(1e8)) == pytest.approx(2 * 3 / 4 * 0.25 + 3 * 4e-3)
+
+
+def test_merge_sends_parameters_buffers_and_header():
+    link = sim.Link("l", bandwidth=1e9, latency=0.0)
+    model = sim.ModelSpec("m", params=1000, float_buffers=24, int_buffers=2)
+    header = 8 * (2 + 6 * 3 + 2)  # weight, count, 6 meta fields per worker, integer buffers (float64)
+    assert sim.merge_seconds(model, 3, link) == pytest.approx(2 * 2 / 3 * (header + 4 * 1024) / 1e9)
+    assert sim.gradient_allreduce_seconds(model, 3, link) == pytest.approx(2 * 2 / 3 * 4000 / 1e9)
+
+
+def test_profiles():
+    gpu = sim.gpu_profile("g", 2000, 256, "figure")
+    assert gpu.speed(256) == pytest.approx(2000)
+    assert gpu.a == sim.GPU_STEP_OVERHEAD_S
+    slow = gpu.slowed(4)
+    assert slow.step_seconds(100) == pytest.approx(4 * gpu.step_seconds(100))
+    assert sim.CPU_RESNET18_64.c > 0 and sim.CPU_TEST_RESNET_128.c > 0 and sim.STORE_RTT_LOCAL_S > 0
+    fitted = sim.fit_profile("f", [8, 16, 32], [0.01 + 0.02 * b for b in (8, 16, 32)])
+    assert (fitted.a, fitted.c) == (pytest.approx(0.01), pytest.approx(0.02))
+
+
+def test_settings_come_from_the_yaml_files():
+    adaptive = OmegaConf.load(CONF / "trainer" / "adaptive.yaml")
+    settings = sim.SchedulerSettings.from_configs(trainer_config("adaptive"), trainer_config("sync"), 32)
+    assert (settings.merge_interval, settings.batch_min, settings.batch_max, settings.damping) == (
+        adaptive.merge_interval, adaptive.batch_min, adaptive.batch_max, adaptive.damping)
+    assert settings.sync_batch_min == OmegaConf.load(CONF / "trainer" / "sync.yaml").batch_min
+
+
+def test_identical_devices_adaptive_matches_sync():
+    result = sim.compare(pair(1.0, a=0.005))
+    ratio = result.adaptive.samples_per_s / result.sync.samples_per_s
+    assert 0.95 < ratio <= 1.0
+    assert result.static.samples_per_s == pytest.approx(result.sync.samples_per_s)
+
+
+def test_one_to_two_pair_gains_half():
+    """Speeds 1 : 1/2 — sync runs at the slow worker's pace (2 × 1/2), adaptive at 1 + 1/2: 1.5 × sync's samples/s,
+    less the merges and the wait at each interval's end."""
+    result = sim.compare(pair(2.0, link=sim.ETHERNET_10G))
+    ratio = result.adaptive.samples_per_s / result.sync.samples_per_s
+    assert 1.40 < ratio < 1.5 / (1 - result.sync.comm_share) + 0.01
+    assert result.adaptive.comm_share < 0.02
+    assert max(result.adaptive.idle) < 0.05 and max(result.sync.idle) > 0.45
+
+
+def test_batch_sizes_converge_to_speed_shares():
+    scenario = pair(3.0, worker_batch=32)  # B = 64, speeds 3 : 1
+    result = sim.simulate_adaptive(scenario)
+    assert all(sum(sizes) == 64 for sizes in result.sizes)
+    assert result.sizes[0] == [32, 32]  # the equal split during warm-up
+    assert result.sizes[-1] == [48, 16] == sim.static_split(scenario)
+    assert result.update_balance > 0.85
+    assert sum(result.worker_samples) == scenario.samples  # every position is trained exactly once
+
+
+def test_claims_cover_an_epoch_exactly_once():
+    scenario = replace(pair(2.0), samples=1000, epochs=3)  # intervals of 512 and 488
+    result = sim.simulate_adaptive(scenario)
+    assert sum(result.worker_samples) == 3000
+    assert len(result.sizes) == 6
+
+
+def test_threshold_is_monotone_in_bandwidth():
+    thresholds = []
+    for bandwidth in (1e8, 1e9, 1e10, 1e11):
+        link = sim.Link("l", bandwidth, 20e-6)
+        thresholds.append(sim.compare(pair(2.0, a=0.01, link=link, intervals=10)).threshold)
+    assert thresholds == sorted(thresholds, reverse=True) and thresholds[0] > thresholds[-1]
+
+
+def test_threshold_meets_the_share():
+    merge_s, rate = 0.2, 1000.0
+    m = sim.comm_threshold_interval(merge_s, rate)
+    assert merge_s / (m / rate + merge_s) < 0.05 <= merge_s / ((m - 1) / rate + merge_s)
+
+
+def test_drives_the_real_controller(monkeypatch):
+    """With frozen equal sizes the fast worker still claims twice as often (dynamic claiming alone balances the
+    time), but it then does twice the updates; the controller's sizes bring the updates closer together."""
+    scenario = pair(2.0)
+    adapted = sim.simulate_adaptive(scenario)
+    monkeypatch.setattr(batching, "next_batch_sizes", lambda current, *args, **kwargs: list(current))
+    frozen = sim.simulate_adaptive(scenario)
+    assert adapted.sizes[-1] == [24, 8] and frozen.sizes[-1] == [16, 16]
+    assert frozen.interval_updates[-1] == [21, 11]
+    assert adapted.update_balance > frozen.update_balance + 0.15
+
+
+def test_drives_the_real_tail_rule(monkeypatch):
+    scenario = sim.build_scenario("four", [sim.DeviceProfile("d", 0.01, 0.01)] * 4, sim.TEST_RESNET_21, FAST, 16,
+                                  SETTINGS, 10, store_rtt=0.0)
+    tailed = sim.simulate_adaptive(scenario)
+    monkeypatch.setattr(batching, "tail_claim_size", lambda batch, *args, **kwargs: batch)
+    untailed = sim.simulate_adaptive(scenario)
+    # Identical workers and M a multiple of B: full batches end the interval together; the tail rule's shares of
+    # what is left split the last rounds into smaller claims, taken in turn.
+    assert untailed.update_balance == 1.0 and max(untailed.idle) < 1e-9
+    assert tailed.update_balance < 1.0 and max(tailed.idle) > 0.01
+
+
+def test_cli_prints_the_tables(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("sim_scheduler", REPO / "benchmarks" / "sim_scheduler.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--quick"])
+    cli.main()
+    out = capsys.readouterr().out
+    assert out.count("| scenario | W | B | M |") == 3 and "| 8 x A100 (identical) | 8 | 2048 |" in out
