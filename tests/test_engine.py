@@ -55,6 +55,7 @@ def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     (("batch_size",), 12, "trainer.batch_min"),  # 2 workers x batch_min 8 > 12
     (("trainer", "batch_max"), 4, "trainer.batch_m"),
     (("trainer", "batch_min"), 12, "trainer.batch_multiple"),
+    (("trainer", "merge_interval"), 8, "trainer.merge_interval=8 is smaller than batch_size=16"),
     (("trainer", "slowdown"), [1.0], "has 1 factor"),  # was padded with 1.0 silently
     (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # was truncated silently
     (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),

@@ -80,9 +80,11 @@ def _adaptive_worker(ctx, n: int, epochs: int, trainer: dict, sample_s: float):
     x, y = _data(n)
     seen = _loop(strategy, optimizer, x, y, epochs, sample_s=sample_s)
     state = {k: v.clone() for k, v in model.state_dict().items()}
+    claim_counters = [f"{strategy.prefix}/e{epoch}/i{interval}" for epoch in range(epochs) for interval in range(8)]
     return {"seen": _gather(seen), "rows": strategy.stats(), "state": _gather(state),
             "summary": strategy.summary(), "strategy_state": strategy.state_dict(),
-            "lr_scale": strategy.lr_scale(strategy.batch_size)}
+            "lr_scale": strategy.lr_scale(strategy.batch_size),
+            "counters_left": [key for key in claim_counters if ctx.store.check([key])]}
 
 
 def _merge_worker(ctx, weights: list[float]):
@@ -187,6 +189,10 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
         assert row["b/0"] % 8 == 0 and row["b/1"] % 8 == 0
         assert row["idle/0"] >= 0 and row["merge_time"] > 0
+    # Every worker's idle and merge times reach the rows (gathered once an epoch), and no claim counter is left.
+    assert all(row[f"idle/{rank}"] >= 0 and row[f"merge_time/{rank}"] > 0 for row in rows for rank in (0, 1))
+    assert all(row["merge_time"] == max(row["merge_time/0"], row["merge_time/1"]) for row in rows)
+    assert out["counters_left"] == []
     # Sizes settle (no oscillation; the pure controller's monotonicity is tested in test_parallel_batching).
     sizes0 = [r["b/0"] for r in rows]
     assert max(sizes0[-5:]) - min(sizes0[-5:]) <= 8, sizes0

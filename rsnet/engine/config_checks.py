@@ -19,7 +19,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.engine.lr_schedule import check_schedule_name
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import check_arch, validate_image_size
-    from rsnet.parallel.batching import check_batch_per_worker, check_batch_settings
+    from rsnet.parallel.batching import check_batch_per_worker, check_batch_settings, check_merge_interval
 
     check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):
@@ -55,6 +55,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
         try:
             check_batch_settings(config["batch_size"], num_workers, int(trainer["batch_min"]),
                                  int(trainer["batch_max"]), int(trainer["batch_multiple"]))
+            check_merge_interval(int(trainer["merge_interval"]), config["batch_size"])
         except ValueError as error:
             raise ConfigError(str(error)) from error
 

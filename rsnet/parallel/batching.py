@@ -114,6 +114,20 @@ def check_batch_per_worker(total_batch: int, world: int) -> None:
                          "every worker needs at least one sample per step")
 
 
+def check_merge_interval(merge_interval: int, total_batch: int) -> None:
+    """Raise ValueError unless a merge interval holds at least one round of batches (M >= B).
+
+    M is counted in samples of all workers together: with M < B every worker would merge after its first step,
+    one full-model all-reduce per step, more traffic than sync's gradient all-reduce. B usually grows with the
+    number of workers, so a fixed M degenerates that way at large W; scale M with B (the default: 16 rounds).
+    """
+    if merge_interval < total_batch:
+        raise ValueError(f"trainer.merge_interval={merge_interval} is smaller than batch_size={total_batch}: every "
+                         "worker would merge the whole model after each step (more traffic than trainer=sync); set "
+                         f"trainer.merge_interval >= batch_size, e.g. {16 * total_batch} (16 rounds of batches, the "
+                         "default's ratio 512 / 32)")
+
+
 def check_batch_settings(total_batch: int, world: int, batch_min: int, batch_max: int, multiple: int) -> None:
     """Raise ValueError, naming the setting to change, when ``world`` batches within [batch_min, batch_max]
     (multiples of ``multiple``) cannot add up to ``total_batch``."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from rsnet.parallel.batching import (
     IntervalClaimer,
@@ -52,7 +53,8 @@ class AdaptiveStrategy(Strategy):
         self.speeds = [0.0] * self.world
         self.speed = 0.0
         self.intervals_done = 0
-        self._timing_keys: list[tuple[int, int]] = []  # (row index, interval) whose idle/merge times are pending
+        self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
+        self._interval = 0  # the interval being claimed (its store counter is deleted after its merge)
         self._bounds: list[tuple[int, int]] = []
         self._order = torch.empty(0, dtype=torch.long)
 
@@ -91,11 +93,15 @@ class AdaptiveStrategy(Strategy):
     def claims(self, interval: int) -> Iterator[Claim]:
         """Claim batches of the interval through the store until it is used up (no collective)."""
         low, high = self._bounds[interval]
-        claimer = IntervalClaimer(self.ctx.store, f"{self.prefix}/e{self.epoch}/i{interval}", high - low,
-                                  self.batch_min)
+        self._interval = interval
+        claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, self.batch_min)
         while (span := claimer.claim(next_claim_size(claimer, self.rank, self.sizes, self.speeds, self.batch_min))):
             start, end = span
             yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
+
+    def _claim_key(self, interval: int) -> str:
+        """The store counter the workers claim positions of this epoch's ``interval`` from."""
+        return f"{self.prefix}/e{self.epoch}/i{interval}"
 
     def end_interval(self, compute_seconds: float) -> None:
         """The normalized merge: θ ← Σ_i p_i θ_i with p_i = u_i / Σ_j u_j (u = optimizer updates in the interval),
@@ -111,6 +117,8 @@ class AdaptiveStrategy(Strategy):
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
         result = normalized_merge(self.model, float(self._updates), meta=meta, comm_device=self.ctx.comm_device)
+        if self.ctx.is_primary:  # every worker has claimed its last batch of the interval: the counter is done with
+            self.ctx.store.delete_key(self._claim_key(self._interval))
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
         self.adapt(table)
@@ -141,31 +149,28 @@ class AdaptiveStrategy(Strategy):
                 row[f"{field}/{rank}"] = table[field][rank]
             row[f"p/{rank}"] = table["updates"][rank] / total
             row[f"b_next/{rank}"] = float(self.sizes[rank])
-        # This worker's own idle and merge time go through the store so rank 0 can report everyone's.
-        self.ctx.store.set(f"{self.prefix}/t/{self.intervals_done}/{self.rank}",
-                           f"{result.idle_s:.6f},{result.merge_s:.6f}")
         self._rows.append(row)
-        self._timing_keys.append((len(self._rows) - 1, self.intervals_done))
+        self._own_times.append((result.idle_s, result.merge_s))  # everyone's are gathered at the end of the epoch
         if self.log_intervals and self.ctx.is_primary:
             log.info("merge %d (epoch %d): %s", self.intervals_done, self.epoch, format_row(row, self.world))
 
     def end_epoch(self) -> None:
-        """Every interval ended with a merge, so the replicas are already identical."""
+        """Every interval ended with a merge, so the replicas are already identical; the epoch's idle and merge
+        times of every worker reach every worker's rows in one all-reduce (not one store read per worker and
+        merge on rank 0)."""
+        times = torch.zeros(len(self._own_times), self.world, 2, dtype=torch.float64)
+        if self._own_times:
+            times[:, self.rank] = torch.tensor(self._own_times, dtype=torch.float64)
+        reduced = times.to(self.ctx.comm_device)
+        dist.all_reduce(reduced)
+        rows = self._rows[len(self._rows) - len(self._own_times):]
+        for row, row_times in zip(rows, reduced.cpu()):
+            row.pop("idle", None)
+            for rank, (idle, merge) in enumerate(row_times.tolist()):
+                row[f"idle/{rank}"], row[f"merge_time/{rank}"] = idle, merge
+            row["merge_time"] = float(row_times[:, 1].max())
+        self._own_times = []
         self.epoch += 1
-
-    def _complete_rows(self) -> list[dict[str, float]]:
-        """Fill in every worker's idle/merge time (rank 0 only; read from the store)."""
-        if self.ctx.is_primary:
-            for row_index, interval in self._timing_keys:
-                row = self._rows[row_index]
-                for rank in range(self.world):
-                    raw = self.ctx.store.get(f"{self.prefix}/t/{interval}/{rank}").decode()
-                    idle, merge = (float(v) for v in raw.split(","))
-                    row[f"idle/{rank}"], row[f"merge_time/{rank}"] = idle, merge
-                row.pop("idle", None)
-                row["merge_time"] = max(row[f"merge_time/{rank}"] for rank in range(self.world))
-            self._timing_keys = []
-        return self._rows
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "batch_sizes": list(self.sizes), "speeds": list(self.speeds),
