@@ -1,5 +1,6 @@
-"""What the primary worker does after every epoch: evaluate (every ``eval_every`` epochs and at the last),
-select the model on validation, log, write checkpoints and metrics.json.
+"""What happens after every epoch: every worker evaluates its shard of the test (and validation) split (every
+``eval_every`` epochs and at the last); the primary selects the model on validation, logs, writes checkpoints and
+metrics.json.
 
 Selection: with a validation part (``dataset.val_ratio`` > 0) ``best.pt`` is the epoch with the highest
 validation accuracy and the headline figure is that epoch's test accuracy; without one nothing is selected
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,10 @@ import numpy as np
 import torch
 
 from rsnet.data import DataBundle
-from rsnet.evaluation import compute_metrics, evaluate
+from rsnet.engine.sharded_eval import sharded_evaluate
+from rsnet.evaluation import compute_metrics
 from rsnet.files import atomic_write
+from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
 from rsnet.settings import pretrained_tag
 from rsnet.trained_model import run_checkpoint_path, save_checkpoint
@@ -38,20 +42,43 @@ def evaluates_after(epoch: int, config: dict[str, Any]) -> bool:
     return epoch % int(config["eval_every"]) == 0 or epoch == int(config["epochs"])
 
 
+@dataclass
+class EpochEvaluation:
+    """The metrics (:func:`rsnet.evaluation.compute_metrics`) of one evaluated epoch."""
+
+    test: dict[str, Any]
+    val: dict[str, Any] | None
+
+
+def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
+                   epoch: int) -> EpochEvaluation | None:
+    """Every worker, after the 1-based ``epoch``: when it is evaluated, the test (and validation) metrics, computed
+    from shards evaluated by all workers; the primary gets them, the other workers None (as for an epoch that is
+    not evaluated)."""
+    if not evaluates_after(epoch, config):
+        return None
+    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"])
+    val = sharded_evaluate(ctx, model, data.val, config["eval_batch_size"]) if data.val is not None else None
+    if test is None:
+        return None
+    return EpochEvaluation(compute_metrics(test, data.class_names),
+                           compute_metrics(val, data.class_names) if val is not None else None)
+
+
 def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, train_scalars: dict[str, float], state: dict[str, Any], tb: TensorBoardLogger,
-                 attention_ids: list[int]) -> dict[str, Any] | None:
-    """Primary only, after ``state["epoch"]`` was advanced: evaluate if due, log, save; the metrics.json document
-    when this epoch was evaluated (else None)."""
+                 attention_ids: list[int], evaluation: EpochEvaluation | None) -> dict[str, Any] | None:
+    """Primary only, after ``state["epoch"]`` was advanced and :func:`evaluate_epoch`: select, log, save; the
+    metrics.json document when this epoch was evaluated (else None)."""
     epoch = state["epoch"]
     tb.scalars(train_scalars, epoch)
     for row in strategy.stats():
         tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
                    int(row.get("interval", epoch)))
-    evaluated = evaluates_after(epoch, config)
+    evaluated = evaluation is not None
     improved = False
-    if evaluated:
-        improved = _evaluate_and_select(config, data, model, state, tb, train_scalars)
+    if evaluation is not None:
+        improved = _select(evaluation, state, tb, train_scalars, data.class_names, config["epochs"])
         if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
             log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
     else:
@@ -66,20 +93,18 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
     return summary
 
 
-def _evaluate_and_select(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, state: dict[str, Any],
-                         tb: TensorBoardLogger, train_scalars: dict[str, float]) -> bool:
-    """Test (and validation) metrics of this epoch into the state and TensorBoard; True if validation improved."""
+def _select(evaluation: EpochEvaluation, state: dict[str, Any], tb: TensorBoardLogger,
+            train_scalars: dict[str, float], class_names: list[str], epochs: int) -> bool:
+    """This epoch's metrics into the state and TensorBoard; True if validation improved."""
     epoch = state["epoch"]
-    device = next(model.parameters()).device
-    metrics = compute_metrics(evaluate(model, data.test, device, batch_size=config["eval_batch_size"]),
-                              data.class_names)
+    metrics = evaluation.test
     state["last_metrics"] = metrics
     scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
     scalars["test/kappa"] = metrics["kappa"]
     record = {"epoch": epoch, "test_accuracy": metrics["accuracy"], "oa": metrics["oa"], **_rounded(train_scalars)}
     improved = False
-    if data.val is not None:
-        val = compute_metrics(evaluate(model, data.val, device, batch_size=config["eval_batch_size"]), data.class_names)
+    if evaluation.val is not None:
+        val = evaluation.val
         scalars.update({f"val/oa/{head}": value for head, value in val["oa"].items()})
         record["val_accuracy"] = val["accuracy"]
         selected = state["selected"]
@@ -87,11 +112,11 @@ def _evaluate_and_select(config: dict[str, Any], data: DataBundle, model: torch.
         if improved:
             state["selected"] = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
     tb.scalars(scalars, epoch)
-    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), data.class_names, epoch)
+    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), class_names, epoch)
     state["history"].append(record)
     chosen = state["selected"]
     picked = f", validation {record['val_accuracy']:.2f} % (selected: epoch {chosen['epoch']})" if chosen else ""
-    log.info("epoch %d/%d: test accuracy %.2f %%%s, %s", epoch, config["epochs"], metrics["accuracy"], picked,
+    log.info("epoch %d/%d: test accuracy %.2f %%%s, %s", epoch, epochs, metrics["accuracy"], picked,
              ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
     return improved
 

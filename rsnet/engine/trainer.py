@@ -22,7 +22,7 @@ from tqdm import tqdm
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
 from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.epoch_end import finish_epoch, new_run_state
+from rsnet.engine.epoch_end import evaluate_epoch, finish_epoch, new_run_state
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir
@@ -147,11 +147,12 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
             state["wall_time_s"] += time.perf_counter() - started
             state["epoch"] = epoch + 1
+            evaluation = evaluate_epoch(ctx, config, data, model, state["epoch"])  # every worker: its shard
             if ctx.is_primary:
                 final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
-                                     attention_ids) or final
+                                     attention_ids, evaluation) or final
             if ctx.world_size > 1:
-                dist.barrier()  # no worker claims the next epoch's samples while the primary evaluates
+                dist.barrier()  # no worker claims the next epoch's samples while the primary logs and saves
         if ctx.is_primary and ctx.world_size > 1:
             log.info("%s", strategy.summary())
     finally:
