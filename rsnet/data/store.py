@@ -57,6 +57,11 @@ class ImageStore:
             return decode_image(self.paths[i], self.size, self.high_bit_depth)
         return self.array[i]
 
+    def keep_in_memory(self) -> None:
+        """A disk store whose file is removed (or about to be): its mapped pixels stay, and it is shared with
+        loader workers as a memory store from now on."""
+        self.mode, self.cache_path = "memory", None
+
     # -- pickling for spawn/forkserver workers: share, don't copy ------------------------------
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -23,6 +23,7 @@ from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_dataset
 from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import evaluate_epoch, finish_epoch, new_run_state
+from rsnet.engine.shared_decode import load_decoded_once
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir
@@ -120,7 +121,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
         tqdm.set_lock(threading.RLock())
     set_deterministic(config)
     torch.manual_seed(seed)  # identical initial replicas on every worker
-    data = load_data(config, run_dir, write_split=ctx.is_primary)
+    data = load_data(ctx, config, run_dir)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
                         pretrained=config["backbone"]["pretrained"],
                         **config["model"]["options"]).to(ctx.device)
@@ -162,14 +163,19 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     return final
 
 
-def load_data(config: dict[str, Any], run_dir: Path, write_split: bool) -> DataBundle:
-    """Build the train/test sets of the config; reuse the run's saved split when resuming."""
+def load_data(ctx: WorkerContext, config: dict[str, Any], run_dir: Path) -> DataBundle:
+    """Build the train/test sets of the config (decoded once per machine); reuse the run's saved split when
+    resuming; the primary saves the split."""
     split_file = run_dir / "split.json"
     reuse_split = split_file.is_file() and config["resume"]
     weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
-    data = build_datasets_from_config(config["dataset"], config["seed"], split_file=split_file if reuse_split else None,
-                                      mean=weights["mean"], std=weights["std"], augment=config["augment"])
-    if write_split:
+
+    def build(dataset: dict[str, Any]) -> DataBundle:
+        return build_datasets_from_config(dataset, config["seed"], split_file=split_file if reuse_split else None,
+                                          mean=weights["mean"], std=weights["std"], augment=config["augment"])
+
+    data = load_decoded_once(ctx, config["dataset"], build)
+    if ctx.is_primary:
         data.split.save(split_file)
     return data
 

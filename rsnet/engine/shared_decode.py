@@ -1,0 +1,79 @@
+"""One decode per machine: with ``dataset.cache=memory`` the workers of a machine share one decoded array.
+
+Each worker used to decode the whole dataset into its own array: W copies of NWPU-RESISC45 at 256 px
+(31,500 × 256 × 256 × 3 B = 6.2 GB each) and W times the decoding. Now the machine's first worker decodes into a
+file in shared memory (``/dev/shm``; the disk cache's format), the others map the same pages, and the file is
+removed once every worker of the machine has mapped it: the mappings keep the pixels, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rsnet.data import DataBundle
+from rsnet.files import DiskFullError
+from rsnet.parallel import WorkerContext
+from rsnet.parallel.launcher import started_by_torchrun
+
+log = logging.getLogger(__name__)
+
+# How long the machine's other workers wait for its first one to decode (a large dataset on a slow disk takes
+# minutes; if that worker dies, the launcher or torchrun stops the others).
+DECODE_WAIT = datetime.timedelta(hours=2)
+
+
+def shared_memory_folder() -> Path:
+    """RAM-backed ``/dev/shm`` where the system has it, else the temporary folder."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def load_decoded_once(ctx: WorkerContext, dataset: dict[str, Any], build: Callable[[dict[str, Any]], DataBundle]
+                      ) -> DataBundle:
+    """``build(dataset)`` on every worker; with ``cache=memory`` and several workers on this machine the images are
+    decoded by its first worker only (see the module docstring). Every worker must call it."""
+    local_rank, local_world = _local_rank_and_size(ctx)
+    if dataset.get("cache") != "memory" or local_world == 1:
+        return build(dataset)
+    leader = ctx.rank - local_rank  # torchrun numbers a machine's workers contiguously
+    key = f"rsnet/decode/{leader}"
+    if local_rank == 0:
+        folder = Path(tempfile.mkdtemp(prefix="rsnet-decode-", dir=shared_memory_folder()))
+        try:
+            data = build({**dataset, "cache": "disk", "cache_dir": str(folder)})
+        except DiskFullError as error:  # no room in /dev/shm: every worker decodes its own copy, as before
+            log.warning("no room to share the decoded images in %s (%s): every worker decodes its own", folder, error)
+            shutil.rmtree(folder, ignore_errors=True)
+            ctx.store.set(f"{key}/folder", "")
+            return build(dataset)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        finally:
+            if not ctx.store.check([f"{key}/folder"]):  # also on failure: the others then fail as this one did
+                ctx.store.set(f"{key}/folder", str(folder))
+        ctx.store.wait([f"{key}/mapped/{rank}" for rank in range(leader + 1, leader + local_world)], DECODE_WAIT)
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        ctx.store.wait([f"{key}/folder"], DECODE_WAIT)
+        shared = ctx.store.get(f"{key}/folder").decode()
+        if not shared or not Path(shared).is_dir():  # no room to share, or the first worker failed (fail as it did)
+            return build(dataset)
+        data = build({**dataset, "cache": "disk", "cache_dir": shared})
+        ctx.store.set(f"{key}/mapped/{ctx.rank}", "1")
+    data.train.store.keep_in_memory()
+    return data
+
+
+def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
+    """This worker's rank among the workers of its machine, and their number."""
+    if started_by_torchrun():
+        return int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    return ctx.rank, ctx.world_size
