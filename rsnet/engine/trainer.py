@@ -196,6 +196,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
     prefetcher = BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device,
                                  enabled=bool(config["prefetch"]))
+    # With several workers the primary sees only the images it claims (a share that follows its speed), so the
+    # bar counts them without a total rather than show a wrong estimate.
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:
