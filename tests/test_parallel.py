@@ -201,6 +201,18 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     assert out["lr_scale"] == pytest.approx(b0 / 24)  # b_i / (B / W), B = 48, W = 2
 
 
+def test_merge_weights_by_samples_are_the_ablation_of_weights_by_updates() -> None:
+    trainer = trainer_config("adaptive", merge_interval=96, merge_weight="samples", log_intervals=False)
+    rows = launch(_adaptive_worker, ["cpu", "cpu"], 192, 1, trainer, 0.0, slowdown=[1.0, 3.0], timeout_s=TIMEOUT)["rows"]
+    assert len(rows) == 2
+    for row in rows:  # p_i = n_i / (n_0 + n_1), and Σ p = 1 only if the merge summed the same weights
+        assert row["p/0"] == pytest.approx(row["n/0"] / (row["n/0"] + row["n/1"]))
+        assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
+    assert any(row["n/0"] / row["n/1"] != row["updates/0"] / row["updates/1"] for row in rows)  # the rules differ
+    with pytest.raises(ValueError, match="trainer.merge_weight='steps': use one of updates, samples"):
+        build_strategy(trainer_config("adaptive", merge_weight="steps"), _offline_context(), _model(), 64, 32, seed=0)
+
+
 def test_normalized_merge_equals_weighted_average_by_hand() -> None:
     weights = [3.0, 1.0]
     out = launch(_merge_worker, ["cpu", "cpu"], weights, timeout_s=TIMEOUT)

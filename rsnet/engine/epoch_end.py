@@ -82,7 +82,8 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
         if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
             log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
     else:
-        state["history"].append({"epoch": epoch, **_rounded(train_scalars)})
+        state["history"].append({"epoch": epoch, "wall_time_s": round(state["wall_time_s"], 3),
+                                 **_rounded(train_scalars)})
     _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
     if not evaluated:
         return None
@@ -101,7 +102,8 @@ def _select(evaluation: EpochEvaluation, state: dict[str, Any], tb: TensorBoardL
     state["last_metrics"] = metrics
     scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
     scalars["test/kappa"] = metrics["kappa"]
-    record = {"epoch": epoch, "test_accuracy": metrics["accuracy"], "oa": metrics["oa"], **_rounded(train_scalars)}
+    record = {"epoch": epoch, "wall_time_s": round(state["wall_time_s"], 3), "test_accuracy": metrics["accuracy"],
+              "oa": metrics["oa"], **_rounded(train_scalars)}
     improved = False
     if evaluation.val is not None:
         val = evaluation.val

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # Per-worker fields carried in the merge's meta vector, in this order.
 META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max")
+# trainer.merge_weight: what a replica's merge weight counts in the interval (samples: an ablation of the rule).
+MERGE_WEIGHTS = ("updates", "samples")
 
 
 class AdaptiveStrategy(Strategy):
@@ -44,6 +46,9 @@ class AdaptiveStrategy(Strategy):
         self.speed_ema = float(cfg["speed_ema"])
         self.warmup_intervals = int(cfg["warmup_intervals"])
         self.log_intervals = bool(cfg["log_intervals"])
+        self.merge_weight = str(cfg["merge_weight"])
+        if self.merge_weight not in MERGE_WEIGHTS:
+            raise ValueError(f"trainer.merge_weight={self.merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
         if not 0 < self.damping <= 1:
             raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
         if not 0 < self.speed_ema <= 1:
@@ -104,7 +109,8 @@ class AdaptiveStrategy(Strategy):
         return f"{self.prefix}/e{self.epoch}/i{interval}"
 
     def end_interval(self, compute_seconds: float) -> None:
-        """The normalized merge: θ ← Σ_i p_i θ_i with p_i = u_i / Σ_j u_j (u = optimizer updates in the interval),
+        """The normalized merge: θ ← Σ_i p_i θ_i with p_i = u_i / Σ_j u_j (u = optimizer updates in the interval;
+        samples with ``merge_weight: samples``),
         then every worker computes the same next batch sizes from the merged speed table."""
         super().end_interval(compute_seconds)
         busy = self._compute + self._sleep
@@ -116,7 +122,8 @@ class AdaptiveStrategy(Strategy):
         k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
-        result = normalized_merge(self.model, float(self._updates), meta=meta, comm_device=self.ctx.comm_device)
+        weight = self._updates if self.merge_weight == "updates" else self._n
+        result = normalized_merge(self.model, float(weight), meta=meta, comm_device=self.ctx.comm_device)
         if self.ctx.is_primary:  # every worker has claimed its last batch of the interval: the counter is done with
             self.ctx.store.delete_key(self._claim_key(self._interval))
         columns = result.meta.view(self.world, k).T
@@ -147,7 +154,7 @@ class AdaptiveStrategy(Strategy):
         for rank in range(self.world):
             for field in META_FIELDS:
                 row[f"{field}/{rank}"] = table[field][rank]
-            row[f"p/{rank}"] = table["updates"][rank] / total
+            row[f"p/{rank}"] = table["updates" if self.merge_weight == "updates" else "n"][rank] / total
             row[f"b_next/{rank}"] = float(self.sizes[rank])
         self._rows.append(row)
         self._own_times.append((result.idle_s, result.merge_s))  # everyone's are gathered at the end of the epoch
