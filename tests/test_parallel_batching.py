@@ -18,6 +18,7 @@ from rsnet.parallel.batching import (
     static_batches,
     static_partition,
     tail_claim_size,
+    updated_speed,
 )
 
 
@@ -169,3 +170,9 @@ def test_total_batch_is_kept_or_the_config_refused() -> None:
     with pytest.raises(ValueError, match=r"trainer\.batch_multiple"):
         check_batch_settings(64, 2, 12, 1024, 8)
     check_batch_settings(100, 3, 8, 40, 8)  # 36 + 32 + 32 fits under 40
+
+
+def test_speed_estimate_starts_at_the_first_measurement_then_averages() -> None:
+    assert updated_speed(0.0, 100, 2.0, ema=0.5) == 50.0  # no estimate yet: the measurement
+    assert updated_speed(50.0, 100, 1.0, ema=0.5) == 75.0  # 0.5 * 100 + 0.5 * 50
+    assert updated_speed(50.0, 0, 0.0, ema=0.5) == 50.0  # trained nothing: the estimate stays

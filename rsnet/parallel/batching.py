@@ -215,6 +215,16 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, batch_min: i
     return targets
 
 
+def updated_speed(previous: float, samples: float, seconds: float, ema: float) -> float:
+    """A worker's speed estimate after an interval in which it trained ``samples`` in ``seconds`` of its own
+    (compute, a simulated slowdown's sleep included): the EMA with weight ``ema`` on the newest measurement, the
+    measurement itself when there is no estimate yet, the old estimate when the worker trained nothing."""
+    if samples <= 0 or seconds <= 0:
+        return previous
+    measured = samples / seconds
+    return measured if previous <= 0 else ema * measured + (1 - ema) * previous
+
+
 def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batch: int, batch_min: int,
                      batch_max: Sequence[int] | int, multiple: int = 8, damping: float = 0.5,
                      deadband: float = 0.05) -> list[int]:

@@ -1,8 +1,9 @@
 """Discrete-event simulator of the parallel strategies (adaptive, sync, a static split) for 2 to 64 workers.
 
 It drives the scheduler's real pure functions (:mod:`rsnet.parallel.batching`: interval plan, claims through
-``IntervalClaimer`` over a simulated store, the tail rule, the batch-size controller, ``fit_total``,
-``static_batches``; called through the module, so a test can replace one) with cost models in place of devices:
+``IntervalClaimer`` over a simulated store, the tail rule, the speed estimate, the batch-size controller,
+``fit_total``, ``static_batches``; called through the module, so a test can replace one) with cost models in
+place of devices:
 
 * a worker's step on b samples takes t(b) = a + c·b seconds (:class:`DeviceProfile`); a simulated slowdown s
   multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
@@ -182,12 +183,12 @@ class SchedulerSettings:
     speed_ema: float
     warmup_intervals: int
     sync_batch_min: int
-
     base_batch: int  # the total batch B that merge_interval goes with (the run's batch_size)
 
     @classmethod
     def from_configs(cls, adaptive: Mapping[str, Any], sync: Mapping[str, Any], batch_size: int) -> SchedulerSettings:
-        """From the trainer configs as a run composes them (conf/trainer/adaptive.yaml, sync.yaml) and its batch_size."""
+        """From the trainer configs as a run composes them (conf/trainer/adaptive.yaml, sync.yaml) and its
+        batch_size."""
         return cls(int(adaptive["merge_interval"]), int(adaptive["batch_min"]), int(adaptive["batch_max"]),
                    int(adaptive["batch_multiple"]), float(adaptive["damping"]), float(adaptive["deadband"]),
                    float(adaptive["speed_ema"]), int(adaptive["warmup_intervals"]), int(sync["batch_min"]),
@@ -316,17 +317,6 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
     return tally
 
 
-def _next_speeds(speeds: list[float], tally: _Interval, ema: float) -> list[float]:
-    """The speed EMA of samples / busy seconds, as AdaptiveStrategy.end_interval computes it (inline there)."""
-    updated = []
-    for speed, samples, busy in zip(speeds, tally.samples, tally.compute):
-        if samples > 0 and busy > 0:
-            measured = samples / busy
-            speed = measured if speed <= 0 else ema * measured + (1 - ema) * speed
-        updated.append(speed)
-    return updated
-
-
 def simulate_adaptive(scenario: Scenario) -> RunResult:
     """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end, then the
     controller's next batch sizes from the merged speeds (after ``warmup_intervals`` merges)."""
@@ -346,7 +336,8 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             result.add_steps(tally.compute, tally.samples, tally.updates)
             result.interval_updates.append(tally.updates)
             result.sizes.append(list(sizes))
-            speeds = _next_speeds(speeds, tally, s.speed_ema)
+            speeds = [batching.updated_speed(speed, n, busy, s.speed_ema)
+                      for speed, n, busy in zip(speeds, tally.samples, tally.compute)]
             merges += 1
             adapting = speeds if merges > s.warmup_intervals else [0.0] * world
             sizes = batching.next_batch_sizes(sizes, adapting, total, s.batch_min, [s.batch_max] * world, s.multiple,

@@ -17,6 +17,7 @@ from rsnet.parallel.batching import (
     interval_bounds,
     next_batch_sizes,
     next_claim_size,
+    updated_speed,
 )
 from rsnet.parallel.merge import MergeResult, normalized_merge
 from rsnet.parallel.strategies.base import Claim, Strategy
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 
 # Per-worker fields carried in the merge's meta vector, in this order.
 META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max")
-# trainer.merge_weight: what a replica's merge weight counts in the interval (samples: an ablation of the rule).
-MERGE_WEIGHTS = ("updates", "samples")
+# trainer.merge_weight -> the field of META_FIELDS a replica's merge weight counts (samples: an ablation of the rule).
+MERGE_WEIGHTS = {"updates": "updates", "samples": "n"}
 
 
 class AdaptiveStrategy(Strategy):
@@ -46,9 +47,10 @@ class AdaptiveStrategy(Strategy):
         self.speed_ema = float(cfg["speed_ema"])
         self.warmup_intervals = int(cfg["warmup_intervals"])
         self.log_intervals = bool(cfg["log_intervals"])
-        self.merge_weight = str(cfg["merge_weight"])
-        if self.merge_weight not in MERGE_WEIGHTS:
-            raise ValueError(f"trainer.merge_weight={self.merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
+        merge_weight = str(cfg["merge_weight"])
+        if merge_weight not in MERGE_WEIGHTS:
+            raise ValueError(f"trainer.merge_weight={merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
+        self._weight_field = MERGE_WEIGHTS[merge_weight]  # the META_FIELDS entry a replica's merge weight counts
         if not 0 < self.damping <= 1:
             raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
         if not 0 < self.speed_ema <= 1:
@@ -114,16 +116,14 @@ class AdaptiveStrategy(Strategy):
         then every worker computes the same next batch sizes from the merged speed table."""
         super().end_interval(compute_seconds)
         busy = self._compute + self._sleep
-        if self._n > 0 and busy > 0:
-            measured = self._n / busy
-            self.speed = measured if self.speed <= 0 else self.speed_ema * measured + (1 - self.speed_ema) * self.speed
+        self.speed = updated_speed(self.speed, self._n, busy, self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max}
         k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
-        weight = self._updates if self.merge_weight == "updates" else self._n
-        result = normalized_merge(self.model, float(weight), meta=meta, comm_device=self.ctx.comm_device)
+        result = normalized_merge(self.model, float(mine[self._weight_field]), meta=meta,
+                                  comm_device=self.ctx.comm_device)
         if self.ctx.is_primary:  # every worker has claimed its last batch of the interval: the counter is done with
             self.ctx.store.delete_key(self._claim_key(self._interval))
         columns = result.meta.view(self.world, k).T
@@ -148,13 +148,12 @@ class AdaptiveStrategy(Strategy):
                         batch_maxes, sum(self.sizes), self.total_batch)
 
     def _record(self, table: dict[str, list[float]], result: MergeResult) -> None:
-        row: dict[str, float] = {"epoch": self.epoch, "interval": self.intervals_done,
-                                 "merge_time": result.merge_s, "idle": result.idle_s}
+        row: dict[str, float] = {"epoch": self.epoch, "interval": self.intervals_done, "merge_time": result.merge_s}
         total = result.total_weight or 1.0
         for rank in range(self.world):
             for field in META_FIELDS:
                 row[f"{field}/{rank}"] = table[field][rank]
-            row[f"p/{rank}"] = table["updates" if self.merge_weight == "updates" else "n"][rank] / total
+            row[f"p/{rank}"] = table[self._weight_field][rank] / total
             row[f"b_next/{rank}"] = float(self.sizes[rank])
         self._rows.append(row)
         self._own_times.append((result.idle_s, result.merge_s))  # everyone's are gathered at the end of the epoch
@@ -172,7 +171,6 @@ class AdaptiveStrategy(Strategy):
         dist.all_reduce(reduced)
         rows = self._rows[len(self._rows) - len(self._own_times):]
         for row, row_times in zip(rows, reduced.cpu()):
-            row.pop("idle", None)
             for rank, (idle, merge) in enumerate(row_times.tolist()):
                 row[f"idle/{rank}"], row[f"merge_time/{rank}"] = idle, merge
             row["merge_time"] = float(row_times[:, 1].max())
