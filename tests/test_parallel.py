@@ -7,6 +7,7 @@ tiny model on random tensors through a loop that mirrors the trainer's.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import signal
 import time
@@ -98,7 +99,11 @@ def _merge_worker(ctx, weights: list[float]):
             "meta": result.meta, "total": result.total_weight}
 
 
-def _static_worker(ctx, trainer: dict, n: int, batch: int, epochs: int):
+def _static_worker(ctx, trainer: dict, n: int, batch: int, epochs: int, staged: bool = False):
+    # staged: every worker takes the host-staged collectives of a group with GPU and CPU workers (the GPU check
+    # runs them on a GPU; here they run on CPU tensors, where staging is a no-op and must change nothing)
+    joined_staged = ctx.stage_through_host
+    ctx = dataclasses.replace(ctx, stage_through_host=staged)
     model = _model(batchnorm=trainer["name"] == "local_sgd")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = build_strategy(trainer, ctx, model, n, batch, seed=5)
@@ -106,7 +111,8 @@ def _static_worker(ctx, trainer: dict, n: int, batch: int, epochs: int):
     seen = _loop(strategy, optimizer, x, y, epochs, lr=0.1)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     return {"seen": _gather(seen), "state": _gather(state), "rows": strategy.stats(),
-            "lr_scale": strategy.lr_scale(batch // ctx.world_size)}
+            "lr_scale": strategy.lr_scale(batch // ctx.world_size), "joined_staged": joined_staged,
+            "torch_averager": getattr(strategy, "use_torch_averager", None)}
 
 
 def _regression_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,9 +296,10 @@ def test_merge_on_cuda_with_batchnorm() -> None:
     assert launch(_cuda_merge_worker, ["cuda:0"], timeout_s=TIMEOUT)
 
 
-def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> None:
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "host-staged"])
+def test_sync_one_step_equals_single_process_step_on_concatenated_batch(staged: bool) -> None:
     n, batch = 16, 16  # one step: each worker gets 8 samples
-    out = launch(_static_worker, ["cpu", "cpu"], trainer_config("sync"), n, batch, 1, timeout_s=TIMEOUT)
+    out = launch(_static_worker, ["cpu", "cpu"], trainer_config("sync"), n, batch, 1, staged, timeout_s=TIMEOUT)
     seen = out["seen"]
     assert len(seen[0][0]) == len(seen[1][0]) == 8
     for key in out["state"][0]:
@@ -309,10 +316,11 @@ def test_sync_one_step_equals_single_process_step_on_concatenated_batch() -> Non
     assert out["rows"][0]["n/0"] == 8 and out["rows"][0]["updates/1"] == 1
 
 
-def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "host-staged"])
+def test_local_sgd_averages_replicas_uniformly_every_h_steps(staged: bool) -> None:
     n, batch, period = 24, 8, 2  # shards of 12, batches of 4: 3 local steps, averages after step 2 and at the end
     trainer = trainer_config("local_sgd", average_every=period, ref_batch=8)
-    out = launch(_static_worker, ["cpu", "cpu"], trainer, n, batch, 1, timeout_s=TIMEOUT)
+    out = launch(_static_worker, ["cpu", "cpu"], trainer, n, batch, 1, staged, timeout_s=TIMEOUT)
     seen = out["seen"]
     for key in out["state"][0]:
         assert torch.equal(out["state"][0][key], out["state"][1][key])
@@ -340,6 +348,8 @@ def test_local_sgd_averages_replicas_uniformly_every_h_steps() -> None:
         assert torch.allclose(out["state"][0][key].float(), value.float(), atol=1e-6), key
     assert out["lr_scale"] == pytest.approx(0.5)
     assert out["rows"][0]["averages/0"] == 2
+    assert out["torch_averager"] is not staged
+    assert out["joined_staged"] is False  # CPU workers only: nothing to stage
 
 
 def _sync_wait_worker(ctx, steps: int, delay: float):

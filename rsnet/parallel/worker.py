@@ -31,7 +31,9 @@ class WorkerContext:
 
     ``store`` is the c10d store every worker shares (the adaptive scheduler claims batches through it); the
     collectives use the default process group. ``slowdowns``: every worker's simulated slowdown factor by rank
-    (empty: none), checked and logged by :func:`rsnet.parallel.launch`.
+    (empty: none), checked and logged by :func:`rsnet.parallel.launch`. ``stage_through_host``: the group runs
+    gloo and at least one worker's model sits on a GPU, so every worker (CPU ones too) takes the host-staged
+    collectives; a per-worker choice would have the GPU and CPU workers issue different collectives.
     """
 
     rank: int
@@ -42,6 +44,7 @@ class WorkerContext:
     backend: str = "gloo"
     devices: list[str] = field(default_factory=list)
     slowdowns: list[float] = field(default_factory=list)
+    stage_through_host: bool = False
 
     @property
     def slowdown(self) -> float:
@@ -72,11 +75,20 @@ def join_group(settings: LaunchSettings, store: Any, rank: int, world: int, loca
     dist.init_process_group(settings.backend, store=dist.PrefixStore("rsnet_pg", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=settings.timeout_s), **options)
     ctx = WorkerContext(rank=rank, world_size=world, device=device, store=store, is_primary=rank == 0,
-                        backend=settings.backend, devices=list(settings.devices), slowdowns=list(settings.slowdowns))
+                        backend=settings.backend, devices=list(settings.devices), slowdowns=list(settings.slowdowns),
+                        stage_through_host=settings.backend == "gloo" and _any_worker_on_gpu(device, world))
     if ctx.slowdown != 1.0:
         log.warning("worker %d (%s): SIMULATED slowdown x%.2f (sleeps after every step)", rank, device,
                     ctx.slowdown)
     return ctx
+
+
+def _any_worker_on_gpu(device: torch.device, world: int) -> bool:
+    """Whether any worker of the group is on a GPU: a collective, so every worker (on any machine) must call it."""
+    flag = torch.tensor([int(device.type == "cuda")])
+    if world > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def destroy_group() -> None:

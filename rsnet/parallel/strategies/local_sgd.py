@@ -24,9 +24,9 @@ class LocalSGDStrategy(StaticStrategy):
         self.steps_per_interval = int(self.cfg["average_every"])
         if self.steps_per_interval < 1:
             raise ValueError(f"trainer.average_every must be >= 1, got {self.steps_per_interval}")
-        params = list(self.model.parameters())
-        fits = bool(params) and params[0].device == self.ctx.comm_device
-        self.use_torch_averager = fits and bool(self.cfg["torch_averager"])
+        # Decided for the whole group (a GPU worker among CPU workers stages everything through host memory):
+        # the two ways issue different collectives.
+        self.use_torch_averager = not self.ctx.stage_through_host and bool(self.cfg["torch_averager"])
         self._merge_s = 0.0
         self._averages = 0
 

@@ -27,7 +27,7 @@ class SyncStrategy(StaticStrategy):
         if self.steps_per_interval < 1:
             raise ValueError(f"trainer.interval_steps must be >= 1, got {self.steps_per_interval}")
         device_ids = [ctx.device] if ctx.device.type == "cuda" else None
-        staged = ctx.device.type == "cuda" and ctx.backend == "gloo"  # a GPU worker among CPU workers
+        staged = ctx.stage_through_host  # a GPU worker among CPU workers: all workers choose the same collectives
         if staged:
             for tensor in self.model.state_dict().values():  # DDP's own init broadcast, through host memory
                 host = tensor.detach().cpu()
