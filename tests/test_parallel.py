@@ -352,6 +352,48 @@ def test_local_sgd_averages_replicas_uniformly_every_h_steps(staged: bool) -> No
     assert out["joined_staged"] is False  # CPU workers only: nothing to stage
 
 
+def _static_split_worker(ctx, n: int, epochs: int, sample_s: float, sizes: list[int] | None):
+    """trainer=static; ``sizes``: skip the measurement and train with these batch sizes from the start."""
+    model = _model(batchnorm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy(trainer_config("static"), ctx, model, n, 32 if sizes else 48, seed=5)
+    if sizes:
+        strategy.sizes, strategy.measured = sizes, True
+    x, y = _data(n)
+    seen = _loop(strategy, optimizer, x, y, epochs, lr=0.1, sample_s=sample_s)
+    return {"seen": _gather(seen), "state": _gather({k: v.clone() for k, v in model.state_dict().items()}),
+            "rows": strategy.stats(), "strategy_state": strategy.state_dict()}
+
+
+def test_static_split_fixes_batch_sizes_from_the_first_epochs_speeds() -> None:
+    n, epochs = 192, 3  # 4 steps of 48 an epoch; the sleep of 4 ms a sample outweighs the tiny model's compute
+    out = launch(_static_split_worker, ["cpu", "cpu"], n, epochs, 0.004, None, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
+    rows = out["rows"]
+    assert [(r["b/0"], r["b/1"]) for r in rows] == [(24, 24), (32, 16), (32, 16)]  # measured 2:1, then fixed
+    for epoch in range(epochs):  # every sample every epoch, in four steps of 48
+        claimed = out["seen"][0][epoch] + out["seen"][1][epoch]
+        assert sorted(claimed) == list(range(n))
+        assert rows[epoch]["updates/0"] == rows[epoch]["updates/1"] == 4
+    assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
+    assert out["strategy_state"]["batch_sizes"] == [32, 16] and out["strategy_state"]["measured"]
+
+
+def test_static_split_step_equals_single_process_step_on_the_union_batch() -> None:
+    """Unequal batches 24 + 8: the all-reduce weights each worker's mean gradient by its batch share."""
+    n = 32
+    out = launch(_static_split_worker, ["cpu", "cpu"], n, 1, 0.0, [24, 8], timeout_s=TIMEOUT)
+    seen = out["seen"]
+    assert (len(seen[0][0]), len(seen[1][0])) == (24, 8)
+    model = _model(batchnorm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(n)
+    indices = torch.tensor(seen[0][0] + seen[1][0])
+    nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
+    optimizer.step()
+    for key, value in model.state_dict().items():
+        assert torch.allclose(out["state"][0][key], value, atol=1e-6), key
+
+
 def _sync_wait_worker(ctx, steps: int, delay: float):
     """sync with slowdown [1, 2] where rank 0 (not slowed) computes ``delay`` s longer per step: rank 1 waits for
     it in the all-reduce, and that wait must not count as rank 1's compute time."""

@@ -14,7 +14,9 @@ from rsnet.parallel.batching import (
     initial_batch_sizes,
     interval_bounds,
     next_batch_sizes,
+    proportional_batches,
     proportional_targets,
+    speed_proportional_sizes,
     static_batches,
     static_partition,
     tail_claim_size,
@@ -107,6 +109,20 @@ def test_intervals_and_static_partition() -> None:
     assert [len(b) for b in static_batches(torch.arange(105), 16, 8)] == [16] * 6 + [9]
     assert [len(b) for b in static_batches(torch.arange(97), 16, 8)] == [16] * 5 + [17]
     assert [len(b) for b in static_batches(torch.arange(5), 16, 8)] == [5]
+
+
+def test_static_speed_proportional_split() -> None:
+    assert speed_proportional_sizes([200.0, 100.0], 48, 8, 1024, 8) == [32, 16]
+    assert speed_proportional_sizes([100.0, 100.0, 200.0], 48, 8, 1024, 8) == [16, 8, 24]  # 12, 12, 24 in multiples of 8
+    assert speed_proportional_sizes([1000.0, 1.0], 48, 8, 1024, 8) == [40, 8]  # the slow one keeps batch_min
+    # Every step trains B = 48 positions of the epoch permutation, split 32 / 16; all workers get 5 steps.
+    sizes = [32, 16]
+    batches = [proportional_batches(200, 3, 1, sizes, rank) for rank in range(2)]
+    assert [len(b) for b in batches[0]] == [32] * 5 and [len(b) for b in batches[1]] == [16] * 5
+    covered = torch.cat([torch.cat(b) for b in batches]).tolist()
+    assert set(covered) == set(range(200)) and len(covered) == 240  # 40 positions wrap around
+    order = epoch_permutation(200, 3, 1).tolist()
+    assert batches[0][1].tolist() == order[48:80] and batches[1][1].tolist() == order[80:96]
 
 
 def test_claimer_hands_out_disjoint_ranges_until_exhausted() -> None:

@@ -46,6 +46,19 @@ def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_s
     return order[rank:total:world_size]
 
 
+def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequence[int], rank: int) -> list[torch.Tensor]:
+    """A static split with unequal batches: step k of the epoch trains positions [k·B, (k+1)·B) of the epoch
+    permutation (padded by wrapping around to whole steps), B = Σ sizes, and worker ``rank`` takes its
+    ``sizes[rank]`` of them (after ranks 0 .. rank−1). Every worker gets the same number of steps."""
+    total = int(sum(sizes))
+    steps = math.ceil(num_samples / total)
+    order = epoch_permutation(num_samples, seed, epoch)
+    while len(order) < steps * total:
+        order = torch.cat([order, order[: steps * total - len(order)]])
+    start = int(sum(sizes[:rank]))
+    return [order[k * total + start:k * total + start + int(sizes[rank])] for k in range(steps)]
+
+
 def static_batches(shard: torch.Tensor, size: int, minimum: int) -> list[torch.Tensor]:
     """``shard`` cut into batches of ``size``; a last batch smaller than ``minimum`` joins the one before it.
     Every worker of a static split has a shard of the same length, so all get the same number of batches."""
@@ -187,6 +200,16 @@ def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], batc
     if remainder and holders:
         sizes[max(holders, key=lambda i: (units[i], -i))] += remainder
     return sizes
+
+
+def speed_proportional_sizes(speeds: Sequence[float], total_batch: int, batch_min: int, batch_max: int,
+                             multiple: int) -> list[int]:
+    """Batch sizes in proportion to ``speeds`` (samples/s), multiples of ``multiple`` within the bounds, adding up
+    to ``total_batch``: the static speed-proportional split (:func:`proportional_targets`, then
+    :func:`fit_total`)."""
+    maxes = [int(batch_max)] * len(speeds)
+    targets = proportional_targets(speeds, total_batch, batch_min, maxes)
+    return fit_total(total_batch, [round(t) for t in targets], targets, batch_min, maxes, multiple)
 
 
 def proportional_targets(speeds: Sequence[float], total_batch: int, batch_min: int,

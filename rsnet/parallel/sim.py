@@ -375,9 +375,7 @@ def static_split(scenario: Scenario) -> list[int]:
     s, world, total = scenario.settings, scenario.world, scenario.total_batch
     equal = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
     speeds = [device.speed(b) for device, b in zip(scenario.devices, equal)]
-    maxes = [s.batch_max] * world
-    targets = batching.proportional_targets(speeds, total, s.batch_min, maxes)
-    return batching.fit_total(total, [round(t) for t in targets], targets, s.batch_min, maxes, s.multiple)
+    return batching.speed_proportional_sizes(speeds, total, s.batch_min, s.batch_max, s.multiple)
 
 
 def simulate_static(scenario: Scenario) -> RunResult:

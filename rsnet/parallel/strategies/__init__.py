@@ -1,5 +1,6 @@
 """Training strategies: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
-``sync`` (DistributedDataParallel) and ``local_sgd`` (periodic uniform averaging), and their registry.
+``sync`` (DistributedDataParallel), ``local_sgd`` (periodic uniform averaging) and ``static`` (DDP with batch sizes
+fixed from the speeds measured in the first epoch), and their registry.
 
 Every strategy drives the same worker loop (rsnet/engine/trainer.py; docs/scheduler.md, "The worker loop"): each
 communication point is a call in it (``start_epoch``, ``claims``, ``after_step``, ``end_interval``, ``end_epoch``),
@@ -16,15 +17,17 @@ from torch import nn
 from rsnet.parallel.strategies.adaptive import AdaptiveStrategy
 from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.local_sgd import LocalSGDStrategy
+from rsnet.parallel.strategies.static_split import StaticSplitStrategy
 from rsnet.parallel.strategies.reports import format_row, scheduler_report, summarize
 from rsnet.parallel.strategies.sync import SyncStrategy
 from rsnet.parallel.worker import WorkerContext
 
-__all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "Strategy", "SyncStrategy",
+__all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "StaticSplitStrategy", "Strategy", "SyncStrategy",
            "build_strategy", "format_row", "scheduler_report", "summarize"]
 
 # The registry: trainer.name -> strategy class.
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AdaptiveStrategy, SyncStrategy, LocalSGDStrategy)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AdaptiveStrategy, SyncStrategy, LocalSGDStrategy,
+                                                                    StaticSplitStrategy)}
 
 
 def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,

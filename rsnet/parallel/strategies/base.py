@@ -161,13 +161,13 @@ class StaticStrategy(Strategy):
         self.epoch = epoch
         shard = static_partition(self.num_samples, self.seed, epoch, self.rank, self.world)
         self._batches = static_batches(shard, self._static_batch(), min(self.batch_min, self._static_batch()))
-        self._padded = len(shard) * self.world
+        self._padded, self._step_samples = len(shard) * self.world, self._static_batch() * self.world
         return -(-len(self._batches) // self.steps_per_interval)
 
     def claims(self, interval: int) -> Iterator[Claim]:
         first = interval * self.steps_per_interval
         for step in range(first, min(first + self.steps_per_interval, len(self._batches))):
-            position = step * self._static_batch() * self.world / self._padded
+            position = step * self._step_samples / self._padded
             yield Claim(self._batches[step], self.epoch + position)
 
     def _static_batch(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from typing import Any
@@ -12,6 +13,12 @@ from torch import nn
 
 from rsnet.parallel.strategies.base import StaticStrategy
 from rsnet.parallel.worker import WorkerContext
+
+
+# DDP's switch for broadcasting rank 0's buffers before every forward: broadcast_buffers, deprecated by newer torch.
+_BUFFER_SYNC_ARGUMENT = ("forward_sync_buffers"
+                         if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+                         else "broadcast_buffers")
 
 
 class SyncStrategy(StaticStrategy):
@@ -34,8 +41,8 @@ class SyncStrategy(StaticStrategy):
                 dist.broadcast(host, src=0)
                 tensor.copy_(host.to(tensor.device))
         # From here on the loop trains the model through its DDP wrapper (same parameters and buffers).
-        self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
-                                                         init_sync=not staged, broadcast_buffers=not staged)
+        self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids, init_sync=not staged,
+                                                         **{_BUFFER_SYNC_ARGUMENT: not staged})
         # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
         # last bucket is handed to the backend and when the last reduction completes: the time in between is
         # spent communicating or waiting for the other workers, not computing (see _own_seconds).
@@ -73,6 +80,7 @@ class _CommTimer:
 
     def __init__(self, ctx: WorkerContext, staged: bool) -> None:
         self.ctx, self.staged = ctx, staged
+        self.weight = 1.0 / ctx.world_size  # this worker's share of the summed gradient (its batch / B)
         self.last_launch = self.last_done = None
 
     def pop_wait(self) -> float:
@@ -85,12 +93,12 @@ class _CommTimer:
 
 
 def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, and they are strings here
-    """DDP comm hook: average the bucket (through host memory when ``timer.staged``: a GPU worker in a gloo
-    group), recording launch and completion times for :meth:`SyncStrategy._own_seconds`."""
-    ctx = timer.ctx
+    """DDP comm hook: the buckets' weighted sum, each worker's gradient × ``timer.weight`` (1/W: the average; a
+    static split weights by batch share), through host memory when ``timer.staged`` (a GPU worker in a gloo
+    group); records launch and completion times for :meth:`SyncStrategy._own_seconds`."""
     tensor = bucket.buffer()
     staged = tensor.detach().cpu() if timer.staged else tensor
-    staged.div_(ctx.world_size)
+    staged.mul_(timer.weight)
     timer.last_launch = time.perf_counter()
     work = dist.all_reduce(staged, async_op=True)
 
