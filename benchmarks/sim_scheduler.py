@@ -9,7 +9,8 @@ time, and the merge interval M above which adaptive's merges cost < 5 % of it.
     python benchmarks/sim_scheduler.py                   # every table (arithmetic: seconds)
     python benchmarks/sim_scheduler.py --quick           # fewer worker counts, shorter runs
     python benchmarks/sim_scheduler.py --validate        # simulated vs measured samples/s of the 2-CPU benchmark
-    python benchmarks/sim_scheduler.py --validate --real-epochs 3   # ... and vs real 2-worker runs made now
+    python benchmarks/sim_scheduler.py --validate --study outputs/bench_scheduler.jsonl   # ... and vs the
+                                                         # time-to-accuracy study's runs (bench_scheduler.py)
     python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that sim.py keeps (< 1 min)
 """
 
@@ -20,7 +21,6 @@ import json
 import multiprocessing
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +39,10 @@ MEASURED = {"[1, 2]": {"sync": 42.6, "adaptive": 62.9}, "[1, 1]": {"sync": 88.7,
 # Adaptive at [1, 2], fast / slow worker: the 3 seeds' totals (3360 / 1680 samples, 153 / 183 updates) per run.
 MEASURED_SPLIT = {"samples": [1120, 560], "updates": [51, 61]}
 BENCH = {"samples": 210, "epochs": 8, "batch": 32, "merge_interval": 105, "backbone": "test_resnet",
-         "image_size": 128}
+         "image_size": 128, "model": sim.TEST_RESNET_21}
+# benchmarks/bench_scheduler.py's study: aid-dev at 64 px, 720 training images, baseline resnet18 (30 classes: 4.6 k
+# parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32, M = 512 (the default).
+STUDY = {"samples": 720, "batch": 32, "merge_interval": 512, "model": sim.RESNET18_21}
 SLOWDOWNS = {"[1, 2]": (1.0, 2.0), "[1, 1]": (1.0, 1.0)}
 
 
@@ -150,31 +153,31 @@ def profile_table() -> None:
 # ----------------------------------------------------------------------------------------------- validation
 
 
-def bench_scenario(profile: sim.DeviceProfile, slowdowns: tuple[float, ...], epochs: int) -> sim.Scenario:
-    """The setup of benchmarks/bench_scheduler.py: 2 CPU workers on one host, gloo, the store on the same host."""
+def bench_scenario(profile: sim.DeviceProfile, slowdowns: tuple[float, ...], epochs: int, setup: dict) -> sim.Scenario:
+    """A benchmark's setup (``BENCH`` or ``STUDY``): CPU workers on one host, gloo, the store on the same host."""
     devices = tuple(profile.slowed(s) if s != 1 else profile for s in slowdowns)
-    settings = replace(SETTINGS, merge_interval=BENCH["merge_interval"])
-    return sim.Scenario("bench", devices, sim.TEST_RESNET_21, sim.LOOPBACK, BENCH["batch"], BENCH["samples"], epochs,
+    settings = replace(SETTINGS, merge_interval=setup["merge_interval"])
+    return sim.Scenario("bench", devices, setup["model"], sim.LOOPBACK, setup["batch"], setup["samples"], epochs,
                         settings, sim.STORE_RTT_LOCAL_S)
 
 
-def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float) -> sim.DeviceProfile:
+def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, setup: dict) -> sim.DeviceProfile:
     """``profile`` with c set so that simulated sync at [1, 1] trains ``samples_per_s`` (sync's wall time is linear
     in c, so two simulations give it)."""
     def wall(c: float) -> float:
-        return sim.simulate_sync(bench_scenario(replace(profile, c=c), SLOWDOWNS["[1, 1]"], epochs)).wall_s
+        return sim.simulate_sync(bench_scenario(replace(profile, c=c), SLOWDOWNS["[1, 1]"], epochs, setup)).wall_s
 
-    target = BENCH["samples"] * epochs / samples_per_s
+    target = setup["samples"] * epochs / samples_per_s
     first, second = wall(profile.c), wall(2 * profile.c)
     return replace(profile, c=profile.c * (1 + (target - first) / (second - first)))
 
 
 def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[str, float]],
-             split: dict[str, list[float]], label: str) -> None:
+             split: dict[str, list[float]], label: str, setup: dict) -> None:
     """Simulated vs ``measured`` samples/s per scenario and strategy, with ``profile`` as logged and with its c
     calibrated on sync at [1, 1]; then adaptive's split of the samples and updates between the workers at [1, 2]
     (per run) against ``split``, and their idle share where measured."""
-    fitted = calibrated(profile, epochs, measured["[1, 1]"]["sync"])
+    fitted = calibrated(profile, epochs, measured["[1, 1]"]["sync"], setup)
     print(f"\n### Validation: {label}\n")
     print(f"profile ({profile.source}): a = {1000 * profile.a:.2f} ms, c = {1000 * profile.c:.3f} ms/sample; "
           f"calibrated: c = {1000 * fitted.c:.3f} ms/sample; {epochs} epochs\n")
@@ -183,7 +186,7 @@ def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[s
     print("|---|---|---|---|---|---|---|---|")
     runs = {}
     for key, slowdowns in SLOWDOWNS.items():
-        runs[key] = {version: {name: simulate(bench_scenario(p, slowdowns, epochs)) for name, simulate in
+        runs[key] = {version: {name: simulate(bench_scenario(p, slowdowns, epochs, setup)) for name, simulate in
                                (("sync", sim.simulate_sync), ("adaptive", sim.simulate_adaptive))}
                      for version, p in (("logged", profile), ("calibrated", fitted))}
         for name in ("sync", "adaptive"):
@@ -207,36 +210,22 @@ def _slash(values: list[float]) -> str:
     return " / ".join(f"{v:.0f}" for v in values)
 
 
-def real_runs(epochs: int) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], sim.DeviceProfile]:
-    """Real 2-worker trainings now (benchmarks/bench_scheduler.py's run, seed 0): samples/s per scenario and
-    strategy; adaptive's samples, updates and idle per worker at [1, 2]; the step profile from that run's speeds."""
-    import bench_scheduler
-
-    args = argparse.Namespace(devices="cpu,cpu", threads=1, epochs=epochs, backbone=BENCH["backbone"],
-                              model="baseline", image_size=BENCH["image_size"], batch=BENCH["batch"],
-                              merge_interval=BENCH["merge_interval"], average_every=4, timeout=600)
-    speeds: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="sim_validate_") as tmp:
-        for key, slowdowns in SLOWDOWNS.items():
-            for name in ("sync", "adaptive"):
-                run_dir = Path(tmp) / f"{name}_{slowdowns[1]}"
-                run = bench_scheduler.run(name, ",".join(f"{s:.1f}" for s in slowdowns), 0, args, run_dir)
-                speeds.setdefault(key, {})[name] = run["samples"] / run["wall_s"]
-                print(f"  real {key} {name}: {speeds[key][name]:.1f} samples/s", flush=True)
-                if key == "[1, 2]" and name == "adaptive":
-                    workers = json.loads((run_dir / "metrics.json").read_text())["scheduler"]["workers"]
-                    split = {"samples": run["worker_samples"], "updates": run["updates"],
-                             "idle": [100 * w["idle_s"] / run["wall_s"] for w in workers]}
-                    profile = _profile_from_workers(workers, slowdowns)
-    return speeds, split, profile
-
-
-def _profile_from_workers(workers: list[dict], slowdowns: tuple[float, ...]) -> sim.DeviceProfile:
-    """t(b) through each worker's last batch size and speed (samples / compute seconds, a slowed worker's sleep
-    included, hence divided by its slowdown)."""
-    batches = [w["last_batch"] for w in workers]
-    seconds = [w["last_batch"] / (w["speed"] * s) for w, s in zip(workers, slowdowns)]
-    return sim.fit_profile("test_resnet 128px now", batches, seconds, "speeds logged by the real adaptive [1, 2] run")
+def study_measurements(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], int]:
+    """From bench_scheduler.py's JSON lines: mean samples/s of sync and adaptive at 1:2 and 1:1 over the seeds,
+    adaptive's mean samples and updates per worker at 1:2, and the runs' epochs."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line]
+    measured: dict[str, dict[str, float]] = {}
+    for key, scenario in (("[1, 2]", "1:2"), ("[1, 1]", "1:1")):
+        for name in ("sync", "adaptive"):
+            runs = [r for r in records if r["scenario"] == scenario and r["strategy"] == name]
+            if not runs:
+                raise SystemExit(f"{path}: no {name} run at {scenario} (run bench_scheduler.py --scenarios 1:2 1:1)")
+            measured.setdefault(key, {})[name] = statistics.mean(
+                r["train_samples"] * r["epochs"] / r["curve"][-1][0] for r in runs)
+    runs = [r for r in records if r["scenario"] == "1:2" and r["strategy"] == "adaptive"]
+    split = {field: [statistics.mean(values) for values in zip(*(r[key] for r in runs))]
+             for field, key in (("samples", "worker_samples"), ("updates", "updates"))}
+    return measured, split, int(runs[0]["epochs"])
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -315,9 +304,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="W = 2, 8 and 10 merge intervals per run")
     parser.add_argument("--intervals", type=int, default=100, help="merge intervals per simulated run")
     parser.add_argument("--validate", action="store_true", help="simulated vs measured 2-CPU benchmark")
-    parser.add_argument("--real-epochs", type=int, default=0,
-                        help="with --validate: also run real 2-worker trainings of this many epochs now (sync and "
-                             "adaptive at [1, 2] and [1, 1]; about 40 s each) and compare with them")
+    parser.add_argument("--study", type=Path, default=None,
+                        help="with --validate: also compare with the runs of bench_scheduler.py in this JSON-lines "
+                             "file (sync and adaptive at 1:2 and 1:1, mean over its seeds)")
     parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in sim.py")
     args = parser.parse_args()
     if args.measure_cpu:
@@ -325,10 +314,10 @@ def main() -> None:
         return
     if args.validate:
         validate(sim.CPU_TEST_RESNET_128, BENCH["epochs"], MEASURED, MEASURED_SPLIT,
-                 "stored profile vs docs/scheduler.md's measured run (2026-11-22)")
-        if args.real_epochs:
-            speeds, split, profile = real_runs(args.real_epochs)
-            validate(profile, args.real_epochs, speeds, split, "real runs now, profile from their logged speeds")
+                 "stored profile vs docs/scheduler.md's measured run (2026-11-22)", BENCH)
+        if args.study:
+            measured, split, epochs = study_measurements(args.study)
+            validate(sim.CPU_RESNET18_64, epochs, measured, split, f"the time-to-accuracy study ({args.study})", STUDY)
         return
     started = time.perf_counter()
     worlds, intervals = ([2, 8], 10) if args.quick else ([2, 4, 8, 16, 64], args.intervals)
