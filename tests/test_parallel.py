@@ -296,6 +296,18 @@ def test_merge_on_cuda_with_batchnorm() -> None:
     assert launch(_cuda_merge_worker, ["cuda:0"], timeout_s=TIMEOUT)
 
 
+def _assert_equals_one_step_on_the_union(out: dict, n: int) -> None:
+    """The trained state equals one single-process SGD step (lr 0.1) on both workers' first batches together."""
+    model = _model(batchnorm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(n)
+    indices = torch.tensor(out["seen"][0][0] + out["seen"][1][0])
+    nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
+    optimizer.step()
+    for key, value in model.state_dict().items():
+        assert torch.allclose(out["state"][0][key], value, atol=1e-6), key
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["direct", "host-staged"])
 def test_sync_one_step_equals_single_process_step_on_concatenated_batch(staged: bool) -> None:
     n, batch = 16, 16  # one step: each worker gets 8 samples
@@ -304,14 +316,7 @@ def test_sync_one_step_equals_single_process_step_on_concatenated_batch(staged: 
     assert len(seen[0][0]) == len(seen[1][0]) == 8
     for key in out["state"][0]:
         assert torch.equal(out["state"][0][key], out["state"][1][key])
-    model = _model(batchnorm=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data(n)
-    indices = torch.tensor(seen[0][0] + seen[1][0])
-    nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
-    optimizer.step()
-    for key, value in model.state_dict().items():
-        assert torch.allclose(out["state"][0][key], value, atol=1e-6), key
+    _assert_equals_one_step_on_the_union(out, n)
     assert out["lr_scale"] == 1.0
     assert out["rows"][0]["n/0"] == 8 and out["rows"][0]["updates/1"] == 1
 
@@ -384,14 +389,7 @@ def test_static_split_step_equals_single_process_step_on_the_union_batch() -> No
     out = launch(_static_split_worker, ["cpu", "cpu"], n, 1, 0.0, [24, 8], timeout_s=TIMEOUT)
     seen = out["seen"]
     assert (len(seen[0][0]), len(seen[1][0])) == (24, 8)
-    model = _model(batchnorm=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data(n)
-    indices = torch.tensor(seen[0][0] + seen[1][0])
-    nn.functional.cross_entropy(model(x[indices]), y[indices]).backward()
-    optimizer.step()
-    for key, value in model.state_dict().items():
-        assert torch.allclose(out["state"][0][key], value, atol=1e-6), key
+    _assert_equals_one_step_on_the_union(out, n)
 
 
 def _sync_wait_worker(ctx, steps: int, delay: float):

@@ -1,0 +1,72 @@
+"""The time-to-accuracy study's arithmetic (benchmarks/bench_scheduler.py --report-only) and the simulator's
+validation against it (sim_scheduler.py --validate --study), on hand-made run records."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+
+import pytest
+from helpers import REPO
+from PIL import Image
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(bench, scenario: str, strategy: str, seed: int, curve: list[tuple[float, float, float]]) -> dict:
+    key = bench.run_key(scenario, strategy, seed, argparse.Namespace(epochs=3, image_size=64, batch=32))
+    return {"key": key, "scenario": scenario, "strategy": strategy, "seed": seed, "curve": curve,
+            "train_samples": 720, "epochs": 3, "updates": [30, 20], "worker_samples": [1440, 720]}
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    bench = _load("bench_scheduler")
+    sync = [(10.0, 20.0, 21.0), (20.0, 40.0, 41.0), (30.0, 50.0, 52.0)]  # target: 95 % of 50 = 47.5, at 30 s
+    records = [_record(bench, "1:2", "sync", 0, sync), _record(bench, "1:2", "sync", 1, sync),
+               _record(bench, "1:2", "adaptive", 0, [(6.0, 25.0, 24.0), (12.0, 48.0, 47.0), (18.0, 51.0, 51.5)]),
+               _record(bench, "1:2", "adaptive", 1, [(8.0, 30.0, 30.0), (16.0, 45.0, 44.0), (24.0, 47.9, 49.0)]),
+               _record(bench, "1:1", "sync", 0, sync), _record(bench, "1:1", "adaptive", 0, sync)]
+    results = tmp_path / "study.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return bench, results
+
+
+def test_report_gives_time_to_target_ratios_and_verdicts(study, tmp_path, monkeypatch, capsys):
+    bench, results = study
+    png = tmp_path / "curves.png"
+    monkeypatch.setattr(sys, "argv", ["bench_scheduler.py", "--report-only", "--results", str(results), "--epochs", "3",
+                                      "--seeds", "2", "--scenarios", "1:2", "1:1", "--strategies", "sync", "adaptive",
+                                      "--plot", str(png)])
+    bench.main()
+    out = capsys.readouterr().out
+    # adaptive reaches 47.5 at 12 s and 24 s against sync's 30 s: 2.5x and 1.25x; final test -0.5 and -3.0 points.
+    assert "| adaptive | 18.00 ± 8.49 | 1.88 ± 0.88 |" in out
+    # budget = the shortest run (18 s, 24 s): sync's validation there is 20 then 40; adaptive's 51 and 45.
+    assert "| sync | 30.00 ± 0.00 | 1.00 ± 0.00 | 30.00 ± 14.14 |" in out
+    assert "| 49.45 ± 2.19 | 50.25 ± 1.77 | 50.25 ± 1.77 | -1.75 ± 1.77 |" in out
+    assert "1:2: adaptive reaches the target 1.88x faster than sync (target >= 1.3x), final test -1.75 points" in out
+    assert "NOT MET" in out.splitlines()[-3]  # 1:2: the accuracy half fails
+    assert out.splitlines()[-2].endswith(": MET")  # 1:1: identical curves
+    assert "(1 paired seed, 3 epochs)" in out  # 1:1 has seed 0 only
+    assert Image.open(png).size == (900, 580)
+
+
+def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
+    _, results = study
+    sim_cli = _load("sim_scheduler")
+    monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--validate", "--study", str(results)])
+    sim_cli.main()
+    out = capsys.readouterr().out
+    assert f"### Validation: the time-to-accuracy study ({results})" in out
+    # measured samples/s: 720 x 3 / 30 s = 72 for sync at [1, 2]; adaptive's mean of 120 and 90
+    assert "| [1, 2] | sync | 72.0 |" in out and "| [1, 2] | adaptive | 105.0 |" in out
+    assert "measured 1440 / 720; updates simulated" in out
