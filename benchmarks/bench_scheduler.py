@@ -204,6 +204,9 @@ def main() -> None:
         if not args.root.is_dir():
             raise SystemExit(f"skipped: the AID development subset is not at '{args.root}' (pass --root DIR)")
         args.results.parent.mkdir(parents=True, exist_ok=True)
+        if results:
+            print(f"{args.results}: {len(results)} finished runs are reused, not rerun (delete the file to start "
+                  "afresh, e.g. after a code change)", flush=True)
         for seed in range(args.seeds):
             for scenario in args.scenarios:
                 for strategy in args.strategies:
