@@ -358,8 +358,9 @@ def test_local_sgd_averages_replicas_uniformly_every_h_steps(staged: bool) -> No
 
 
 def _static_split_worker(ctx, n: int, epochs: int, sample_s: float, sizes: list[int] | None):
-    """trainer=static; ``sizes``: skip the measurement and train with these batch sizes from the start."""
-    model = _model(batchnorm=False)
+    """trainer=static; ``sizes``: skip the measurement and train with these batch sizes from the start. The model
+    has BatchNorm when measuring (its buffers must not make the fast worker wait outside the timed all-reduce)."""
+    model = _model(batchnorm=sizes is None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = build_strategy(trainer_config("static"), ctx, model, n, 32 if sizes else 48, seed=5)
     if sizes:

@@ -23,6 +23,10 @@ class StaticSplitStrategy(SyncStrategy):
     claiming, no re-measuring, no merging: what adaptive adds over a one-off measurement shows against it."""
 
     name = "static"
+    # The measured speeds must be each worker's own: no buffer broadcast before every forward, where the faster worker
+    # would wait for the slower one outside the timed all-reduce. Training uses batch statistics either way, and
+    # end_epoch still makes every replica's buffers rank 0's.
+    sync_buffers_every_step = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -26,6 +26,9 @@ class SyncStrategy(StaticStrategy):
     Its intervals (``interval_steps`` batches) only set how often the loop syncs with the host."""
 
     name = "sync"
+    # DDP's default: rank 0's buffers (BatchNorm statistics) are broadcast before every forward. It is a collective
+    # outside the gradient all-reduce, so a worker that waits there for a slower one counts the wait as its own time.
+    sync_buffers_every_step = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,8 +44,9 @@ class SyncStrategy(StaticStrategy):
                 dist.broadcast(host, src=0)
                 tensor.copy_(host.to(tensor.device))
         # From here on the loop trains the model through its DDP wrapper (same parameters and buffers).
+        sync_buffers = self.sync_buffers_every_step and not staged
         self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids, init_sync=not staged,
-                                                         **{_BUFFER_SYNC_ARGUMENT: not staged})
+                                                         **{_BUFFER_SYNC_ARGUMENT: sync_buffers})
         # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
         # last bucket is handed to the backend and when the last reduction completes: the time in between is
         # spent communicating or waiting for the other workers, not computing (see _own_seconds).
