@@ -52,9 +52,7 @@ def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequenc
     ``sizes[rank]`` of them (after ranks 0 .. rank−1). Every worker gets the same number of steps."""
     total = int(sum(sizes))
     steps = math.ceil(num_samples / total)
-    order = epoch_permutation(num_samples, seed, epoch)
-    while len(order) < steps * total:
-        order = torch.cat([order, order[: steps * total - len(order)]])
+    order = epoch_permutation(num_samples, seed, epoch).repeat(math.ceil(steps * total / num_samples))
     start = int(sum(sizes[:rank]))
     return [order[k * total + start:k * total + start + int(sizes[rank])] for k in range(steps)]
 
