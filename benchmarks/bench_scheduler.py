@@ -110,6 +110,11 @@ def load_results(path: Path) -> dict[str, dict]:
     return {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
 
 
+def samples_per_s(record: dict) -> float:
+    """A run's training samples per second of training wall time."""
+    return record["train_samples"] * record["epochs"] / record["curve"][-1][0]
+
+
 def run_metrics(record: dict, target: float, budget: float) -> dict:
     """One run's figures given its scenario's target validation accuracy and wall-clock budget."""
     curve = record["curve"]
@@ -118,7 +123,7 @@ def run_metrics(record: dict, target: float, budget: float) -> dict:
     wall = curve[-1][0]
     updates = record["updates"]
     return {"time_to_target": reached, "val_at_budget": within[-1][1], "test_at_budget": within[-1][2],
-            "final_test": curve[-1][2], "samples_per_s": record["train_samples"] * record["epochs"] / wall,
+            "final_test": curve[-1][2], "samples_per_s": samples_per_s(record),
             "balance": min(updates) / max(updates) if max(updates) else 0.0, "wall": wall}
 
 

@@ -17,7 +17,6 @@ time, and the merge interval M above which adaptive's merges cost < 5 % of it.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -213,15 +212,16 @@ def _slash(values: list[float]) -> str:
 def study_measurements(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], int]:
     """From bench_scheduler.py's JSON lines: mean samples/s of sync and adaptive at 1:2 and 1:1 over the seeds,
     adaptive's mean samples and updates per worker at 1:2, and the runs' epochs."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line]
+    import bench_scheduler  # a sibling script: benchmarks/ is on the path when this one runs
+
+    records = list(bench_scheduler.load_results(path).values())
     measured: dict[str, dict[str, float]] = {}
     for key, scenario in (("[1, 2]", "1:2"), ("[1, 1]", "1:1")):
         for name in ("sync", "adaptive"):
             runs = [r for r in records if r["scenario"] == scenario and r["strategy"] == name]
             if not runs:
                 raise SystemExit(f"{path}: no {name} run at {scenario} (run bench_scheduler.py --scenarios 1:2 1:1)")
-            measured.setdefault(key, {})[name] = statistics.mean(
-                r["train_samples"] * r["epochs"] / r["curve"][-1][0] for r in runs)
+            measured.setdefault(key, {})[name] = statistics.mean(bench_scheduler.samples_per_s(r) for r in runs)
     runs = [r for r in records if r["scenario"] == "1:2" and r["strategy"] == "adaptive"]
     split = {field: [statistics.mean(values) for values in zip(*(r[key] for r in runs))]
              for field, key in (("samples", "worker_samples"), ("updates", "updates"))}

@@ -46,7 +46,8 @@ def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_s
     return order[rank:total:world_size]
 
 
-def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequence[int], rank: int) -> list[torch.Tensor]:
+def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequence[int],
+                         rank: int) -> list[torch.Tensor]:
     """A static split with unequal batches: step k of the epoch trains positions [k·B, (k+1)·B) of the epoch
     permutation (padded by wrapping around to whole steps), B = Σ sizes, and worker ``rank`` takes its
     ``sizes[rank]`` of them (after ranks 0 .. rank−1). Every worker gets the same number of steps."""

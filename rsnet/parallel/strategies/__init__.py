@@ -17,13 +17,13 @@ from torch import nn
 from rsnet.parallel.strategies.adaptive import AdaptiveStrategy
 from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.local_sgd import LocalSGDStrategy
-from rsnet.parallel.strategies.static_split import StaticSplitStrategy
 from rsnet.parallel.strategies.reports import format_row, scheduler_report, summarize
+from rsnet.parallel.strategies.static_split import StaticSplitStrategy
 from rsnet.parallel.strategies.sync import SyncStrategy
 from rsnet.parallel.worker import WorkerContext
 
-__all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "StaticSplitStrategy", "Strategy", "SyncStrategy",
-           "build_strategy", "format_row", "scheduler_report", "summarize"]
+__all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "StaticSplitStrategy", "Strategy",
+           "SyncStrategy", "build_strategy", "format_row", "scheduler_report", "summarize"]
 
 # The registry: trainer.name -> strategy class.
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AdaptiveStrategy, SyncStrategy, LocalSGDStrategy,
