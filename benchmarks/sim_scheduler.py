@@ -17,7 +17,9 @@ time, and the merge interval M above which adaptive's merges cost < 5 % of it.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
+import socket
 import statistics
 import sys
 import time
@@ -34,7 +36,7 @@ from rsnet.parallel import sim  # noqa: E402
 
 # docs/scheduler.md, "Measured" (run of 2026-11-22): 2 CPU workers, 1 thread each, baseline/test_resnet at 128 px,
 # batch 32, 8 epochs of the 210 training images of ucmerced-mini, M = 105; samples/s.
-MEASURED = {"[1, 2]": {"sync": 42.6, "adaptive": 62.9}, "[1, 1]": {"sync": 88.7, "adaptive": 83.5}}
+MEASURED = {"1:2": {"sync": 42.6, "adaptive": 62.9}, "1:1": {"sync": 88.7, "adaptive": 83.5}}
 # Adaptive at [1, 2], fast / slow worker: the 3 seeds' totals (3360 / 1680 samples, 153 / 183 updates) per run.
 MEASURED_SPLIT = {"samples": [1120, 560], "updates": [51, 61]}
 BENCH = {"samples": 210, "epochs": 8, "batch": 32, "merge_interval": 105, "backbone": "test_resnet",
@@ -42,7 +44,10 @@ BENCH = {"samples": 210, "epochs": 8, "batch": 32, "merge_interval": 105, "backb
 # benchmarks/bench_scheduler.py's study: aid-dev at 64 px, 720 training images, baseline resnet18 (30 classes: 4.6 k
 # parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32, M = 512 (the default).
 STUDY = {"samples": 720, "batch": 32, "merge_interval": 512, "model": sim.RESNET18_21}
-SLOWDOWNS = {"[1, 2]": (1.0, 2.0), "[1, 1]": (1.0, 1.0)}
+# The strategies the simulator models, as the study runs them: trainer=static trains its first epoch at the equal
+# split while it measures the speeds.
+SIMULATORS = {"sync": sim.simulate_sync, "adaptive": sim.simulate_adaptive,
+              "static": functools.partial(sim.simulate_static, measuring_epochs=1)}
 
 
 def conf_yaml(*parts: str) -> dict:
@@ -152,19 +157,27 @@ def profile_table() -> None:
 # ----------------------------------------------------------------------------------------------- validation
 
 
-def bench_scenario(profile: sim.DeviceProfile, slowdowns: tuple[float, ...], epochs: int, setup: dict) -> sim.Scenario:
-    """A benchmark's setup (``BENCH`` or ``STUDY``): CPU workers on one host, gloo, the store on the same host."""
-    devices = tuple(profile.slowed(s) if s != 1 else profile for s in slowdowns)
+def slowdowns_of(scenario: str) -> tuple[float, ...]:
+    """bench_scheduler.py's scenario name as its workers' slowdowns: "1:1:2" -> (1.0, 1.0, 2.0)."""
+    return tuple(float(part) for part in scenario.split(":"))
+
+
+def bench_scenario(profile: sim.DeviceProfile, scenario: str, epochs: int, setup: dict,
+                   link: sim.Link) -> sim.Scenario:
+    """A benchmark's setup (``BENCH`` or ``STUDY``): CPU workers on one host, gloo over ``link``, the store on the
+    same host."""
+    devices = tuple(profile.slowed(s) if s != 1 else profile for s in slowdowns_of(scenario))
     settings = replace(SETTINGS, merge_interval=setup["merge_interval"])
-    return sim.Scenario("bench", devices, setup["model"], sim.LOOPBACK, setup["batch"], setup["samples"], epochs,
+    return sim.Scenario("bench", devices, setup["model"], link, setup["batch"], setup["samples"], epochs,
                         settings, sim.STORE_RTT_LOCAL_S)
 
 
-def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, setup: dict) -> sim.DeviceProfile:
-    """``profile`` with c set so that simulated sync at [1, 1] trains ``samples_per_s`` (sync's wall time is linear
+def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, setup: dict,
+               link: sim.Link) -> sim.DeviceProfile:
+    """``profile`` with c set so that simulated sync at 1:1 trains ``samples_per_s`` (sync's wall time is linear
     in c, so two simulations give it)."""
     def wall(c: float) -> float:
-        return sim.simulate_sync(bench_scenario(replace(profile, c=c), SLOWDOWNS["[1, 1]"], epochs, setup)).wall_s
+        return sim.simulate_sync(bench_scenario(replace(profile, c=c), "1:1", epochs, setup, link)).wall_s
 
     target = setup["samples"] * epochs / samples_per_s
     first, second = wall(profile.c), wall(2 * profile.c)
@@ -172,37 +185,43 @@ def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, se
 
 
 def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[str, float]],
-             split: dict[str, list[float]], label: str, setup: dict) -> None:
-    """Simulated vs ``measured`` samples/s per scenario and strategy, with ``profile`` as logged and with its c
-    calibrated on sync at [1, 1]; then adaptive's split of the samples and updates between the workers at [1, 2]
-    (per run) against ``split``, and their idle share where measured."""
-    fitted = calibrated(profile, epochs, measured["[1, 1]"]["sync"], setup)
+             split: dict[str, list[float]], label: str, setup: dict, link: sim.Link = sim.LOOPBACK) -> None:
+    """Simulated vs ``measured`` samples/s per scenario ("1:2", ...) and strategy, with ``profile`` as logged and
+    with its c calibrated on sync at 1:1; how many runs are within 10 %; then adaptive's split of the samples and
+    updates between the workers at 1:2 (per run) against ``split``."""
+    fitted = calibrated(profile, epochs, measured["1:1"]["sync"], setup, link)
     print(f"\n### Validation: {label}\n")
     print(f"profile ({profile.source}): a = {1000 * profile.a:.2f} ms, c = {1000 * profile.c:.3f} ms/sample; "
-          f"calibrated: c = {1000 * fitted.c:.3f} ms/sample; {epochs} epochs\n")
+          f"calibrated: c = {1000 * fitted.c:.3f} ms/sample; all-reduce: {link.name}, "
+          f"{link.bandwidth / 1e9:.2g} GB/s, {link.latency * 1e6:.0f} µs; {epochs} epochs\n")
     print("| slowdown | strategy | measured /s | simulated /s | error % | simulated, calibrated /s | error % "
           "| ÷ sync: measured / simulated / calibrated |")
     print("|---|---|---|---|---|---|---|---|")
-    runs = {}
-    for key, slowdowns in SLOWDOWNS.items():
-        runs[key] = {version: {name: simulate(bench_scenario(p, slowdowns, epochs, setup)) for name, simulate in
-                               (("sync", sim.simulate_sync), ("adaptive", sim.simulate_adaptive))}
-                     for version, p in (("logged", profile), ("calibrated", fitted))}
-        for name in ("sync", "adaptive"):
-            real = measured[key][name]
-            speeds = {version: runs[key][version][name].samples_per_s for version in ("logged", "calibrated")}
-            ratios = [real / measured[key]["sync"]] + [speeds[v] / runs[key][v]["sync"].samples_per_s
-                                                       for v in ("logged", "calibrated")]
-            print(f"| {key} | {name} | {real:.1f} | {speeds['logged']:.1f} | {100 * (speeds['logged'] / real - 1):+.1f} "
-                  f"| {speeds['calibrated']:.1f} | {100 * (speeds['calibrated'] / real - 1):+.1f} "
-                  f"| {' / '.join(f'{r:.2f}' for r in ratios)} |")
-    adaptive = runs["[1, 2]"]["logged"]["adaptive"]
-    print(f"\nadaptive at [1, 2], per run, fast / slow worker: samples simulated {_slash(adaptive.worker_samples)}, "
-          f"measured {_slash(split['samples'])}; updates simulated {_slash(adaptive.updates)}, measured "
-          f"{_slash(split['updates'])}")
-    if "idle" in split:
-        print(f"idle % (waiting in merges) simulated {_slash([100 * x for x in adaptive.idle])}, measured "
-              f"{_slash(split['idle'])}")
+    errors: dict[str, list[float]] = {"logged": [], "calibrated": []}
+    adaptive_at_1_2 = None
+    for scenario, strategies in measured.items():
+        runs = {version: {name: SIMULATORS[name](bench_scenario(p, scenario, epochs, setup, link))
+                          for name in strategies}
+                for version, p in (("logged", profile), ("calibrated", fitted))}
+        for name, real in strategies.items():
+            speeds = {version: runs[version][name].samples_per_s for version in errors}
+            for version, speed in speeds.items():
+                errors[version].append(speed / real - 1)
+            ratios = "n/a (no sync run)"
+            if "sync" in strategies:
+                ratios = " / ".join(f"{r:.2f}" for r in [real / strategies["sync"]]
+                                    + [speeds[v] / runs[v]["sync"].samples_per_s for v in errors])
+            print(f"| {scenario} | {name} | {real:.1f} | {speeds['logged']:.1f} "
+                  f"| {100 * (speeds['logged'] / real - 1):+.1f} | {speeds['calibrated']:.1f} "
+                  f"| {100 * (speeds['calibrated'] / real - 1):+.1f} | {ratios} |")
+        if scenario == "1:2":
+            adaptive_at_1_2 = runs["logged"]["adaptive"]
+    print("\nwithin 10 % of measured: " + "; ".join(
+        f"{sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} runs {version}"
+        for version, errs in (("as logged", errors["logged"]), ("calibrated", errors["calibrated"]))))
+    print(f"\nadaptive at 1:2, per run, fast / slow worker: samples simulated "
+          f"{_slash(adaptive_at_1_2.worker_samples)}, measured {_slash(split['samples'])}; updates simulated "
+          f"{_slash(adaptive_at_1_2.updates)}, measured {_slash(split['updates'])}")
 
 
 def _slash(values: list[float]) -> str:
@@ -210,18 +229,22 @@ def _slash(values: list[float]) -> str:
 
 
 def study_measurements(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], int]:
-    """From bench_scheduler.py's JSON lines: mean samples/s of sync and adaptive at 1:2 and 1:1 over the seeds,
-    adaptive's mean samples and updates per worker at 1:2, and the runs' epochs."""
+    """From bench_scheduler.py's JSON lines: per scenario, the mean samples/s over the seeds of each of sync,
+    adaptive and static that ran (sync and adaptive at 1:2 and 1:1 are required); adaptive's mean samples and
+    updates per worker at 1:2; and the runs' epochs."""
     import bench_scheduler  # a sibling script: benchmarks/ is on the path when this one runs
 
     records = list(bench_scheduler.load_results(path).values())
     measured: dict[str, dict[str, float]] = {}
-    for key, scenario in (("[1, 2]", "1:2"), ("[1, 1]", "1:1")):
-        for name in ("sync", "adaptive"):
+    for scenario in bench_scheduler.SCENARIOS:
+        for name in SIMULATORS:
             runs = [r for r in records if r["scenario"] == scenario and r["strategy"] == name]
-            if not runs:
+            if runs:
+                measured.setdefault(scenario, {})[name] = statistics.mean(map(bench_scheduler.samples_per_s, runs))
+    for scenario in ("1:2", "1:1"):
+        for name in ("sync", "adaptive"):
+            if name not in measured.get(scenario, {}):
                 raise SystemExit(f"{path}: no {name} run at {scenario} (run bench_scheduler.py --scenarios 1:2 1:1)")
-            measured.setdefault(key, {})[name] = statistics.mean(bench_scheduler.samples_per_s(r) for r in runs)
     runs = [r for r in records if r["scenario"] == "1:2" and r["strategy"] == "adaptive"]
     split = {field: [statistics.mean(values) for values in zip(*(r[key] for r in runs))]
              for field, key in (("samples", "worker_samples"), ("updates", "updates"))}
@@ -284,6 +307,53 @@ def store_round_trip(calls: int = 500) -> float:
     return statistics.median(seconds)
 
 
+def _time_allreduce(rank: int, world: int, port: int, sizes: list[int], repeats: int, results) -> None:
+    """One process of measure_loopback: median seconds of a gloo all-reduce of each size (bytes of float32)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    medians = {}
+    for nbytes in sizes:
+        tensor = torch.ones(nbytes // 4)
+        dist.all_reduce(tensor)  # warm-up: gloo sets up its buffers for this size
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(tensor)
+            seconds.append(time.perf_counter() - started)
+        medians[nbytes] = statistics.median(seconds)
+    dist.destroy_process_group()
+    if rank == 0:
+        results.put(medians)
+
+
+def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20, 12 << 20, 25 << 20),
+                     repeats: int = 9) -> sim.Link:
+    """The all-reduce link of ``world`` gloo processes on this host (one torch thread each, as the benchmarks'
+    workers): median seconds per size, least squares of t = 2(W - 1)/W · bytes / bandwidth + W · latency."""
+    context = multiprocessing.get_context("spawn")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = context.Queue()
+    processes = [context.Process(target=_time_allreduce, args=(rank, world, port, list(sizes), repeats, results))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    medians = results.get(timeout=300)
+    for process in processes:
+        process.join()
+    volume = [2 * (world - 1) / world * nbytes for nbytes in sizes]
+    fit = sim.fit_profile("link", volume, [medians[n] for n in sizes])
+    link = sim.Link(f"gloo, {world} processes on this host", 1.0 / fit.c, fit.a / world)
+    print(f"loopback all-reduce ({world} gloo processes, 1 thread each): "
+          + ", ".join(f"{n / 2**20:g} MiB {1000 * medians[n]:.1f} ms" for n in sizes)
+          + f" -> bandwidth {link.bandwidth / 1e9:.2f} GB/s, latency {link.latency * 1e6:.0f} µs", flush=True)
+    return link
+
+
 def measure_all() -> None:
     """The profiles sim.py keeps, and, for comparison with the logged one, the benchmark's step timed in 2
     processes at once (as its 2 workers share the host)."""
@@ -293,6 +363,7 @@ def measure_all() -> None:
     measure_profile("test_resnet 128px, 2 processes", BENCH["backbone"], BENCH["image_size"], [8, 16, 24, 32],
                     processes=2)
     print(f"STORE_RTT_LOCAL_S: {store_round_trip():.2e}")
+    measure_loopback()
     print(f"(measured in {time.perf_counter() - started:.0f} s)")
 
 

@@ -61,12 +61,20 @@ def test_report_gives_time_to_target_ratios_and_verdicts(study, tmp_path, monkey
 
 
 def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
-    _, results = study
+    bench, results = study
+    static = _record(bench, "1:1:2", "static", 0, [(10.0, 20.0, 21.0), (20.0, 40.0, 41.0), (36.0, 50.0, 52.0)])
+    local_sgd = _record(bench, "1:1:2", "local_sgd", 0, [(1.0, 20.0, 21.0), (2.0, 40.0, 41.0), (3.0, 50.0, 52.0)])
+    with results.open("a") as out:
+        out.write(json.dumps(static) + "\n" + json.dumps(local_sgd) + "\n")
     sim_cli = _load("sim_scheduler")
     monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--validate", "--study", str(results)])
     sim_cli.main()
     out = capsys.readouterr().out
     assert f"### Validation: the time-to-accuracy study ({results})" in out
-    # measured samples/s: 720 x 3 / 30 s = 72 for sync at [1, 2]; adaptive's mean of 120 and 90
-    assert "| [1, 2] | sync | 72.0 |" in out and "| [1, 2] | adaptive | 105.0 |" in out
+    # measured samples/s: 720 x 3 / 30 s = 72 for sync at 1:2; adaptive's mean of 120 and 90; static 720 x 3 / 36
+    assert "| 1:2 | sync | 72.0 |" in out and "| 1:2 | adaptive | 105.0 |" in out and "| 1:1:2 | static | 60.0 |" in out
+    assert "| 1:1:2 | local_sgd |" not in out  # the simulator has no model of local SGD
+    assert "| 1:1:2 | static | 60.0 |" in out and "| n/a (no sync run) |" in out  # nothing to divide by
+    study_part = out[out.index("the time-to-accuracy study"):]
+    assert "of 5 runs as logged" in study_part and "of 5 runs calibrated" in study_part
     assert "measured 1440 / 720; updates simulated" in out

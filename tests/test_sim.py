@@ -90,6 +90,18 @@ def test_batch_sizes_converge_to_speed_shares():
     assert sum(result.worker_samples) == scenario.samples  # every position is trained exactly once
 
 
+def test_static_split_can_measure_in_its_first_epoch():
+    scenario = replace(pair(3.0, worker_batch=32), epochs=3)  # speeds 3 : 1, B = 64
+    measured_first = sim.simulate_static(scenario, measuring_epochs=1)
+    one = replace(scenario, epochs=1)
+    # trainer=static: the first epoch is sync's equal split (32 / 32), then 48 / 16 for the other two
+    expected = sim.simulate_sync(one).wall_s + 2 * sim.simulate_static(one).wall_s
+    assert measured_first.wall_s == pytest.approx(expected)
+    assert sim.simulate_static(scenario).wall_s < measured_first.wall_s
+    assert measured_first.worker_samples[0] == pytest.approx(scenario.samples * (0.5 + 2 * 0.75))
+    assert measured_first.sizes == [[48, 16]]
+
+
 def test_claims_cover_an_epoch_exactly_once():
     scenario = replace(pair(2.0), samples=1000, epochs=3)  # intervals of 512 and 488
     result = sim.simulate_adaptive(scenario)

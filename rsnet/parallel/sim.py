@@ -378,14 +378,23 @@ def static_split(scenario: Scenario) -> list[int]:
     return batching.speed_proportional_sizes(speeds, total, s.batch_min, s.batch_max, s.multiple)
 
 
-def simulate_static(scenario: Scenario) -> RunResult:
+def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
     """Speed-proportional fixed batches, no claiming: every step all workers train their b_i, then all-reduce the
-    gradients; an epoch's remainder is one last step at the same proportions."""
+    gradients; an epoch's remainder is one last step at the same proportions. The first ``measuring_epochs``
+    train at the equal split, as ``trainer=static`` does while it measures the speeds (0: a short measurement
+    before training, as the scale tables assume)."""
+    s, world, total = scenario.settings, scenario.world, scenario.total_batch
+    equal = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
     sizes = static_split(scenario)
-    full, rest = divmod(scenario.samples, sum(sizes))
-    steps = [sizes] * full + ([[b * rest / sum(sizes) for b in sizes]] if rest else [])
+
+    def epoch(split: list[int]) -> list[list[float]]:
+        full, rest = divmod(scenario.samples, sum(split))
+        return [split] * full + ([[b * rest / sum(split) for b in split]] if rest else [])
+
+    measuring = min(measuring_epochs, scenario.epochs)
+    steps = epoch(equal) * measuring + epoch(sizes) * (scenario.epochs - measuring)
     comm = gradient_allreduce_seconds(scenario.model, scenario.world, scenario.link)
-    result = _lockstep("static", scenario, steps * scenario.epochs, comm)
+    result = _lockstep("static", scenario, steps, comm)
     result.sizes = [sizes]
     return result
 
