@@ -8,8 +8,9 @@ same split and initial weights) and interleaved (seed 0 of every scenario and st
 
 Strategies: ``sync`` (DDP), ``local_sgd``, ``adaptive``, ``static`` (batch sizes fixed from the speeds measured
 in the first epoch), and two ablations of adaptive: ``adaptive-fixed`` (no batch adaptation: the equal split
-throughout, ``trainer.warmup_intervals`` beyond the run) and ``adaptive-by-samples`` (merge weights by samples,
-not updates). Scenarios: worker speed ratios 1:1, 1:1.5, 1:2, 1:4 (two workers) and 1:1:2 (three workers;
+throughout, ``trainer.warmup_intervals`` beyond the run), ``adaptive-by-samples`` (merge weights by samples,
+not updates) and ``adaptive-multiple-4`` (batch sizes in multiples of 4 instead of 8: finer sizes where the
+equal share B / W is small). Scenarios: worker speed ratios 1:1, 1:1.5, 1:2, 1:4 (two workers) and 1:1:2 (three workers;
 on a 2-core machine three workers share two cores). A ratio 1:s slows the last worker by s (it sleeps
 (s - 1) x its own compute time after every step).
 
@@ -49,6 +50,7 @@ STRATEGIES = {  # name -> train.py overrides
     "static": ["trainer=static"],
     "adaptive-fixed": ["trainer=adaptive", "trainer.warmup_intervals=1000000"],
     "adaptive-by-samples": ["trainer=adaptive", "trainer.merge_weight=samples"],
+    "adaptive-multiple-4": ["trainer=adaptive", "trainer.batch_multiple=4"],
 }
 SCENARIOS = {"1:1": [1.0, 1.0], "1:1.5": [1.0, 1.5], "1:2": [1.0, 2.0], "1:4": [1.0, 4.0], "1:1:2": [1.0, 1.0, 2.0]}
 TARGET_FRACTION = 0.95
