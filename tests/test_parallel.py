@@ -443,6 +443,15 @@ def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
     assert adaptive.lr_scale(32) == pytest.approx(32 / 48)
 
 
+def test_adaptive_warns_once_when_its_batch_multiple_is_coarse(caplog) -> None:
+    with caplog.at_level("WARNING", logger="rsnet.parallel.strategies.adaptive"):
+        build_strategy(trainer_config("adaptive"), _offline_context(), _model(), 100, 32, 0)
+        build_strategy(trainer_config("adaptive", batch_multiple=4), _offline_context(), _model(), 100, 32, 0)
+        secondary = dataclasses.replace(_offline_context(), rank=1, is_primary=False)
+        build_strategy(trainer_config("adaptive"), secondary, _model(), 100, 32, 0)
+    assert [r.getMessage()[:44] for r in caplog.records] == ["adaptive: batch_size=32 over 2 workers is 16"]
+
+
 def test_one_worker_runs_in_process() -> None:
     trainer = trainer_config("adaptive", merge_interval=64)
     out = launch(_adaptive_worker, ["cpu"], 128, 2, trainer, 0.0, timeout_s=TIMEOUT)

@@ -10,6 +10,7 @@ from rsnet.parallel.batching import (
     IntervalClaimer,
     check_batch_settings,
     claim_span,
+    coarse_multiple_warning,
     epoch_permutation,
     initial_batch_sizes,
     interval_bounds,
@@ -186,6 +187,19 @@ def test_total_batch_is_kept_or_the_config_refused() -> None:
     with pytest.raises(ValueError, match=r"trainer\.batch_multiple"):
         check_batch_settings(64, 2, 12, 1024, 8)
     check_batch_settings(100, 3, 8, 40, 8)  # 36 + 32 + 32 fits under 40
+
+
+def test_coarse_multiple_is_warned_where_it_hides_a_speed_ratio() -> None:
+    # 32 over 2 workers in multiples of 8: a 1 : 1.5 pair wants 19.2 / 12.8, within 4 of 16, so the sizes hold
+    assert next_batch_sizes([16, 16], [1.5, 1.0], 32, 8, 1024, multiple=8) == [16, 16]
+    message = coarse_multiple_warning(32, 2, 8)
+    assert "batch_size=32 over 2 workers is 16 samples a worker" in message
+    assert "more than 4 samples (25%) away" in message and "batch_size to >= 64" in message
+    assert "10.7 samples a worker" in coarse_multiple_warning(32, 3, 8)
+    # finer multiples follow the same pair; large shares, one worker and multiple 1 are fine
+    assert next_batch_sizes([16, 16], [1.5, 1.0], 32, 8, 1024, multiple=4) == [20, 12]
+    assert coarse_multiple_warning(32, 2, 4) is None and coarse_multiple_warning(256, 4, 8) is None
+    assert coarse_multiple_warning(32, 1, 8) is None and coarse_multiple_warning(32, 3, 1) is None
 
 
 def test_speed_estimate_starts_at_the_first_measurement_then_averages() -> None:

@@ -7,6 +7,7 @@
   so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
+* :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
 """
 
 from __future__ import annotations
@@ -295,3 +296,18 @@ def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], s
         return batch
     weights = list(speeds) if all(s > 0 for s in speeds) else [float(b) for b in sizes]
     return tail_claim_size(batch, claimer.remaining(), weights, rank, minimum)
+
+
+def coarse_multiple_warning(total_batch: int, world: int, multiple: int) -> str | None:
+    """A warning when sizes in multiples of ``multiple`` are coarse for the equal share B / W: the controller holds
+    a worker's size while its speed-proportional share is within half a multiple of it, which is more than 12.5 %
+    of a share below 4 multiples (batch_size=32 over 2 workers in multiples of 8: 4 of 16 samples, speed ratios up
+    to 1.67 leave the equal split). None when the share is fine."""
+    share = total_batch / world
+    if world < 2 or multiple < 2 or share >= 4 * multiple:
+        return None
+    return (f"adaptive: batch_size={total_batch} over {world} workers is {share:.3g} samples a worker, and sizes move "
+            f"in multiples of trainer.batch_multiple={multiple}: a worker's size changes only when its "
+            f"speed-proportional share is more than {multiple / 2:g} samples ({multiple / 2 / share:.0%}) away, so "
+            f"moderately different speeds keep the equal split and unbalanced updates. Lower trainer.batch_multiple "
+            f"(4, or 1 on CPUs) or raise batch_size to >= {4 * multiple * world}")

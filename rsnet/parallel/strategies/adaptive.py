@@ -12,6 +12,7 @@ import torch.distributed as dist
 from rsnet.parallel.batching import (
     IntervalClaimer,
     check_batch_settings,
+    coarse_multiple_warning,
     epoch_permutation,
     initial_batch_sizes,
     interval_bounds,
@@ -57,6 +58,9 @@ class AdaptiveStrategy(Strategy):
             raise ValueError(f"trainer.speed_ema must be in (0, 1], got {self.speed_ema}")
         check_batch_settings(self.total_batch, self.world, self.batch_min, self.batch_max, self.multiple)
         self.sizes = initial_batch_sizes(self.total_batch, self.world, self.batch_min, self.batch_max, self.multiple)
+        coarse = coarse_multiple_warning(self.total_batch, self.world, self.multiple)
+        if coarse and self.ctx.is_primary:
+            log.warning(coarse)
         self.speeds = [0.0] * self.world
         self.speed = 0.0
         self.intervals_done = 0
