@@ -147,8 +147,8 @@ def profile_table() -> None:
                            (sim.CPU_RESNET18_64, 16), (sim.CPU_TEST_RESNET_128, 16)]:
         print(f"| {profile.name} | {1000 * profile.a:.2f} | {1000 * profile.c:.4f} | {profile.speed(batch):,.1f} at "
               f"{batch} | {profile.source} |")
-    print("\n| link (assumed) | bandwidth GB/s | latency µs |\n|---|---|---|")
-    for link in (sim.NVLINK, sim.INFINIBAND, sim.ETHERNET_10G, sim.LOOPBACK):
+    print("\n| link (assumed, but the last: measured) | bandwidth GB/s | latency µs |\n|---|---|---|")
+    for link in (sim.NVLINK, sim.INFINIBAND, sim.ETHERNET_10G, sim.LOOPBACK, sim.LOOPBACK_2_CORES):
         print(f"| {link.name} | {link.bandwidth / 1e9:g} | {link.latency * 1e6:g} |")
     print(f"\nstore round trip: {sim.STORE_RTT_LOCAL_S * 1e6:.0f} µs on one host (measured), "
           f"{sim.STORE_RTT_LAN_S * 1e6:.0f} µs across hosts (assumed)")
@@ -185,7 +185,7 @@ def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, se
 
 
 def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[str, float]],
-             split: dict[str, list[float]], label: str, setup: dict, link: sim.Link = sim.LOOPBACK) -> None:
+             split: dict[str, list[float]], label: str, setup: dict, link: sim.Link = sim.LOOPBACK_2_CORES) -> None:
     """Simulated vs ``measured`` samples/s per scenario ("1:2", ...) and strategy, with ``profile`` as logged and
     with its c calibrated on sync at 1:1; how many runs are within 10 %; then adaptive's split of the samples and
     updates between the workers at 1:2 (per run) against ``split``."""
