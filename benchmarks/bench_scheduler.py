@@ -7,11 +7,11 @@ thread each, validation and test evaluated every epoch. Seeds are paired (every 
 same split and initial weights) and interleaved (seed 0 of every scenario and strategy, then seed 1, ...).
 
 Strategies: ``sync`` (DDP), ``local_sgd``, ``adaptive``, ``static`` (batch sizes fixed from the speeds measured
-in the first epoch), and two ablations of adaptive: ``adaptive-fixed`` (no batch adaptation: the equal split
+in the first epoch), and three ablations of adaptive: ``adaptive-fixed`` (no batch adaptation: the equal split
 throughout, ``trainer.warmup_intervals`` beyond the run), ``adaptive-by-samples`` (merge weights by samples,
 not updates) and ``adaptive-multiple-4`` (batch sizes in multiples of 4 instead of 8: finer sizes where the
-equal share B / W is small). Scenarios: worker speed ratios 1:1, 1:1.5, 1:2, 1:4 (two workers) and 1:1:2 (three workers;
-on a 2-core machine three workers share two cores). A ratio 1:s slows the last worker by s (it sleeps
+equal share B / W is small). Scenarios: worker speed ratios 1:1, 1:1.5, 1:2, 1:4 (two workers) and 1:1:2
+(three workers; on a 2-core machine three workers share two cores). A ratio 1:s slows the last worker by s (it sleeps
 (s - 1) x its own compute time after every step).
 
 Per run, from metrics.json: the validation and test accuracy of every epoch against training wall time (the
