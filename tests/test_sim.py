@@ -147,22 +147,21 @@ def test_drives_the_real_tail_rule(monkeypatch):
     assert tailed.update_balance < 1.0 and max(tailed.idle) > 0.01
 
 
-def _cli():
-    spec = importlib.util.spec_from_file_location("sim_scheduler", REPO / "benchmarks" / "sim_scheduler.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    return cli
+def _cli(monkeypatch):
+    """benchmarks/sim_scheduler.py as an importable module (spawned processes unpickle its functions by name)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module("sim_scheduler")
 
 
-def test_loopback_link_is_measured_with_two_gloo_processes(capsys):
-    link = _cli().measure_loopback(sizes=(1 << 16, 4 << 20), repeats=3)
+def test_loopback_link_is_measured_with_two_gloo_processes(monkeypatch, capsys):
+    link = _cli(monkeypatch).measure_loopback(sizes=(1 << 16, 4 << 20), repeats=3)
     # 4 MiB takes longer than 64 KiB through gloo: a positive bandwidth, and a latency the fit keeps >= 0
     assert 0 < link.bandwidth < float("inf") and link.latency >= 0
     assert "loopback all-reduce (2 gloo processes, 1 thread each): 0.0625 MiB" in capsys.readouterr().out
 
 
 def test_cli_prints_the_tables(monkeypatch, capsys):
-    cli = _cli()
+    cli = _cli(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--quick"])
     cli.main()
     out = capsys.readouterr().out
