@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import multiprocessing
-import socket
 import statistics
 import sys
 import time
@@ -205,15 +204,15 @@ def validate(profile: sim.DeviceProfile, epochs: int, measured: dict[str, dict[s
                 for version, p in (("logged", profile), ("calibrated", fitted))}
         for name, real in strategies.items():
             speeds = {version: runs[version][name].samples_per_s for version in errors}
-            for version, speed in speeds.items():
-                errors[version].append(speed / real - 1)
+            error = {version: speed / real - 1 for version, speed in speeds.items()}
+            for version in errors:
+                errors[version].append(error[version])
             ratios = "n/a (no sync run)"
             if "sync" in strategies:
                 ratios = " / ".join(f"{r:.2f}" for r in [real / strategies["sync"]]
                                     + [speeds[v] / runs[v]["sync"].samples_per_s for v in errors])
-            print(f"| {scenario} | {name} | {real:.1f} | {speeds['logged']:.1f} "
-                  f"| {100 * (speeds['logged'] / real - 1):+.1f} | {speeds['calibrated']:.1f} "
-                  f"| {100 * (speeds['calibrated'] / real - 1):+.1f} | {ratios} |")
+            print(f"| {scenario} | {name} | {real:.1f} | {speeds['logged']:.1f} | {100 * error['logged']:+.1f} "
+                  f"| {speeds['calibrated']:.1f} | {100 * error['calibrated']:+.1f} | {ratios} |")
         if scenario == "1:2":
             adaptive_at_1_2 = runs["logged"]["adaptive"]
     print("\nwithin 10 % of measured: " + "; ".join(
@@ -307,12 +306,10 @@ def store_round_trip(calls: int = 500) -> float:
     return statistics.median(seconds)
 
 
-def _time_allreduce(rank: int, world: int, port: int, sizes: list[int], repeats: int, results) -> None:
-    """One process of measure_loopback: median seconds of a gloo all-reduce of each size (bytes of float32)."""
+def _time_allreduce(ctx, sizes: list[int], repeats: int) -> dict[int, float]:
+    """One worker of measure_loopback: median seconds of a gloo all-reduce of each size (bytes of float32)."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     medians = {}
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4)
@@ -324,27 +321,17 @@ def _time_allreduce(rank: int, world: int, port: int, sizes: list[int], repeats:
             dist.all_reduce(tensor)
             seconds.append(time.perf_counter() - started)
         medians[nbytes] = statistics.median(seconds)
-    dist.destroy_process_group()
-    if rank == 0:
-        results.put(medians)
+    return medians
 
 
 def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20, 12 << 20, 25 << 20),
                      repeats: int = 9) -> sim.Link:
-    """The all-reduce link of ``world`` gloo processes on this host (one torch thread each, as the benchmarks'
-    workers): median seconds per size, least squares of t = 2(W - 1)/W · bytes / bandwidth + W · latency."""
-    context = multiprocessing.get_context("spawn")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = context.Queue()
-    processes = [context.Process(target=_time_allreduce, args=(rank, world, port, list(sizes), repeats, results))
-                 for rank in range(world)]
-    for process in processes:
-        process.start()
-    medians = results.get(timeout=300)
-    for process in processes:
-        process.join()
+    """The all-reduce link of ``world`` gloo processes on this host, started by rsnet's launcher with one torch
+    thread each (as the benchmarks' workers): median seconds per size, least squares of
+    t = 2(W - 1)/W · bytes / bandwidth + W · latency."""
+    from rsnet.parallel import launch
+
+    medians = launch(_time_allreduce, ["cpu"] * world, list(sizes), repeats, backend="gloo", cpu_threads=1)
     volume = [2 * (world - 1) / world * nbytes for nbytes in sizes]
     fit = sim.fit_profile("link", volume, [medians[n] for n in sizes])
     link = sim.Link(f"gloo, {world} processes on this host", 1.0 / fit.c, fit.a / world)

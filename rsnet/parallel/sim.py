@@ -219,6 +219,12 @@ class Scenario:
     def world(self) -> int:
         return len(self.devices)
 
+    @property
+    def equal_split(self) -> list[int]:
+        """The initial equal split of B within the settings' bounds (batching.initial_batch_sizes)."""
+        s = self.settings
+        return batching.initial_batch_sizes(self.total_batch, self.world, s.batch_min, s.batch_max, s.multiple)
+
 
 def build_scenario(name: str, devices: Sequence[DeviceProfile], model: ModelSpec, link: Link, worker_batch: int,
                    settings: SchedulerSettings, intervals: int = 40, store_rtt: float = STORE_RTT_LAN_S) -> Scenario:
@@ -327,7 +333,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
     controller's next batch sizes from the merged speeds (after ``warmup_intervals`` merges)."""
     s, world, total = scenario.settings, scenario.world, scenario.total_batch
     batching.check_batch_settings(total, world, s.batch_min, s.batch_max, s.multiple)
-    sizes = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
+    sizes = scenario.equal_split
     speeds = [0.0] * world
     store, merges = SimStore(), 0
     merge_s = merge_seconds(scenario.model, world, scenario.link)
@@ -377,10 +383,9 @@ def simulate_sync(scenario: Scenario) -> RunResult:
 def static_split(scenario: Scenario) -> list[int]:
     """Batch sizes fixed once, in proportion to each device's speed at the equal split (what a short measurement
     before training would give): proportional_targets, then fit_total to multiples that add up to B."""
-    s, world, total = scenario.settings, scenario.world, scenario.total_batch
-    equal = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
-    speeds = [device.speed(b) for device, b in zip(scenario.devices, equal)]
-    return batching.speed_proportional_sizes(speeds, total, s.batch_min, s.batch_max, s.multiple)
+    s = scenario.settings
+    speeds = [device.speed(b) for device, b in zip(scenario.devices, scenario.equal_split)]
+    return batching.speed_proportional_sizes(speeds, scenario.total_batch, s.batch_min, s.batch_max, s.multiple)
 
 
 def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
@@ -388,8 +393,6 @@ def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
     gradients; an epoch's remainder is one last step at the same proportions. The first ``measuring_epochs``
     train at the equal split, as ``trainer=static`` does while it measures the speeds (0: a short measurement
     before training, as the scale tables assume)."""
-    s, world, total = scenario.settings, scenario.world, scenario.total_batch
-    equal = batching.initial_batch_sizes(total, world, s.batch_min, s.batch_max, s.multiple)
     sizes = static_split(scenario)
 
     def epoch(split: list[int]) -> list[list[float]]:
@@ -397,7 +400,7 @@ def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
         return [split] * full + ([[b * rest / sum(split) for b in split]] if rest else [])
 
     measuring = min(measuring_epochs, scenario.epochs)
-    steps = epoch(equal) * measuring + epoch(sizes) * (scenario.epochs - measuring)
+    steps = epoch(scenario.equal_split) * measuring + epoch(sizes) * (scenario.epochs - measuring)
     comm = gradient_allreduce_seconds(scenario.model, scenario.world, scenario.link)
     result = _lockstep("static", scenario, steps, comm)
     result.sizes = [sizes]
