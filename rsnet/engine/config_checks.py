@@ -19,7 +19,8 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.engine.lr_schedule import check_schedule_name
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import check_arch, validate_image_size
-    from rsnet.parallel.batching import check_batch_per_worker, check_batch_settings, check_merge_interval
+    from rsnet.parallel.batching import check_batch_per_worker
+    from rsnet.parallel.schedule import ScheduleSettings
 
     check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):
@@ -53,9 +54,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     _check_launch_settings(trainer, num_workers)
     if trainer["name"] == "adaptive":
         try:
-            check_batch_settings(config["batch_size"], num_workers, int(trainer["batch_min"]),
-                                 int(trainer["batch_max"]), int(trainer["batch_multiple"]))
-            check_merge_interval(int(trainer["merge_interval"]), config["batch_size"])
+            ScheduleSettings.from_config(trainer, config["batch_size"]).check_workers(num_workers)
         except ValueError as error:
             raise ConfigError(str(error)) from error
 
@@ -68,15 +67,16 @@ NUMBER_SETTINGS: dict[str, type] = {
     "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
     "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,
     "log.attention_every": int, "log.attention_images": int, "log.embedding_images": int,
-    "trainer.timeout_s": float, "trainer.merge_interval": int, "trainer.batch_min": int, "trainer.batch_max": int,
-    "trainer.batch_multiple": int, "trainer.ref_batch": int, "trainer.damping": float, "trainer.deadband": float,
+    "trainer.timeout_s": float, "trainer.merge_rounds": int, "trainer.merge_cost_max": float,
+    "trainer.share_min": int, "trainer.batch_min": int, "trainer.batch_max": int, "trainer.ref_batch": int,
+    "trainer.elastic": float, "trainer.damping": float, "trainer.deadband": float,
     "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
     "trainer.average_every": int, "trainer.cpu_threads": int,
 }
 BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar", "resume",
                     "overwrite",
-                    "dataset.skip_corrupt", "trainer.log_intervals")
-_NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads"}
+                    "dataset.skip_corrupt", "trainer.log_intervals", "trainer.leave_out")
+_NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads", "trainer.merge_cost_max", "trainer.share_min"}
 
 
 def check_setting_types(config: dict[str, Any]) -> None:

@@ -201,7 +201,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:
-        for interval in range(strategy.start_epoch(epoch)):
+        for interval in strategy.intervals(epoch):
             for batch in prefetcher.batches(strategy.claims(interval)):
                 step.run(batch)
                 bar.update(len(batch))

@@ -1,11 +1,13 @@
 """Dynamic scheduling and batch-size control: pure functions plus the store-backed claimer.
 
 * :func:`epoch_permutation` — the shared, seeded order of an epoch (every worker computes the same one).
-* :func:`interval_bounds` / :func:`static_batches` — how an epoch is cut, never leaving a piece below ``batch_min``.
+* :func:`static_batches` — how a static shard is cut, never leaving a batch below ``batch_min``.
 * :class:`IntervalClaimer` — workers claim the next ``b_i`` positions of a merge interval through an
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
   so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
+* :func:`next_claim_size` / :func:`may_claim_ahead` — how much a worker claims next, and whether it may claim
+  while its current batch still computes.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 * :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
 """
@@ -22,19 +24,6 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     """The epoch's sample order, identical on every worker (int64 tensor)."""
     generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
     return torch.randperm(num_samples, generator=generator)
-
-
-def interval_bounds(num_samples: int, merge_interval: int, minimum: int = 1) -> list[tuple[int, int]]:
-    """[start, end) positions of every merge interval of an epoch; a last interval shorter than ``minimum``
-    joins the one before it (the adaptive strategy passes max(batch_min, M / 2): no interval is too short for a
-    batch of batch_min, and no merge is spent on a scrap of an epoch)."""
-    if num_samples <= 0:
-        return []
-    size = merge_interval if 0 < merge_interval < num_samples else num_samples
-    bounds = [(start, min(start + size, num_samples)) for start in range(0, num_samples, size)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < minimum:
-        bounds[-2:] = [(bounds[-2][0], num_samples)]
-    return bounds
 
 
 def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_size: int) -> torch.Tensor:
@@ -127,29 +116,12 @@ def check_batch_per_worker(total_batch: int, world: int) -> None:
                          "every worker needs at least one sample per step")
 
 
-def check_merge_interval(merge_interval: int, total_batch: int) -> None:
-    """Raise ValueError unless a merge interval holds at least one round of batches (M >= B).
-
-    M is counted in samples of all workers together: with M < B every worker would merge after its first step,
-    one full-model all-reduce per step, more traffic than sync's gradient all-reduce. B usually grows with the
-    number of workers, so a fixed M degenerates that way at large W; scale M with B (the default: 16 rounds).
-    """
-    if merge_interval < total_batch:
-        raise ValueError(f"trainer.merge_interval={merge_interval} is smaller than batch_size={total_batch}: every "
-                         "worker would merge the whole model after each step (more traffic than trainer=sync); set "
-                         f"trainer.merge_interval >= batch_size, e.g. {16 * total_batch} (16 rounds of batches, the "
-                         "default's ratio 512 / 32)")
-
-
 def check_batch_settings(total_batch: int, world: int, batch_min: int, batch_max: int, multiple: int) -> None:
     """Raise ValueError, naming the setting to change, when ``world`` batches within [batch_min, batch_max]
     (multiples of ``multiple``) cannot add up to ``total_batch``."""
     if batch_min < 1 or batch_max < batch_min:
         raise ValueError(f"trainer.batch_min={batch_min}, trainer.batch_max={batch_max}: "
                          "need 1 <= batch_min <= batch_max")
-    if multiple > 1 and batch_min % multiple:
-        raise ValueError(f"trainer.batch_min={batch_min} is not a multiple of trainer.batch_multiple={multiple}: "
-                         f"use batch_min={max(multiple, batch_min // multiple * multiple)} or batch_multiple=1")
     if world * batch_min > total_batch:
         raise ValueError(f"batch_size={total_batch} is too small for {world} workers with "
                          f"trainer.batch_min={batch_min} (every worker needs at least batch_min, {world} x "
@@ -288,14 +260,28 @@ def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], s
                     minimum: int) -> int:
     """The size of worker ``rank``'s next claim: its batch b_i, except near the end of the interval (fewer than
     two rounds of everyone's batches left as of the claimer's last store call; only then one more store read
-    for the exact remainder), where it is the worker's speed share of what is left (:func:`tail_claim_size`)."""
+    for the exact remainder), where it is the worker's speed share of what is left (:func:`tail_claim_size`).
+    A worker with a size of 0 (left out) takes no share of the tail."""
     batch = int(sizes[rank])
     # Progress estimate from the counter this worker last saw, to save a store round trip per claim: it lags behind
     # the others' claims since, which can only start the tail balancing late; claim_span keeps every claim correct.
-    if len(sizes) == 1 or claimer.size - claimer.seen > 2 * sum(sizes):
+    if sum(1 for b in sizes if b > 0) <= 1 or claimer.size - claimer.seen > 2 * sum(sizes):
         return batch
-    weights = list(speeds) if all(s > 0 for s in speeds) else [float(b) for b in sizes]
+    known = all(s > 0 for s, b in zip(speeds, sizes) if b > 0)
+    weights = [float(s) if b > 0 and known else float(b) for s, b in zip(speeds, sizes)]
     return tail_claim_size(batch, claimer.remaining(), weights, rank, minimum)
+
+
+def may_claim_ahead(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> bool:
+    """Whether worker ``rank`` may claim its next batch while its current one still computes (prefetch): only once
+    its speed is known, and while the other active workers (size > 0) cannot use up the rest of the interval, as of
+    its last store call, within one of its steps. Otherwise a slow worker would hold a batch that the others could
+    have trained before the merge, and everyone would wait for it there."""
+    own = float(speeds[rank])
+    if own <= 0:
+        return False
+    others = sum(float(s) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0)
+    return claimer.size - claimer.seen > int(sizes[rank]) / own * others
 
 
 def coarse_multiple_warning(total_batch: int, world: int, multiple: int) -> str | None:

@@ -1,4 +1,5 @@
-"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers, by all-reduces over flat buckets.
+"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers, by all-reduces over flat buckets (or, elastic,
+θ_i moved a fraction α of the way toward that average).
 
 Floating tensors (parameters and buffers such as BatchNorm running statistics) are merged with the
 weights p_i = w_i / Σ_j w_j: every worker all-reduces (SUM) its tensors scaled by w_i, packed into flat
@@ -76,19 +77,26 @@ def _synchronize(device: torch.device) -> None:
 
 
 def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None,
-                     comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES) -> MergeResult:
+                     comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES,
+                     elastic: float = 1.0, tensors: bool = True) -> MergeResult:
     """Replace ``module``'s parameters and buffers by the weighted average over all workers, in place.
 
     Args:
         module: this worker's replica.
-        weight: w_i (e.g. n_i, the samples this worker processed in the interval); p_i = w_i / Σ_j w_j.
+        weight: w_i (1 for a uniform average, or e.g. the worker's updates in the interval); p_i = w_i / Σ_j w_j.
         meta: optional float vector summed across workers alongside Σ w (e.g. per-worker speeds in their
             own slots); returned all-reduced in ``MergeResult.meta``.
         comm_device: where the all-reduces run (CPU for gloo, the GPU for NCCL); default: the tensors' device.
+        elastic: α, how far each replica moves toward the average θ̄: θ_i ← θ_i + α(θ̄ − θ_i) (1: replaced by it;
+            integer buffers always take rank 0's value).
+        tensors: False all-reduces only the header (weights and ``meta``): the tensors stay as they are.
 
-    If Σ_j w_j = 0 the replicas are averaged uniformly.
+    If Σ_j w_j = 0 the replicas are averaged uniformly. In a world of one worker nothing is communicated.
     """
     started = time.perf_counter()
+    if dist.get_world_size() == 1:
+        own = meta.detach().to(torch.float64).flatten().clone() if meta is not None else torch.zeros(0)
+        return MergeResult(meta=own, total_weight=float(weight), idle_s=0.0, merge_s=0.0)
     floating, integer = merge_tensors(module)
     params_device = floating[0].device if floating else torch.device("cpu")
     comm = torch.device(comm_device) if comm_device is not None else params_device
@@ -105,11 +113,11 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
     reduced_meta = header[2:2 + extra.numel()].clone()
     offset = 2 + extra.numel()
     with torch.no_grad():
-        for tensor in integer:
+        for tensor in integer if tensors else []:
             n = tensor.numel()
             tensor.copy_(header[offset:offset + n].round().view_as(tensor).to(tensor.dtype))
             offset += n
-        for bucket in _buckets(floating, bucket_bytes):
+        for bucket in _buckets(floating, bucket_bytes) if tensors else []:
             flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
             flat.mul_(scale)
             dist.all_reduce(flat)
@@ -117,7 +125,11 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
             position = 0
             for tensor in bucket:
                 n = tensor.numel()
-                tensor.copy_(flat[position:position + n].view_as(tensor))
+                average = flat[position:position + n].view_as(tensor)
+                if elastic >= 1.0:
+                    tensor.copy_(average)
+                else:
+                    tensor.lerp_(average.to(tensor.dtype), elastic)
                 position += n
     _synchronize(params_device)
     return MergeResult(meta=reduced_meta, total_weight=total, idle_s=idle, merge_s=time.perf_counter() - started)

@@ -31,6 +31,7 @@ import torch
 
 from rsnet.parallel import batching
 from rsnet.parallel.merge import BUCKET_BYTES
+from rsnet.parallel.schedule import Schedule, ScheduleSettings, next_interval, resolve_multiple
 from rsnet.parallel.strategies.adaptive import META_FIELDS
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb
@@ -156,12 +157,13 @@ RESNET18_21 = ModelSpec("baseline resnet18 (21 classes)", 11_187_285, 9_600, 20)
 TEST_RESNET_21 = ModelSpec("baseline test_resnet (21 classes)", 374_725, 2_080, 15)
 
 
-def merge_seconds(model: ModelSpec, world: int, link: Link) -> float:
+def merge_seconds(model: ModelSpec, world: int, link: Link, tensors: bool = True) -> float:
     """One normalized merge (rsnet.parallel.merge): the float64 header (weight, count, the per-worker meta table,
-    integer buffers), then the parameters and floating buffers in buckets of at most merge.BUCKET_BYTES."""
+    integer buffers), then (``tensors``) the parameters and floating buffers in buckets of at most
+    merge.BUCKET_BYTES."""
     header = 8 * (2 + len(META_FIELDS) * world + model.int_buffers)
     return (ring_allreduce_seconds(header, world, link)
-            + bucketed_allreduce_seconds(model.merge_bytes, world, link, BUCKET_BYTES))
+            + (bucketed_allreduce_seconds(model.merge_bytes, world, link, BUCKET_BYTES) if tensors else 0.0))
 
 
 def gradient_allreduce_seconds(model: ModelSpec, world: int, link: Link) -> float:
@@ -176,42 +178,39 @@ def comm_threshold_interval(merge_s: float, rate: float, share: float = COMM_SHA
 
 
 @dataclass(frozen=True)
-class SchedulerSettings:
-    """The adaptive trainer's settings (conf/trainer/adaptive.yaml) and sync's batch_min (conf/trainer/sync.yaml)."""
+class SimSettings:
+    """The trainers' settings as a run composes them: adaptive's schedule (conf/trainer/adaptive.yaml), its speed EMA,
+    sync's batch_min (conf/trainer/sync.yaml) and the static split's bounds and grid (conf/trainer/static.yaml)."""
 
-    merge_interval: int
-    batch_min: int
-    batch_max: int
-    multiple: int
-    damping: float
-    deadband: float
+    schedule: ScheduleSettings
     speed_ema: float
-    warmup_intervals: int
     sync_batch_min: int
-    base_batch: int  # the total batch B that merge_interval goes with (the run's batch_size)
+    static_batch_min: int
+    static_multiple: str | int
 
     @classmethod
-    def from_configs(cls, adaptive: Mapping[str, Any], sync: Mapping[str, Any], batch_size: int) -> SchedulerSettings:
-        """From the trainer configs as a run composes them (conf/trainer/adaptive.yaml, sync.yaml) and its
-        batch_size."""
-        return cls(int(adaptive["merge_interval"]), int(adaptive["batch_min"]), int(adaptive["batch_max"]),
-                   int(adaptive["batch_multiple"]), float(adaptive["damping"]), float(adaptive["deadband"]),
-                   float(adaptive["speed_ema"]), int(adaptive["warmup_intervals"]), int(sync["batch_min"]),
-                   int(batch_size))
+    def from_configs(cls, adaptive: Mapping[str, Any], sync: Mapping[str, Any], static: Mapping[str, Any],
+                     batch_size: int) -> SimSettings:
+        return cls(ScheduleSettings.from_config(adaptive, batch_size), float(adaptive["speed_ema"]),
+                   int(sync["batch_min"]), int(static["batch_min"]), static["batch_multiple"])
+
+    def with_batch(self, batch_size: int) -> SimSettings:
+        """The same settings for a run of ``batch_size``."""
+        return replace(self, schedule=replace(self.schedule, batch_size=int(batch_size)))
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """Devices, model, link and schedule of one simulated run (``samples`` per epoch)."""
+    """Devices, model, link and schedule of one simulated run (``samples`` per epoch; the batch size is
+    ``settings.schedule.batch_size``)."""
 
     name: str
     devices: tuple[DeviceProfile, ...]
     model: ModelSpec
     link: Link
-    total_batch: int
     samples: int
     epochs: int
-    settings: SchedulerSettings
+    settings: SimSettings
     store_rtt: float = STORE_RTT_LAN_S
     prefetch: bool = True
 
@@ -220,20 +219,25 @@ class Scenario:
         return len(self.devices)
 
     @property
+    def total_batch(self) -> int:
+        """The run's batch_size (sync's B; adaptive's B may be larger, :func:`schedule.round_batch`)."""
+        return self.settings.schedule.batch_size
+
+    @property
     def equal_split(self) -> list[int]:
-        """The initial equal split of B within the settings' bounds (batching.initial_batch_sizes)."""
+        """The static strategies' initial equal split of B (batching.initial_batch_sizes)."""
         s = self.settings
-        return batching.initial_batch_sizes(self.total_batch, self.world, s.batch_min, s.batch_max, s.multiple)
+        multiple = resolve_multiple(s.static_multiple, self.total_batch, self.world)
+        return batching.initial_batch_sizes(self.total_batch, self.world, s.static_batch_min, s.schedule.batch_max,
+                                            multiple)
 
 
 def build_scenario(name: str, devices: Sequence[DeviceProfile], model: ModelSpec, link: Link, worker_batch: int,
-                   settings: SchedulerSettings, intervals: int = 40, store_rtt: float = STORE_RTT_LAN_S) -> Scenario:
-    """B = worker_batch · W, M = B times the rounds per merge of ``settings`` (merge_interval / base_batch; 512 / 32
-    = 16 with conf/'s defaults), one epoch of ``intervals`` merge intervals."""
+                   settings: SimSettings, intervals: int = 40, store_rtt: float = STORE_RTT_LAN_S) -> Scenario:
+    """B = worker_batch · W, one epoch of ``intervals`` merge intervals of the configured rounds of B."""
     total = worker_batch * len(devices)
-    interval = total * settings.merge_interval // settings.base_batch
-    return Scenario(name, tuple(devices), model, link, total, interval * intervals, 1,
-                    replace(settings, merge_interval=interval), store_rtt)
+    return Scenario(name, tuple(devices), model, link, total * settings.schedule.merge_rounds * intervals, 1,
+                    settings.with_batch(total), store_rtt)
 
 
 @dataclass
@@ -249,6 +253,8 @@ class RunResult:
     worker_samples: list[int] = field(default_factory=list)
     sizes: list[list[int]] = field(default_factory=list)  # batch sizes per merge interval (adaptive) or the fixed ones
     interval_updates: list[list[int]] = field(default_factory=list)  # adaptive: per merge interval and worker
+    notes: list[str] = field(default_factory=list)  # adaptive: what the schedule logged (workers left out, cadence)
+    active: list[bool] = field(default_factory=list)  # adaptive: the workers still training at the end
 
     @property
     def samples_per_s(self) -> float:
@@ -261,11 +267,10 @@ class RunResult:
 
     @property
     def update_balance(self) -> float:
-        """Fewest over most optimizer updates of a worker between two merges (the merge weights p_i ∝ u_i of that
-        interval), averaged over the intervals; 1: every worker's samples carry the same weight. Sync and the
-        static split update every worker at every step: 1."""
-        ratios = [min(u) / max(u) for u in self.interval_updates if max(u)]
-        return statistics.mean(ratios) if ratios else 1.0
+        """Fewest over most optimizer updates of the run among the workers that trained (as bench_scheduler.py
+        counts it); sync and the static split update every worker at every step: 1."""
+        trained = [u for u in self.updates if u > 0]
+        return min(trained) / max(trained) if trained else 1.0
 
     @property
     def comm_share(self) -> float:
@@ -303,16 +308,19 @@ class _Interval:
 
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
                   size: int, start: float) -> _Interval:
-    """Every worker claims and trains batches of one interval (as AdaptiveStrategy.claims with the prefetcher:
-    the next claim is made when a batch starts), in the order of the claims' times."""
-    world, minimum = scenario.world, scenario.settings.batch_min
+    """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
+    prefetcher: the next claim is made when a batch starts), in the order of the claims' times."""
+    world, minimum = scenario.world, scenario.settings.schedule.batch_min
     claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
     tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world)
-    events = [(start, rank) for rank in range(world)]
+    events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
     while events:
         now, rank = heapq.heappop(events)
         calls = store.calls
-        span = claimers[rank].claim(batching.next_claim_size(claimers[rank], rank, sizes, speeds, minimum))
+        probe = speeds[rank] <= 0 and tally.updates[rank] == 0
+        size = (min(minimum, sizes[rank]) if probe
+                else batching.next_claim_size(claimers[rank], rank, sizes, speeds, minimum))
+        span = claimers[rank].claim(size)
         ready = now + scenario.store_rtt * (store.calls - calls)
         if span is None:
             tally.finish[rank] = max(tally.finish[rank], ready)
@@ -324,36 +332,70 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         tally.samples[rank] += count
         tally.updates[rank] += 1
         tally.compute[rank] += seconds
-        heapq.heappush(events, (begin if scenario.prefetch else tally.finish[rank], rank))
+        ahead = scenario.prefetch and batching.may_claim_ahead(claimers[rank], rank, sizes, speeds)
+        heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
 
 
 def simulate_adaptive(scenario: Scenario) -> RunResult:
-    """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end, then the
-    controller's next batch sizes from the merged speeds (after ``warmup_intervals`` merges)."""
-    s, world, total = scenario.settings, scenario.world, scenario.total_batch
-    batching.check_batch_settings(total, world, s.batch_min, s.batch_max, s.multiple)
-    sizes = scenario.equal_split
-    speeds = [0.0] * world
-    store, merges = SimStore(), 0
-    merge_s = merge_seconds(scenario.model, world, scenario.link)
+    """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end (only the small
+    table once a single worker trains, and the model handed over at the end of every epoch then), and the real
+    :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
+    world = scenario.world
+    schedule = Schedule(scenario.settings.schedule, world)
+    speeds, comm = [0.0] * world, 0.0
+    store = SimStore()
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
     for epoch in range(scenario.epochs):
-        bounds = batching.interval_bounds(scenario.samples, s.merge_interval, max(s.batch_min, s.merge_interval // 2))
-        for index, (low, high) in enumerate(bounds):
-            tally = _run_interval(scenario, sizes, speeds, store, f"e{epoch}/i{index}", high - low, result.wall_s)
+        start, index = 0, 0
+        while start < scenario.samples:
+            size = schedule.interval_size
+            low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
+            start = high
+            tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
+                                  f"e{epoch}/i{index}", high - low, result.wall_s)
+            index += 1
+            merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s
             result.comm_s += merge_s
             result.add_steps(tally.compute, tally.samples, tally.updates)
             result.interval_updates.append(tally.updates)
-            result.sizes.append(list(sizes))
-            speeds = [batching.updated_speed(speed, n, busy, s.speed_ema)
+            result.sizes.append(list(schedule.sizes))
+            speeds = [batching.updated_speed(speed, n, busy, scenario.settings.speed_ema)
                       for speed, n, busy in zip(speeds, tally.samples, tally.compute)]
-            merges += 1
-            adapting = speeds if merges > s.warmup_intervals else [0.0] * world
-            sizes = batching.next_batch_sizes(sizes, adapting, total, s.batch_min, [s.batch_max] * world, s.multiple,
-                                              s.damping, s.deadband)
+            table = {"n": tally.samples, "s": speeds, "b": list(schedule.sizes), "updates": tally.updates,
+                     "compute": tally.compute, "batch_max": list(schedule.batch_maxes), "comm": [comm] * world}
+            if schedule.workers > 1:
+                comm = merge_s
+            result.notes += schedule.update(table)
+        if schedule.workers == 1 and world > 1:  # the trained replica reaches the workers left out
+            handover = merge_seconds(scenario.model, world, scenario.link)
+            result.wall_s += handover
+            result.comm_s += handover
+    result.active = list(schedule.active)
     return result
+
+
+def simulate_single(scenario: Scenario) -> RunResult:
+    """The fastest device alone, training every sample in batches of the run's batch_size (no communication)."""
+    fastest = min(range(scenario.world), key=lambda r: scenario.devices[r].step_seconds(scenario.total_batch))
+    full, rest = divmod(scenario.samples, scenario.total_batch)
+    steps = ([scenario.total_batch] * full + ([rest] if rest else [])) * scenario.epochs
+    result = RunResult("single", scenario.samples * scenario.epochs)
+    seconds = [scenario.devices[fastest].step_seconds(b) for b in steps]
+    result.wall_s = sum(seconds)
+    result.add_steps([sum(seconds) if r == fastest else 0.0 for r in range(scenario.world)],
+                     [sum(steps) if r == fastest else 0 for r in range(scenario.world)],
+                     [len(steps) if r == fastest else 0 for r in range(scenario.world)])
+    return result
+
+
+def physical_limit(scenario: Scenario) -> float:
+    """Σ s_i / max s_i: the most the devices together can train over the fastest alone (speeds at the equal
+    share of the run's batch_size)."""
+    share = scenario.total_batch / scenario.world
+    speeds = [device.speed(share) for device in scenario.devices]
+    return sum(speeds) / max(speeds)
 
 
 def _lockstep(name: str, scenario: Scenario, steps: Sequence[Sequence[float]], comm_s: float) -> RunResult:
@@ -385,7 +427,9 @@ def static_split(scenario: Scenario) -> list[int]:
     before training would give): proportional_targets, then fit_total to multiples that add up to B."""
     s = scenario.settings
     speeds = [device.speed(b) for device, b in zip(scenario.devices, scenario.equal_split)]
-    return batching.speed_proportional_sizes(speeds, scenario.total_batch, s.batch_min, s.batch_max, s.multiple)
+    multiple = resolve_multiple(s.static_multiple, scenario.total_batch, scenario.world)
+    return batching.speed_proportional_sizes(speeds, scenario.total_batch, s.static_batch_min, s.schedule.batch_max,
+                                             multiple)
 
 
 def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
@@ -409,12 +453,14 @@ def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
 
 @dataclass
 class Comparison:
-    """The three strategies on one scenario, and the merge interval above which merges cost < 5 % of the time."""
+    """The strategies on one scenario (and the fastest device alone), and the merge interval above which merges
+    cost < 5 % of the time."""
 
     scenario: Scenario
     adaptive: RunResult
     sync: RunResult
     static: RunResult
+    single: RunResult
     threshold: int
 
     @property
@@ -422,9 +468,15 @@ class Comparison:
         """Samples/s of the devices at adaptive's last batch sizes with no waiting and no communication."""
         return sum(d.speed(b) for d, b in zip(self.scenario.devices, self.adaptive.sizes[-1]) if b > 0)
 
+    @property
+    def limit(self) -> float:
+        """The physical limit over the fastest device alone (:func:`physical_limit`)."""
+        return physical_limit(self.scenario)
+
 
 def compare(scenario: Scenario) -> Comparison:
     adaptive = simulate_adaptive(scenario)
     rate = adaptive.samples / (adaptive.wall_s - adaptive.comm_s)
     threshold = comm_threshold_interval(merge_seconds(scenario.model, scenario.world, scenario.link), rate)
-    return Comparison(scenario, adaptive, simulate_sync(scenario), simulate_static(scenario), threshold)
+    return Comparison(scenario, adaptive, simulate_sync(scenario), simulate_static(scenario),
+                      simulate_single(scenario), threshold)

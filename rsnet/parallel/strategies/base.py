@@ -74,6 +74,11 @@ class Strategy:
         """Plan ``epoch``; returns its number of intervals."""
         raise NotImplementedError
 
+    def intervals(self, epoch: int) -> Iterator[int]:
+        """The indices of ``epoch``'s intervals; the loop trains and ends each (:meth:`end_interval`) before it asks
+        for the next, so a strategy may plan an interval from what the merges before it decided."""
+        yield from range(self.start_epoch(epoch))
+
     def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
         """This worker's batches of ``interval`` of the current epoch, in order."""
         raise NotImplementedError

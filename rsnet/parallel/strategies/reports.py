@@ -34,7 +34,8 @@ def _worker_totals(rows: list[Mapping[str, float]], rank: int) -> dict[str, floa
     return {"samples": samples, "updates": updates, "mean_batch": samples / max(updates, 1.0),
             "last_batch": last.get(f"b_next/{rank}", last.get(f"b/{rank}", 0.0)), "speed": last.get(f"s/{rank}", 0.0),
             "idle_s": sum(row.get(f"idle/{rank}", 0.0) for row in rows),
-            "merge_s": sum(row.get(f"merge_time/{rank}", row.get("merge_time", 0.0)) for row in rows)}
+            "merge_s": sum(row.get(f"merge_time/{rank}", row.get("merge_time", 0.0)) for row in rows),
+            "active": bool(last.get(f"active/{rank}", 1.0))}
 
 
 def scheduler_report(rows: list[Mapping[str, float]], world: int, name: str, devices: list[str],
@@ -42,13 +43,14 @@ def scheduler_report(rows: list[Mapping[str, float]], world: int, name: str, dev
     """The scheduling figures of a run for metrics.json: ``strategy``, ``merges`` (adaptive merges or local_sgd
     averages; 0 for sync, which all-reduces gradients every step), ``simulated_slowdown`` and per worker
     ``rank``, ``device``, ``samples``, ``updates``, ``mean_batch``, ``last_batch``, ``speed`` (samples/s),
-    ``idle_s`` (waiting in merges) and ``merge_s``."""
+    ``idle_s`` (waiting in merges), ``merge_s`` and ``active`` (false: adaptive left the worker out)."""
     merges = len(rows) if name == "adaptive" else int(sum(row.get("averages/0", 0.0) for row in rows))
     workers = []
     for rank in range(world):
         totals = _worker_totals(rows, rank)
+        active = totals.pop("active")
         workers.append({"rank": rank, "device": devices[rank] if rank < len(devices) else "?",
-                        **{key: round(float(value), 4) for key, value in totals.items()}})
+                        **{key: round(float(value), 4) for key, value in totals.items()}, "active": active})
     return {"strategy": name, "merges": merges,
             "simulated_slowdown": slowdowns if any(s != 1.0 for s in slowdowns) else None, "workers": workers}
 
@@ -65,5 +67,5 @@ def summarize(rows: list[Mapping[str, float]], world: int, name: str = "adaptive
     for rank, t in enumerate(totals):
         lines.append(f"{rank:>6} {t['samples']:>9.0f} {t['samples'] / everyone:>6.2f} {t['updates']:>8.0f} "
                      f"{t['mean_batch']:>7.1f} {t['last_batch']:>7.0f} {t['speed']:>9.1f} {t['idle_s']:>8.2f} "
-                     f"{t['merge_s']:>8.2f}")
+                     f"{t['merge_s']:>8.2f}" + ("" if t["active"] else "  (left out)"))
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rsnet.parallel import batching
+from rsnet.parallel.schedule import resolve_multiple
 from rsnet.parallel.strategies.sync import SyncStrategy
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ class StaticSplitStrategy(SyncStrategy):
     """The static speed-proportional split, an ablation of adaptive: the first epoch trains as ``sync`` does
     (the equal split of B) and measures each worker's own speed (samples per second of its own compute, the
     simulated slowdown's sleep included, the wait for the others not); from the second epoch on the batch
-    sizes b_i ∝ speed (multiples of ``batch_multiple`` adding up to B) stay fixed. Every step all workers train
+    sizes b_i ∝ speed (on the grid of ``batch_multiple``, adding up to B) stay fixed. Every step all workers train
     their b_i and all-reduce gradients weighted by b_i / B (the gradient of the B samples). No dynamic
     claiming, no re-measuring, no merging: what adaptive adds over a one-off measurement shows against it."""
 
@@ -30,7 +31,7 @@ class StaticSplitStrategy(SyncStrategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.multiple = int(self.cfg["batch_multiple"])
+        self.multiple = resolve_multiple(self.cfg["batch_multiple"], self.total_batch, self.world)
         self.batch_max = int(self.cfg["batch_max"])
         self.sizes = batching.initial_batch_sizes(self.total_batch, self.world, self.batch_min, self.batch_max,
                                                   self.multiple)

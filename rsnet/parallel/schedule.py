@@ -1,0 +1,289 @@
+"""The adaptive scheduler's decisions after every merge, taken alike by every worker from the merged table.
+
+:class:`Schedule` holds what the workers agree on — which workers train (:attr:`Schedule.active`), the round
+batch B, the batch-size grid, every worker's batch size b_i and the number of rounds of B between merges — and
+:meth:`Schedule.update` moves it on from one merge's table (each worker's samples, speed, batch, updates, compute
+seconds, ``batch_max`` and the communication time of its previous merge). ``AdaptiveStrategy`` and the simulator
+(:mod:`rsnet.parallel.sim`) both drive it, so the simulated scheduler is the real one.
+
+The rules (docs/scheduler.md, "The adaptive algorithm"):
+
+* **B grows with the workers** (:func:`round_batch`): B = max(batch_size, W_active × ``share_min``); the lr
+  per sample stays that of ``batch_size`` (the strategy's lr reference is batch_size / W_active).
+* **The size grid follows B / W** (:func:`auto_multiple`): 8 from 64 samples a worker, finer below.
+* **Merge cadence** (:func:`merge_rounds`): a merge every ``merge_rounds`` rounds of B, more rounds where the
+  measured merge would take more than ``merge_cost_max`` of the interval's compute.
+* **Admission** (:func:`choose_workers`): a worker that costs more than it adds is left out for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rsnet.parallel.batching import check_batch_settings, initial_batch_sizes, next_batch_sizes
+
+MERGE_WEIGHTS = ("uniform", "updates", "samples")
+
+
+def auto_multiple(share: float) -> int:
+    """The batch-size grid for an equal share B / W: 8 (tensor-core friendly) from 64 samples a worker, else the
+    largest power of two at most share / 8, and at least 1 (16 a worker: 2; 32: 4; below 16: 1)."""
+    if share >= 64:
+        return 8
+    multiple = 1
+    while multiple * 2 <= share / 8:
+        multiple *= 2
+    return multiple
+
+
+def parse_multiple(value: Any) -> str | int:
+    """``trainer.batch_multiple``: "auto" or a whole number >= 1; raises ValueError naming the setting."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"trainer.batch_multiple={value!r}: use auto or a whole number >= 1")
+    return value
+
+
+def resolve_multiple(value: Any, total_batch: int, workers: int) -> int:
+    """The grid of ``trainer.batch_multiple`` for B = ``total_batch`` over ``workers`` (auto: :func:`auto_multiple`)."""
+    multiple = parse_multiple(value)
+    return auto_multiple(total_batch / max(workers, 1)) if multiple == "auto" else int(multiple)
+
+
+def round_batch(batch_size: int, workers: int, share_min: int) -> int:
+    """B, the samples of one round of every active worker's batch: ``batch_size``, raised to workers × ``share_min``
+    where ``batch_size`` / workers is smaller (0 never raises it)."""
+    return max(int(batch_size), int(workers) * int(share_min))
+
+
+def merge_rounds(rounds_min: int, comm_s: float, round_s: float, cost_max: float) -> int:
+    """Rounds of B between merges: at least ``rounds_min``, and enough that a merge of ``comm_s`` seconds takes at most
+    ``cost_max`` of the interval's compute (``round_s`` seconds a round). Unknown times or ``cost_max`` <= 0:
+    ``rounds_min``."""
+    if cost_max <= 0 or comm_s <= 0 or round_s <= 0:
+        return int(rounds_min)
+    return max(int(rounds_min), math.ceil(comm_s / (cost_max * round_s) - 1e-9))
+
+
+def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tuple[int, int]:
+    """[start, end) of the merge interval that begins at ``start``: ``size`` positions, or the rest of the epoch
+    where fewer than ``minimum`` would be left after it (no merge is spent on a scrap of an epoch)."""
+    end = min(start + max(int(size), 1), num_samples)
+    if num_samples - end < minimum:
+        end = num_samples
+    return start, end
+
+
+def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: int, comm_s: float) -> float:
+    """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` with equal updates, or 0.0 when one of
+    them cannot keep pace (its speed share of B is below ``batch_min``). One worker trains at its speed: no merge,
+    no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait of half a round for
+    the last batch to finish (the expected lag at the merge)."""
+    total_speed = sum(speeds)
+    if len(speeds) == 1:
+        return float(speeds[0])
+    if total_speed <= 0 or min(total_batch * s / total_speed for s in speeds) < batch_min:
+        return 0.0
+    round_s = total_batch / total_speed
+    interval_s = rounds * round_s
+    return total_speed * interval_s / (interval_s + comm_s + round_s / 2)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The workers to keep (``keep[r]``) and, per candidate count of the fastest workers, the predicted samples/s."""
+
+    keep: list[bool]
+    rates: dict[int, float]
+
+
+def choose_workers(speeds: Sequence[float], active: Sequence[bool], settings: ScheduleSettings,
+                   comm_s: float) -> Admission:
+    """The set of the k fastest active workers with the highest :func:`predicted_rate` (a larger set wins a tie),
+    each set with its own B (:func:`round_batch`) and merge cadence (:func:`merge_rounds`)."""
+    ranked = sorted((r for r in range(len(speeds)) if active[r]), key=lambda r: (-speeds[r], r))
+    rates: dict[int, float] = {}
+    for count in range(1, len(ranked) + 1):
+        chosen = [speeds[r] for r in ranked[:count]]
+        total = round_batch(settings.batch_size, count, settings.share_min)
+        rounds = merge_rounds(settings.merge_rounds, comm_s, total / max(sum(chosen), 1e-12), settings.merge_cost_max)
+        rates[count] = predicted_rate(chosen, total, settings.batch_min, rounds, comm_s)
+    best = max(rates, key=lambda count: (rates[count], count))
+    keep = [False] * len(speeds)
+    for rank in ranked[:best]:
+        keep[rank] = True
+    return Admission(keep, rates)
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """The adaptive trainer's scheduling settings (conf/trainer/adaptive.yaml) and the run's ``batch_size``."""
+
+    batch_size: int
+    batch_min: int
+    batch_max: int
+    multiple: str | int  # "auto" or a fixed multiple
+    share_min: int
+    merge_rounds: int
+    merge_cost_max: float
+    damping: float
+    deadband: float
+    warmup_intervals: int
+    leave_out: bool
+
+    @classmethod
+    def from_config(cls, trainer: Mapping[str, Any], batch_size: int) -> ScheduleSettings:
+        """From the trainer config as a run composes it; raises ValueError naming a bad setting."""
+        settings = cls(int(batch_size), int(trainer["batch_min"]), int(trainer["batch_max"]),
+                       parse_multiple(trainer["batch_multiple"]), int(trainer["share_min"] or 0),
+                       int(trainer["merge_rounds"]), float(trainer["merge_cost_max"] or 0.0),
+                       float(trainer["damping"]), float(trainer["deadband"]), int(trainer["warmup_intervals"]),
+                       bool(trainer["leave_out"]))
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Raise ValueError, naming the setting, for values the scheduler cannot work with."""
+        if self.merge_rounds < 1:
+            raise ValueError(f"trainer.merge_rounds={self.merge_rounds}: must be >= 1 (rounds of batch_size between "
+                             "merges)")
+        if not 0 <= self.merge_cost_max < 1:
+            raise ValueError(f"trainer.merge_cost_max={self.merge_cost_max}: must be in [0, 1) (0: no cost rule)")
+        if self.share_min < 0:
+            raise ValueError(f"trainer.share_min={self.share_min}: must be >= 0 (0: B is always batch_size)")
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"trainer.damping must be in (0, 1], got {self.damping}")
+
+    def multiple_for(self, total_batch: int, workers: int) -> int:
+        """The grid for B = ``total_batch`` over ``workers``."""
+        return resolve_multiple(self.multiple, total_batch, workers)
+
+    def check_workers(self, workers: int) -> None:
+        """Raise ValueError, naming the setting to change, when ``workers`` batches cannot add up to B."""
+        total = round_batch(self.batch_size, workers, self.share_min)
+        check_batch_settings(total, workers, self.batch_min, self.batch_max, self.multiple_for(total, workers))
+
+
+class Schedule:
+    """What every worker agrees on between two merges, and the rules that move it (module docstring)."""
+
+    def __init__(self, settings: ScheduleSettings, world: int) -> None:
+        settings.check_workers(world)
+        self.settings, self.world = settings, world
+        self.active = [True] * world
+        self.speeds = [0.0] * world
+        self.batch_maxes = [settings.batch_max] * world
+        self.rounds = settings.merge_rounds
+        self.merges = 0
+        self.comm_s = 0.0  # the estimate of a merge's communication seconds
+        self._resize(equal=True)
+
+    # ------------------------------------------------------------------ what the workers read
+    @property
+    def workers(self) -> int:
+        """Active workers W_active."""
+        return sum(self.active)
+
+    @property
+    def interval_size(self) -> int:
+        """Positions of the next merge interval: rounds × B."""
+        return self.rounds * self.total_batch
+
+    def speeds_of_active(self) -> list[float]:
+        """Every worker's speed estimate, 0 for a worker left out."""
+        return [s if a else 0.0 for s, a in zip(self.speeds, self.active)]
+
+    # ------------------------------------------------------------------ the rules
+    def update(self, table: Mapping[str, Sequence[float]]) -> list[str]:
+        """Move on from one merge's table (fields n, s, b, updates, compute, batch_max, comm; one value per worker);
+        returns what changed, as log lines (empty when nothing did but the batch sizes)."""
+        self.merges += 1
+        self.speeds = [float(s) for s in table["s"]]
+        self.batch_maxes = [max(int(c), 1) for c in table["batch_max"]]
+        measured = max(float(c) for c in table["comm"])  # the slowest worker's, in its previous merge
+        if measured > 0:  # an EMA like the speeds': one slow merge does not double the interval
+            self.comm_s = measured if self.comm_s <= 0 else (measured + self.comm_s) / 2
+        comm = self.comm_s
+        notes: list[str] = []
+        adapting = self.merges > self.settings.warmup_intervals and all(
+            s > 0 for s, a in zip(self.speeds, self.active) if a)
+        if adapting and self.settings.leave_out and self.workers > 1:
+            notes += self._admit(comm)
+        if adapting:
+            active = [r for r in range(self.world) if self.active[r]]
+            sizes = next_batch_sizes([self.sizes[r] for r in active], [self.speeds[r] for r in active],
+                                     self.total_batch, self.settings.batch_min, [self.batch_maxes[r] for r in active],
+                                     self.multiple, self.settings.damping, self.settings.deadband)
+            self._scatter(sizes)
+        rounds = self.settings.merge_rounds
+        if self.workers > 1:
+            round_s = self.total_batch / max(sum(self.speeds_of_active()), 1e-12)
+            rounds = merge_rounds(self.settings.merge_rounds, comm, round_s, self.settings.merge_cost_max)
+        if rounds != self.rounds:
+            notes.append(f"merge every {rounds} rounds of B = {self.total_batch} ({rounds * self.total_batch} "
+                         f"samples): the last merge's communication took {comm * 1000:.0f} ms"
+                         + (f", more than {self.settings.merge_cost_max:.0%} of {self.settings.merge_rounds} rounds' "
+                            "compute" if rounds > self.settings.merge_rounds else ""))
+            self.rounds = rounds
+        return notes
+
+    def _admit(self, comm: float) -> list[str]:
+        admission = choose_workers(self.speeds, self.active, self.settings, comm)
+        left = [r for r in range(self.world) if self.active[r] and not admission.keep[r]]
+        if not left:
+            return []
+        kept, everyone = admission.rates[sum(admission.keep)], admission.rates[self.workers]
+        total_speed = sum(self.speeds_of_active())
+        self.active = list(admission.keep)
+        self._resize(equal=False)
+        return [f"leaving out worker {rank} for the rest of the run: its {self.speeds[rank]:.1f} samples/s are "
+                f"{self.speeds[rank] / total_speed:.1%} of the workers' speed, and with it the scheduler would train "
+                f"{everyone:.1f} samples/s against {kept:.1f} without it (merges, waits and equal updates counted; "
+                "trainer.leave_out=false keeps every worker)" for rank in left]
+
+    def _resize(self, equal: bool) -> None:
+        """B and the grid for the active workers; sizes: the equal split, or the speed-proportional one."""
+        workers = self.workers
+        self.total_batch = round_batch(self.settings.batch_size, workers, self.settings.share_min)
+        self.multiple = self.settings.multiple_for(self.total_batch, workers)
+        self.settings.check_workers(workers)
+        active = [r for r in range(self.world) if self.active[r]]
+        if equal:
+            sizes = initial_batch_sizes(self.total_batch, workers, self.settings.batch_min, self.settings.batch_max,
+                                        self.multiple)
+        else:
+            sizes = next_batch_sizes([self.total_batch // workers] * workers, [self.speeds[r] for r in active],
+                                     self.total_batch, self.settings.batch_min, [self.batch_maxes[r] for r in active],
+                                     self.multiple, damping=1.0, deadband=0.0)
+        self.sizes = [0] * self.world
+        self._scatter(sizes)
+
+    def _scatter(self, sizes: Sequence[int]) -> None:
+        active = [r for r in range(self.world) if self.active[r]]
+        for rank, size in zip(active, sizes):
+            self.sizes[rank] = int(size)
+
+    def lower_batch_max(self, rank: int, batch_max: int) -> None:
+        """Worker ``rank`` ran out of memory: its batch and ``batch_max`` drop to ``batch_max`` until the next merge
+        hands the freed share to the others."""
+        self.batch_maxes[rank] = batch_max
+        self.sizes[rank] = batch_max
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch_sizes": list(self.sizes), "speeds": list(self.speeds), "active": list(self.active),
+                "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state saved by :meth:`state_dict` with the same number of workers."""
+        self.active = [bool(a) for a in state.get("active", [True] * self.world)]
+        self._resize(equal=True)
+        self.sizes = [int(b) for b in state["batch_sizes"]]
+        self.speeds = [float(s) for s in state["speeds"]]
+        self.rounds = int(state.get("rounds", self.settings.merge_rounds))
+        self.merges = int(state.get("merges", 0))
+        self.comm_s = float(state.get("comm_s", 0.0))
