@@ -1,16 +1,17 @@
-"""Simulated scale: the adaptive scheduler against sync (DDP) and a static split, for 2 to 64 workers.
+"""Simulated scale: the adaptive scheduler against sync (DDP), a static split and the fastest device alone, for 2 to
+64 workers.
 
-Runs the discrete-event simulator of rsnet/parallel/sim.py (the scheduler's real claiming, tail rule, batch-size
-controller and interval plan, with cost models for steps, store round trips and all-reduces) and prints Markdown
-tables: per scenario samples/s of the three strategies, their ratio to sync, the idle fraction of the workers
-(mean / max), adaptive's update balance (fewest / most updates of a worker), the communication share of the wall
-time, and the merge interval M above which adaptive's merges cost < 5 % of it.
+Runs the discrete-event simulator of rsnet/parallel/sim.py (the scheduler's real claiming, tail rule and Schedule —
+batch sizes, cadence, admission — with cost models for steps, store round trips and all-reduces) and prints Markdown
+tables: per scenario samples/s of the strategies, adaptive's gain over the fastest device alone as a share of the
+physical limit Σs/s_max, the ratios to sync, the idle fraction of the workers (mean / max), adaptive's update balance
+(fewest / most updates of a worker), the workers it left out, the communication share of the wall time, and the merge
+interval M above which its merges cost < 5 % of it.
 
     python benchmarks/sim_scheduler.py                   # every table (arithmetic: seconds)
     python benchmarks/sim_scheduler.py --quick           # fewer worker counts, shorter runs
-    python benchmarks/sim_scheduler.py --validate        # simulated vs measured samples/s of the 2-CPU benchmark
-    python benchmarks/sim_scheduler.py --validate --study outputs/bench_scheduler.jsonl   # ... and vs the
-                                                         # time-to-accuracy study's runs (bench_scheduler.py)
+    python benchmarks/sim_scheduler.py --validate outputs/bench_scheduler.jsonl   # simulated vs measured samples/s
+                                                         # of the time-to-accuracy study's runs (bench_scheduler.py)
     python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that sim.py keeps (< 1 min)
 """
 
@@ -30,19 +31,13 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_scheduler  # noqa: E402 - a sibling script (benchmarks/ is on the path when this one runs)
 from rsnet.commands import conf_folder  # noqa: E402
 from rsnet.parallel import sim  # noqa: E402
 
-# docs/scheduler.md, "Measured" (run of 2026-11-22): 2 CPU workers, 1 thread each, baseline/test_resnet at 128 px,
-# batch 32, 8 epochs of the 210 training images of ucmerced-mini, M = 105; samples/s.
-MEASURED = {"1:2": {"sync": 42.6, "adaptive": 62.9}, "1:1": {"sync": 88.7, "adaptive": 83.5}}
-# Adaptive at [1, 2], fast / slow worker: the 3 seeds' totals (3360 / 1680 samples, 153 / 183 updates) per run.
-MEASURED_SPLIT = {"samples": [1120, 560], "updates": [51, 61]}
-BENCH = {"samples": 210, "epochs": 8, "batch": 32, "merge_interval": 105, "backbone": "test_resnet",
-         "image_size": 128, "model": sim.TEST_RESNET_21}
 # benchmarks/bench_scheduler.py's study: aid-dev at 64 px, 720 training images, baseline resnet18 (30 classes: 4.6 k
-# parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32, M = 512 (the default).
-STUDY = {"samples": 720, "batch": 32, "merge_interval": 512, "model": sim.RESNET18_21}
+# parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32.
+STUDY = {"samples": 720, "batch": 32, "model": sim.RESNET18_21}
 # The strategies the simulator models, as the study runs them: trainer=static trains its first epoch at the equal
 # split while it measures the speeds.
 SIMULATORS = {"sync": sim.simulate_sync, "adaptive": sim.simulate_adaptive,
@@ -57,8 +52,8 @@ def conf_yaml(*parts: str) -> dict:
     return OmegaConf.to_container(OmegaConf.create(folder.read_text()))
 
 
-SETTINGS = sim.SchedulerSettings.from_configs(conf_yaml("trainer", "adaptive.yaml"), conf_yaml("trainer", "sync.yaml"),
-                                              conf_yaml("config.yaml")["batch_size"])
+SETTINGS = sim.SimSettings.from_configs(conf_yaml("trainer", "adaptive.yaml"), conf_yaml("trainer", "sync.yaml"),
+                                        conf_yaml("trainer", "static.yaml"), conf_yaml("config.yaml")["batch_size"])
 
 
 # ----------------------------------------------------------------------------------------------- scenarios
@@ -112,17 +107,20 @@ def _pair(values: list[float]) -> str:
 
 def comparison_table(title: str, rows: list[sim.Comparison]) -> None:
     print(f"\n### {title}\n")
-    print("| scenario | W | B | M | ideal /s | adaptive /s | sync /s | static /s | adaptive ÷ sync | static ÷ sync "
-          "| idle % adaptive (mean / max) | idle % sync | idle % static | update balance adaptive "
-          "| merge % adaptive | all-reduce % sync | M for merges < 5 % |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| scenario | W | B | rounds | limit Σs/s_max | single /s | adaptive /s | sync /s | static /s "
+          "| adaptive ÷ single | share of the limit | adaptive ÷ sync | static ÷ sync | idle % adaptive (mean / max) "
+          "| idle % sync | update balance adaptive | left out | merge % adaptive | all-reduce % sync "
+          "| M for merges < 5 % |")
+    print("|---" * 20 + "|")
     for row in rows:
-        sc, a, s, st = row.scenario, row.adaptive, row.sync, row.static
-        print(f"| {sc.name} | {sc.world} | {sc.total_batch} | {sc.settings.merge_interval} | {row.ideal:,.0f} "
-              f"| {a.samples_per_s:,.0f} | {s.samples_per_s:,.0f} | {st.samples_per_s:,.0f} "
-              f"| {a.samples_per_s / s.samples_per_s:.2f} "
-              f"| {st.samples_per_s / s.samples_per_s:.2f} | {_pair(a.idle)} | {_pair(s.idle)} | {_pair(st.idle)} "
-              f"| {a.update_balance:.2f} | {100 * a.comm_share:.2f} | {100 * s.comm_share:.2f} | {row.threshold:,} |")
+        sc, a, s, st, one = row.scenario, row.adaptive, row.sync, row.static, row.single
+        gain = a.samples_per_s / one.samples_per_s
+        print(f"| {sc.name} | {sc.world} | {a.round_batch} | {a.rounds} | {row.limit:.2f} | {one.samples_per_s:,.0f} "
+              f"| {a.samples_per_s:,.0f} | {s.samples_per_s:,.0f} | {st.samples_per_s:,.0f} | {gain:.2f} "
+              f"| {gain / row.limit:.2f} | {a.samples_per_s / s.samples_per_s:.2f} "
+              f"| {st.samples_per_s / s.samples_per_s:.2f} | {_pair(a.idle)} | {_pair(s.idle)} "
+              f"| {a.update_balance:.2f} | {a.active.count(False)} | {100 * a.comm_share:.2f} "
+              f"| {100 * s.comm_share:.2f} | {row.threshold:,} |")
 
 
 def batch_table(rows: list[sim.Comparison]) -> None:
@@ -143,7 +141,7 @@ def profile_table() -> None:
     print("| device | a ms | c ms/sample | samples/s at b | source |")
     print("|---|---|---|---|---|")
     for profile, batch in [(sim.A100, 256), (sim.V100, 256), (cpu16(), 8), (sim.CPU_RESNET50_224, 4),
-                           (sim.CPU_RESNET18_64, 16), (sim.CPU_TEST_RESNET_128, 16)]:
+                           (sim.CPU_RESNET18_64, 16)]:
         print(f"| {profile.name} | {1000 * profile.a:.2f} | {1000 * profile.c:.4f} | {profile.speed(batch):,.1f} at "
               f"{batch} | {profile.source} |")
     print("\n| link (assumed, but the last: measured) | bandwidth GB/s | latency µs |\n|---|---|---|")
@@ -156,19 +154,13 @@ def profile_table() -> None:
 # ----------------------------------------------------------------------------------------------- validation
 
 
-def slowdowns_of(scenario: str) -> tuple[float, ...]:
-    """bench_scheduler.py's scenario name as its workers' slowdowns: "1:1:2" -> (1.0, 1.0, 2.0)."""
-    return tuple(float(part) for part in scenario.split(":"))
-
-
 def bench_scenario(profile: sim.DeviceProfile, scenario: str, epochs: int, setup: dict,
                    link: sim.Link) -> sim.Scenario:
-    """A benchmark's setup (``BENCH`` or ``STUDY``): CPU workers on one host, gloo over ``link``, the store on the
-    same host."""
-    devices = tuple(profile.slowed(s) if s != 1 else profile for s in slowdowns_of(scenario))
-    settings = replace(SETTINGS, merge_interval=setup["merge_interval"])
-    return sim.Scenario("bench", devices, setup["model"], link, setup["batch"], setup["samples"], epochs,
-                        settings, sim.STORE_RTT_LOCAL_S)
+    """A study scenario of bench_scheduler.py (its slowdown factors): CPU workers on one host, gloo over ``link``,
+    the store on the same host."""
+    devices = tuple(profile.slowed(s) if s != 1 else profile for s in bench_scheduler.SCENARIOS[scenario])
+    return sim.Scenario("bench", devices, setup["model"], link, setup["samples"], epochs,
+                        SETTINGS.with_batch(setup["batch"]), sim.STORE_RTT_LOCAL_S)
 
 
 def calibrated(profile: sim.DeviceProfile, epochs: int, samples_per_s: float, setup: dict,
@@ -231,8 +223,6 @@ def study_measurements(path: Path) -> tuple[dict[str, dict[str, float]], dict[st
     """From bench_scheduler.py's JSON lines: per scenario, the mean samples/s over the seeds of each of sync,
     adaptive and static that ran (sync and adaptive at 1:2 and 1:1 are required); adaptive's mean samples and
     updates per worker at 1:2; and the runs' epochs."""
-    import bench_scheduler  # a sibling script: benchmarks/ is on the path when this one runs
-
     records = list(bench_scheduler.load_results(path).values())
     measured: dict[str, dict[str, float]] = {}
     for scenario in bench_scheduler.SCENARIOS:
@@ -342,13 +332,12 @@ def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20,
 
 
 def measure_all() -> None:
-    """The profiles sim.py keeps, and, for comparison with the logged one, the benchmark's step timed in 2
-    processes at once (as its 2 workers share the host)."""
+    """The profiles sim.py keeps, and the study's step timed in 2 processes at once (as its 2 workers share the
+    host)."""
     started = time.perf_counter()
     measure_profile("CPU_RESNET18_64", "resnet18", 64, [8, 16, 24, 32])
     measure_profile("CPU_RESNET50_224", "resnet50", 224, [1, 2, 3, 4], repeats=3)
-    measure_profile("test_resnet 128px, 2 processes", BENCH["backbone"], BENCH["image_size"], [8, 16, 24, 32],
-                    processes=2)
+    measure_profile("resnet18 64px, 2 processes", "resnet18", 64, [8, 16, 24, 32], processes=2)
     print(f"STORE_RTT_LOCAL_S: {store_round_trip():.2e}")
     measure_loopback()
     print(f"(measured in {time.perf_counter() - started:.0f} s)")
@@ -361,21 +350,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="W = 2, 8 and 10 merge intervals per run")
     parser.add_argument("--intervals", type=int, default=100, help="merge intervals per simulated run")
-    parser.add_argument("--validate", action="store_true", help="simulated vs measured 2-CPU benchmark")
-    parser.add_argument("--study", type=Path, default=None,
-                        help="with --validate: also compare with the runs of bench_scheduler.py in this JSON-lines "
-                             "file (sync and adaptive at 1:2 and 1:1, mean over its seeds)")
+    parser.add_argument("--validate", type=Path, default=None, metavar="STUDY",
+                        help="simulated vs measured samples/s of the runs of bench_scheduler.py in this JSON-lines "
+                             "file (sync, adaptive and static; sync and adaptive at 1:2 and 1:1 required)")
     parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in sim.py")
     args = parser.parse_args()
     if args.measure_cpu:
         measure_all()
         return
     if args.validate:
-        validate(sim.CPU_TEST_RESNET_128, BENCH["epochs"], MEASURED, MEASURED_SPLIT,
-                 "stored profile vs docs/scheduler.md's measured run (2026-11-22)", BENCH)
-        if args.study:
-            measured, split, epochs = study_measurements(args.study)
-            validate(sim.CPU_RESNET18_64, epochs, measured, split, f"the time-to-accuracy study ({args.study})", STUDY)
+        measured, split, epochs = study_measurements(args.validate)
+        validate(sim.CPU_RESNET18_64, epochs, measured, split, f"the time-to-accuracy study ({args.validate})", STUDY)
         return
     started = time.perf_counter()
     worlds, intervals = ([2, 8], 10) if args.quick else ([2, 4, 8, 16, 64], args.intervals)

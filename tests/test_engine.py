@@ -52,10 +52,12 @@ def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     (("model", "arch"), "resnet_ensemble", "esd_mbenet"),
     (("dataset", "image_size"), 8, "dataset.image_size=8"),
     (("lr_schedule", "name"), "linear", "lr_schedule.name"),
-    (("batch_size",), 12, "trainer.batch_min"),  # 2 workers x batch_min 8 > 12
+    (("trainer", "batch_min"), 20, "trainer.batch_min"),  # 2 workers x batch_min 20 > B = 32
     (("trainer", "batch_max"), 4, "trainer.batch_m"),
-    (("trainer", "batch_min"), 12, "trainer.batch_multiple"),
-    (("trainer", "merge_interval"), 8, "trainer.merge_interval=8 is smaller than batch_size=16"),
+    (("trainer", "batch_multiple"), "eight", "trainer.batch_multiple='eight': use auto"),
+    (("trainer", "merge_rounds"), 0, "trainer.merge_rounds=0"),
+    (("trainer", "elastic"), 0.0, "trainer.elastic=0.0"),
+    (("trainer", "merge_weight"), "steps", "trainer.merge_weight='steps'"),
     (("trainer", "slowdown"), [1.0], "has 1 factor"),  # was padded with 1.0 silently
     (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # was truncated silently
     (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),
@@ -145,8 +147,8 @@ class _ChunkedStrategy:
         self.out_of_memory_calls = 0
         self.intervals_ended = 0
 
-    def start_epoch(self, epoch: int) -> int:
-        return 1
+    def intervals(self, epoch: int):
+        yield 0
 
     def claims(self, interval: int):
         from rsnet.parallel.strategies import Claim

@@ -43,7 +43,7 @@ def _loop(strategy, optimizer, x, y, epochs: int, lr: float = 0.05, sample_s: fl
     seen = []
     for epoch in range(epochs):
         seen.append([])
-        for interval in range(strategy.start_epoch(epoch)):
+        for interval in strategy.intervals(epoch):
             compute = 0.0
             for claim in strategy.claims(interval):
                 indices = claim.indices
@@ -81,20 +81,20 @@ def _adaptive_worker(ctx, n: int, epochs: int, trainer: dict, sample_s: float):
     x, y = _data(n)
     seen = _loop(strategy, optimizer, x, y, epochs, sample_s=sample_s)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    claim_counters = [f"{strategy.prefix}/e{epoch}/i{interval}" for epoch in range(epochs) for interval in range(8)]
+    claim_counters = [f"{strategy.prefix}/e{epoch}/i{interval}" for epoch in range(epochs) for interval in range(64)]
     return {"seen": _gather(seen), "rows": strategy.stats(), "state": _gather(state),
             "summary": strategy.summary(), "strategy_state": strategy.state_dict(),
             "lr_scale": strategy.lr_scale(strategy.batch_size),
             "counters_left": [key for key in claim_counters if ctx.store.check([key])]}
 
 
-def _merge_worker(ctx, weights: list[float]):
+def _merge_worker(ctx, weights: list[float], elastic: float = 1.0):
     model = _model(seed=10 + ctx.rank)  # a different replica per worker
     model.train()
     for _ in range(ctx.rank + 1):  # different BN statistics and num_batches_tracked
         model(torch.randn(5, 6) * (ctx.rank + 1))
     before = copy.deepcopy(model.state_dict())
-    result = normalized_merge(model, weights[ctx.rank], meta=torch.full((2,), float(ctx.rank + 1)))
+    result = normalized_merge(model, weights[ctx.rank], meta=torch.full((2,), float(ctx.rank + 1)), elastic=elastic)
     return {"before": _gather(before), "after": _gather(copy.deepcopy(model.state_dict())),
             "meta": result.meta, "total": result.total_weight}
 
@@ -127,26 +127,57 @@ def _first_order_worker(ctx, lr: float):
     torch.manual_seed(0)
     model = nn.Linear(6, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    strategy = build_strategy(trainer_config("adaptive", merge_interval=64, log_intervals=False), ctx, model, 64, 32,
-                              seed=1)
-    strategy.sizes = [24, 8]
+    trainer = trainer_config("adaptive", merge_rounds=2, merge_cost_max=0, log_intervals=False)
+    strategy = build_strategy(trainer, ctx, model, 64, 32, seed=1)
+    strategy.schedule.sizes[:] = [24, 8]
+    strategy.speed = 1.0  # known: no probe batch
     x, y = _regression_data(64)
     start = copy.deepcopy(model.state_dict())
     claimed = []
-    assert strategy.start_epoch(0) == 1
+    intervals = strategy.intervals(0)
+    assert next(intervals) == 0
     for claim in strategy.claims(0):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * strategy.lr_scale(len(claim.indices))
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(x[claim.indices]), y[claim.indices]).backward()
-        optimizer.step()
-        strategy.after_step(len(claim.indices), 0.01)
+        _local_step(strategy, optimizer, model, x, y, claim.indices.tolist(), lr)
         claimed.append(claim.indices.tolist())
         dist.barrier()  # both workers claim once per round
     local = copy.deepcopy(model.state_dict())
     strategy.end_interval(0.02)
+    assert next(intervals, None) is None  # 64 = 2 rounds of 32: one interval
     return {"start": start, "local": _gather(local), "claimed": _gather(claimed),
             "merged": copy.deepcopy(model.state_dict()), "rows": strategy.stats()}
+
+
+def _local_step(strategy, optimizer, model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices: list[int],
+                lr: float) -> None:
+    """One worker's SGD step on ``indices`` at lr × the strategy's lr scale, counted by the strategy."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * strategy.lr_scale(len(indices))
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x[indices]), y[indices]).backward()
+    optimizer.step()
+    strategy.after_step(len(indices), 0.01)
+
+
+# Three workers' batches in one interval: worker 0 four of 16, worker 1 six of 8, worker 2 two of 8 (update balance
+# 2 / 6); 128 samples, four sync steps of B = 32.
+UNBALANCED = [[16] * 4, [8] * 6, [8] * 2]
+
+
+def _unbalanced_worker(ctx, lr: float, merge_weight: str):
+    """The interval of UNBALANCED on a linear model, merged by the strategy with ``merge_weight``."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    trainer = trainer_config("adaptive", merge_weight=merge_weight, log_intervals=False)
+    strategy = build_strategy(trainer, ctx, model, 128, 32, seed=1)
+    x, y = _regression_data(128)
+    start = copy.deepcopy(model.state_dict())
+    first = sum(sum(sizes) for sizes in UNBALANCED[:ctx.rank])
+    for size in UNBALANCED[ctx.rank]:
+        _local_step(strategy, optimizer, model, x, y, list(range(first, first + size)), lr)
+        first += size
+    strategy.end_interval(0.02)
+    return {"start": start, "merged": copy.deepcopy(model.state_dict()), "rows": strategy.stats()}
 
 
 def _crash_worker(ctx, how: str):
@@ -172,7 +203,7 @@ def _crash_worker(ctx, how: str):
 
 def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     n, epochs = 960, 3
-    trainer = trainer_config("adaptive", merge_interval=192, warmup_intervals=1)
+    trainer = trainer_config("adaptive", merge_rounds=4, merge_cost_max=0, warmup_intervals=1)
     out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     # Dynamic claiming: each epoch's indices are covered exactly once across the two workers.
     for epoch in range(epochs):
@@ -193,7 +224,7 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     for row in late:
         assert abs(row["updates/0"] - row["updates/1"]) <= 2, row
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
-        assert row["b/0"] % 8 == 0 and row["b/1"] % 8 == 0
+        assert row["b/0"] % 2 == 0 and row["b/1"] % 2 == 0  # the grid for 24 samples a worker
         assert row["idle/0"] >= 0 and row["merge_time"] > 0
     # Every worker's idle and merge times reach the rows (gathered once an epoch), and no claim counter is left.
     assert all(row[f"idle/{rank}"] >= 0 and row[f"merge_time/{rank}"] > 0 for row in rows for rank in (0, 1))
@@ -208,14 +239,15 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
 
 
 def test_merge_weights_by_samples_are_the_ablation_of_weights_by_updates() -> None:
-    trainer = trainer_config("adaptive", merge_interval=96, merge_weight="samples", log_intervals=False)
+    trainer = trainer_config("adaptive", merge_rounds=2, merge_cost_max=0, merge_weight="samples",
+                             log_intervals=False)
     rows = launch(_adaptive_worker, ["cpu", "cpu"], 192, 1, trainer, 0.0, slowdown=[1.0, 3.0], timeout_s=TIMEOUT)["rows"]
     assert len(rows) == 2
     for row in rows:  # p_i = n_i / (n_0 + n_1), and Σ p = 1 only if the merge summed the same weights
         assert row["p/0"] == pytest.approx(row["n/0"] / (row["n/0"] + row["n/1"]))
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
     assert any(row["n/0"] / row["n/1"] != row["updates/0"] / row["updates/1"] for row in rows)  # the rules differ
-    with pytest.raises(ValueError, match="trainer.merge_weight='steps': use one of updates, samples"):
+    with pytest.raises(ValueError, match="trainer.merge_weight='steps': use one of uniform, updates, samples"):
         build_strategy(trainer_config("adaptive", merge_weight="steps"), _offline_context(), _model(), 64, 32, seed=0)
 
 
@@ -237,8 +269,49 @@ def test_normalized_merge_equals_weighted_average_by_hand() -> None:
     assert out["meta"].tolist() == [3.0, 3.0]
 
 
+def test_elastic_merge_moves_each_replica_part_of_the_way() -> None:
+    """θ_i ← θ_i + α(θ̄ − θ_i) with α = 0.25 and uniform weights: the replicas stay apart, their mean is θ̄."""
+    out = launch(_merge_worker, ["cpu", "cpu"], [1.0, 1.0], 0.25, timeout_s=TIMEOUT)
+    before, after = out["before"], out["after"]
+    for key, value in before[0].items():
+        if not value.is_floating_point():
+            assert torch.equal(after[1][key], before[0][key]), key  # num_batches_tracked: rank 0's
+            continue
+        mean = (before[0][key] + before[1][key]) / 2
+        for rank in range(2):
+            assert torch.allclose(after[rank][key], before[rank][key] + 0.25 * (mean - before[rank][key]),
+                                  atol=1e-6), key
+        assert torch.allclose((after[0][key] + after[1][key]) / 2, mean, atol=1e-6), key
+    assert not torch.equal(after[0]["0.weight"], after[1]["0.weight"])
+
+
+def _leave_out_worker(ctx, n: int, trainer: dict):
+    out = _adaptive_worker(ctx, n, 2, trainer, 0.001)
+    out["active"] = out["strategy_state"]["active"]
+    return out
+
+
+def test_a_worker_that_costs_more_than_it_adds_is_left_out() -> None:
+    """At 1 : 20 the slow worker's speed share of B is below batch_min after its first interval: it is left out for
+    the rest of the run, the fast worker trains every sample at B with lr × b / B, and at
+    every epoch's end the worker left out gets the trained replica. trainer.leave_out=false keeps it."""
+    n, trainer = 960, trainer_config("adaptive", merge_rounds=4)
+    out = launch(_leave_out_worker, ["cpu", "cpu"], n, trainer, slowdown=[1.0, 20.0], timeout_s=TIMEOUT)
+    rows = out["rows"]
+    assert out["active"] == [True, False] and rows[0]["active/1"] == 0.0
+    assert rows[0]["n/1"] > 0 and all(row["n/1"] == 0 and row["b_next/1"] == 0 for row in rows[1:])
+    assert all(row["b_next/0"] == 48 for row in rows) and out["lr_scale"] == 1.0
+    for epoch in range(2):
+        assert sorted(out["seen"][0][epoch] + out["seen"][1][epoch]) == list(range(n))
+    assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
+    assert "(left out)" in out["summary"]
+    kept = launch(_leave_out_worker, ["cpu", "cpu"], n, {**trainer, "leave_out": False}, slowdown=[1.0, 20.0],
+                  timeout_s=TIMEOUT)
+    assert kept["active"] == [True, True] and sum(row["n/1"] for row in kept["rows"][2:]) > 0
+
+
 def test_merged_interval_equals_sync_sgd_to_first_order() -> None:
-    """With p_i ∝ updates and lr ∝ b the merged interval is sync SGD (B = 32) on the same 64 samples up to
+    """With uniform p_i and lr ∝ b the merged interval is sync SGD (B = 32) on the same 64 samples up to
     second-order terms (tolerance 1 % of the step); weights p_i ∝ samples with lr ∝ b would count the batch size
     twice (1.25x sync's step at batches 24 / 8)."""
     lr = 5e-4
@@ -268,6 +341,37 @@ def test_merged_interval_equals_sync_sgd_to_first_order() -> None:
     samples = [sum(len(c) for c in claimed[rank]) for rank in range(2)]
     by_samples = start + sum(n / 64 * (flat(out["local"][rank]) - start) for rank, n in enumerate(samples))
     assert (by_samples - sync).norm() >= 0.1 * step
+
+
+@pytest.mark.parametrize("merge_weight", ["uniform", "updates"])
+def test_uniform_merge_is_sync_sgd_whatever_the_update_balance(merge_weight: str) -> None:
+    """Batches 16 / 8 / 8 with 4 / 6 / 2 updates against 4 sync steps (B = 32) on the same 128 samples: with lr ∝ b,
+    uniform weights give every sample lr / B (within 1 % of the sync step: second-order terms only); weights by
+    updates, the reference's rule, over-weight the worker with the most updates (about a quarter of the step)."""
+    lr = 5e-4
+    out = launch(_unbalanced_worker, ["cpu"] * 3, lr, merge_weight, timeout_s=TIMEOUT)
+    row = out["rows"][0]
+    assert [row[f"updates/{r}"] for r in range(3)] == [4, 6, 2]
+    model = nn.Linear(6, 1)
+    model.load_state_dict(out["start"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    x, y = _regression_data(128)
+    for step in range(4):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[step * 32:(step + 1) * 32]), y[step * 32:(step + 1) * 32]).backward()
+        optimizer.step()
+
+    def flat(state: dict) -> torch.Tensor:
+        return torch.cat([state[key].reshape(-1) for key in ("weight", "bias")])
+
+    start, sync, merged = flat(out["start"]), flat(model.state_dict()), flat(out["merged"])
+    error = float((merged - sync).norm() / (sync - start).norm())
+    if merge_weight == "uniform":
+        assert [row[f"p/{r}"] for r in range(3)] == pytest.approx([1 / 3] * 3)
+        assert error < 0.01
+    else:
+        assert [row[f"p/{r}"] for r in range(3)] == pytest.approx([4 / 12, 6 / 12, 2 / 12])
+        assert error > 0.15
 
 
 def test_merge_header_is_built_on_the_backend_device() -> None:
@@ -362,7 +466,7 @@ def _static_split_worker(ctx, n: int, epochs: int, sample_s: float, sizes: list[
     has BatchNorm when measuring (its buffers must not make the fast worker wait outside the timed all-reduce)."""
     model = _model(batchnorm=sizes is None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = build_strategy(trainer_config("static"), ctx, model, n, 32 if sizes else 48, seed=5)
+    strategy = build_strategy(trainer_config("static", batch_multiple=8), ctx, model, n, 32 if sizes else 48, seed=5)
     if sizes:
         strategy.sizes, strategy.measured = sizes, True
     x, y = _data(n)
@@ -445,34 +549,39 @@ def test_lr_scale_is_relative_to_the_equal_split_by_default() -> None:
 
 def test_adaptive_warns_once_when_its_batch_multiple_is_coarse(caplog) -> None:
     with caplog.at_level("WARNING", logger="rsnet.parallel.strategies.adaptive"):
-        build_strategy(trainer_config("adaptive"), _offline_context(), _model(), 100, 32, 0)
+        build_strategy(trainer_config("adaptive"), _offline_context(), _model(), 100, 32, 0)  # auto: 2 at 16
+        build_strategy(trainer_config("adaptive", batch_multiple=8), _offline_context(), _model(), 100, 32, 0)
         build_strategy(trainer_config("adaptive", batch_multiple=4), _offline_context(), _model(), 100, 32, 0)
         secondary = dataclasses.replace(_offline_context(), rank=1, is_primary=False)
-        build_strategy(trainer_config("adaptive"), secondary, _model(), 100, 32, 0)
+        build_strategy(trainer_config("adaptive", batch_multiple=8), secondary, _model(), 100, 32, 0)
     assert [r.getMessage()[:44] for r in caplog.records] == ["adaptive: batch_size=32 over 2 workers is 16"]
 
 
 def test_one_worker_runs_in_process() -> None:
-    trainer = trainer_config("adaptive", merge_interval=64)
+    trainer = trainer_config("adaptive", merge_rounds=1)
     out = launch(_adaptive_worker, ["cpu"], 128, 2, trainer, 0.0, timeout_s=TIMEOUT)
     assert sorted(out["seen"][0][0]) == list(range(128))
     assert out["lr_scale"] == 1.0
-    assert len(out["rows"]) == 4 and all(r["p/0"] == 1.0 for r in out["rows"])
+    # intervals of 48, 48 and 32 positions an epoch; one worker merges nothing
+    assert len(out["rows"]) == 6 and all(r["p/0"] == 1.0 and r["merge_time"] == 0.0 for r in out["rows"])
     assert not dist.is_initialized()
 
 
 def test_strategy_state_round_trip() -> None:
     model = _model()
     strategy = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
-    strategy.sizes, strategy.speeds, strategy.intervals_done, strategy.epoch = [32, 16], [2.0, 1.0], 7, 3
+    schedule = strategy.schedule
+    schedule.sizes[:], schedule.speeds, schedule.merges, schedule.rounds = [32, 16], [2.0, 1.0], 7, 6
+    strategy.epoch = 3
     state = strategy.state_dict()
     fresh = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     fresh.load_state_dict(state)
-    assert fresh.sizes == [32, 16] and fresh.speeds == [2.0, 1.0] and fresh.epoch == 3
+    assert fresh.sizes == [32, 16] and fresh.schedule.speeds == [2.0, 1.0] and fresh.epoch == 3
+    assert (fresh.schedule.merges, fresh.schedule.rounds, fresh.speed) == (7, 6, 2.0)
     assert fresh.on_out_of_memory() == 16 and fresh.state_dict()["batch_max"] == 16
-    older = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
-    older.load_state_dict({**{k: v for k, v in state.items() if k != "batch_max"}, "b_max": 24})  # older checkpoint
-    assert older.state_dict()["batch_max"] == 24
+    left = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
+    left.load_state_dict({**state, "active": [True, False], "batch_sizes": [48, 0]})
+    assert left.schedule.active == [True, False] and left.schedule.total_batch == 48 and left.lr_scale(48) == 1.0
     with pytest.raises(ValueError, match="unknown trainer.name"):
         build_strategy({**trainer_config("adaptive"), "name": "nope"}, _offline_context(), model, 100, 48, 0)
 

@@ -13,14 +13,13 @@ from rsnet.parallel.batching import (
     coarse_multiple_warning,
     epoch_permutation,
     initial_batch_sizes,
-    interval_bounds,
+    may_claim_ahead,
     next_batch_sizes,
     proportional_batches,
     proportional_targets,
     speed_proportional_sizes,
     static_batches,
     static_partition,
-    tail_claim_size,
     updated_speed,
 )
 
@@ -95,11 +94,7 @@ def test_controller_holds_when_a_speed_is_unknown() -> None:
     assert next_batch_sizes([24, 24], [2.0, 0.0], 48, 8, 1024) == [24, 24]
 
 
-def test_intervals_and_static_partition() -> None:
-    assert interval_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
-    assert interval_bounds(10, 0) == [(0, 10)]
-    assert interval_bounds(10, 50) == [(0, 10)]
-    assert interval_bounds(210, 64, minimum=32) == [(0, 64), (64, 128), (128, 210)]  # 18 left: joins the last
+def test_epoch_order_and_static_partition() -> None:
     order = epoch_permutation(11, seed=3, epoch=2)
     assert torch.equal(order, epoch_permutation(11, seed=3, epoch=2))
     assert not torch.equal(order, epoch_permutation(11, seed=3, epoch=3))
@@ -156,20 +151,6 @@ def test_no_claim_below_the_minimum_whatever_the_order() -> None:
         assert sorted(owned) == list(range(size))
 
 
-def test_tail_claim_size_splits_what_is_left_by_speed() -> None:
-    assert tail_claim_size(16, 41, [1.0, 1.0], 0) == 16  # 20.5 each: a full batch still fits
-    assert tail_claim_size(16, 25, [1.0, 1.0], 1) == 13  # ceil(12.5)
-    assert tail_claim_size(24, 30, [2.0, 1.0], 0) == 20 and tail_claim_size(8, 30, [2.0, 1.0], 1) == 8
-    assert tail_claim_size(8, 9, [2.0, 1.0], 1) == 3
-    assert tail_claim_size(16, 1, [1.0, 1.0], 0) == 1  # never zero while something is left
-    assert tail_claim_size(16, 0, [1.0, 1.0], 0) == 16 and tail_claim_size(16, 5, [0.0, 0.0], 0) == 16
-    # With a minimum (batch_min): no claim below it (claim_span adds a remainder below it to the claim).
-    assert tail_claim_size(16, 12, [1.0, 1.0], 0, minimum=8) == 8 and claim_span(0, 8, 12, 8) == (0, 12)
-    assert tail_claim_size(16, 20, [1.0, 1.0], 0, minimum=8) == 10
-    assert tail_claim_size(16, 20, [3.0, 1.0], 1, minimum=8) == 8
-    assert tail_claim_size(4, 5, [1.0, 1.0], 0, minimum=8) == 4  # batch below the minimum: the batch
-
-
 def test_total_batch_is_kept_or_the_config_refused() -> None:
     """Σ b_i = B also where B / W is not a multiple of batch_multiple; bounds that cannot add up to B are refused."""
     assert initial_batch_sizes(100, 3, 8, 1024) == [36, 32, 32]
@@ -184,8 +165,9 @@ def test_total_batch_is_kept_or_the_config_refused() -> None:
         check_batch_settings(32, 8, 8, 1024, 8)  # 8 x 8 = 64 > 32
     with pytest.raises(ValueError, match=r"trainer\.batch_max"):
         check_batch_settings(256, 2, 8, 64, 8)
-    with pytest.raises(ValueError, match=r"trainer\.batch_multiple"):
-        check_batch_settings(64, 2, 12, 1024, 8)
+    # A batch_min between multiples: the smallest size is the first multiple above it (12 -> 16).
+    check_batch_settings(64, 2, 12, 1024, 8)
+    assert next_batch_sizes([32, 32], [10.0, 1.0], 64, 12, 1024, multiple=8, damping=1.0) == [48, 16]
     check_batch_settings(100, 3, 8, 40, 8)  # 36 + 32 + 32 fits under 40
 
 
@@ -206,3 +188,15 @@ def test_speed_estimate_starts_at_the_first_measurement_then_averages() -> None:
     assert updated_speed(0.0, 100, 2.0, ema=0.5) == 50.0  # no estimate yet: the measurement
     assert updated_speed(50.0, 100, 1.0, ema=0.5) == 75.0  # 0.5 * 100 + 0.5 * 50
     assert updated_speed(50.0, 0, 0.0, ema=0.5) == 50.0  # trained nothing: the estimate stays
+
+
+def test_claim_ahead_only_where_the_others_cannot_finish_the_interval_meanwhile() -> None:
+    store = DictStore()
+    claimer = IntervalClaimer(store, "k", 200, 4)
+    assert not may_claim_ahead(claimer, 0, [16, 16], [0.0, 100.0])  # speed unknown: claim after the step
+    # worker 1 at 10 samples/s with batches of 8: 0.8 s a step, in which worker 0 (100/s) trains 80 positions
+    assert may_claim_ahead(claimer, 1, [24, 8], [100.0, 10.0])
+    claimer.seen = 130  # 70 left
+    assert not may_claim_ahead(claimer, 1, [24, 8], [100.0, 10.0])
+    assert may_claim_ahead(claimer, 0, [24, 8], [100.0, 10.0])  # worker 1 trains 2.4 positions in 0.24 s
+    assert may_claim_ahead(claimer, 0, [32, 0], [100.0, 10.0])  # nobody else trains

@@ -231,7 +231,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: 
 def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "two_workers"
     result = train(capfd, run_dir, "model=baseline", "epochs=1", "trainer=adaptive", "trainer.devices=[cpu,cpu]",
-                   "trainer.slowdown=[1.0,2.0]", "trainer.merge_interval=64")
+                   "trainer.slowdown=[1.0,2.0]", "trainer.merge_rounds=2")
     assert "SIMULATED" in result.stderr  # the slowdown is reported as simulated
     metrics = check_run_outputs(run_dir, epochs=1)
     assert metrics["trainer"] == "adaptive"
@@ -247,15 +247,16 @@ def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path
     """Defect: this command crashed in epoch 1 on a batch of 1 ('Expected more than 1 value per channel')."""
     run_dir = tmp_path / "three_workers"
     train(capfd, run_dir, "trainer.devices=[cpu,cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.0,3.0]",
-          "trainer.merge_interval=64", "model=baseline", "dataset.image_size=32", "epochs=2",
-          "log.attention_every=100")
+          "trainer.merge_rounds=2", "trainer.merge_cost_max=0", "trainer.leave_out=false", "model=baseline",
+          "dataset.image_size=32", "epochs=2", "log.attention_every=100")
     report = json.loads((run_dir / "metrics.json").read_text())["scheduler"]
     assert report["strategy"] == "adaptive" and report["simulated_slowdown"] == [1.0, 1.0, 3.0]
     workers = report["workers"]
     assert [w["device"] for w in workers] == ["cpu"] * 3
     assert sum(w["samples"] for w in workers) == 2 * 210  # every training sample once per epoch
-    assert report["merges"] == 2 * 3  # 210 = 64 + 64 + 82: the last 18 samples join the third interval
-    assert all(w["updates"] > 0 and w["mean_batch"] >= 8 for w in workers)
+    # B = 3 workers x share_min 16 = 48; 210 = 96 + 114: the last 18 samples join the second interval
+    assert report["merges"] == 2 * 2
+    assert all(w["updates"] > 0 and w["mean_batch"] >= 4 and w["active"] for w in workers)
 
 
 def test_prefetch_changes_timing_only(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:

@@ -20,7 +20,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.engine.optim import check_optimizer_name
     from rsnet.models import check_arch, validate_image_size
     from rsnet.parallel.batching import check_batch_per_worker
-    from rsnet.parallel.schedule import ScheduleSettings
+    from rsnet.parallel.strategies.adaptive import check_settings
 
     check_setting_types(config)
     for key in ("epochs", "batch_size", "eval_batch_size"):
@@ -54,7 +54,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     _check_launch_settings(trainer, num_workers)
     if trainer["name"] == "adaptive":
         try:
-            ScheduleSettings.from_config(trainer, config["batch_size"]).check_workers(num_workers)
+            check_settings(trainer, config["batch_size"], num_workers)
         except ValueError as error:
             raise ConfigError(str(error)) from error
 

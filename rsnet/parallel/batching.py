@@ -6,8 +6,7 @@
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
   so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
-* :func:`next_claim_size` / :func:`may_claim_ahead` — how much a worker claims next, and whether it may claim
-  while its current batch still computes.
+* :func:`may_claim_ahead` — whether a worker may claim its next batch while its current one still computes.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 * :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
 """
@@ -92,18 +91,6 @@ class IntervalClaimer:
         """Positions not yet claimed by anyone (one store round trip)."""
         self.seen = int(self.store.add(self.key, 0))
         return max(self.size - self.seen, 0)
-
-
-def tail_claim_size(batch: int, remaining: int, weights: Sequence[float], rank: int, minimum: int = 1) -> int:
-    """Batch to claim when only ``remaining`` positions of the interval are left: this worker's share of them
-    by ``weights`` (speeds), rounded up, within [minimum, batch], so that the workers finish the interval
-    together instead of one computing a last full batch while the others wait in the merge. (A remainder
-    below ``minimum`` that a claim would leave is joined to it by :func:`claim_span`.)"""
-    total = sum(max(w, 0.0) for w in weights)
-    if remaining <= 0 or total <= 0:
-        return batch
-    share = math.ceil(remaining * max(weights[rank], 0.0) / total)
-    return max(min(minimum, batch), min(batch, share))
 
 
 # --------------------------------------------------------------------------------------- batch sizes
@@ -254,22 +241,6 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
         moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
         proposed.append(int(b) + int(math.copysign(moved, gap)))
     return fit_total(total_batch, proposed, targets, batch_min, batch_maxes, multiple)
-
-
-def next_claim_size(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
-                    minimum: int) -> int:
-    """The size of worker ``rank``'s next claim: its batch b_i, except near the end of the interval (fewer than
-    two rounds of everyone's batches left as of the claimer's last store call; only then one more store read
-    for the exact remainder), where it is the worker's speed share of what is left (:func:`tail_claim_size`).
-    A worker with a size of 0 (left out) takes no share of the tail."""
-    batch = int(sizes[rank])
-    # Progress estimate from the counter this worker last saw, to save a store round trip per claim: it lags behind
-    # the others' claims since, which can only start the tail balancing late; claim_span keeps every claim correct.
-    if sum(1 for b in sizes if b > 0) <= 1 or claimer.size - claimer.seen > 2 * sum(sizes):
-        return batch
-    known = all(s > 0 for s, b in zip(speeds, sizes) if b > 0)
-    weights = [float(s) if b > 0 and known else float(b) for s, b in zip(speeds, sizes)]
-    return tail_claim_size(batch, claimer.remaining(), weights, rank, minimum)
 
 
 def may_claim_ahead(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> bool:

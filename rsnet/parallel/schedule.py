@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rsnet.parallel.batching import check_batch_settings, initial_batch_sizes, next_batch_sizes
+from rsnet.parallel import batching  # called through the module: the simulator's tests replace the controller
 
 MERGE_WEIGHTS = ("uniform", "updates", "samples")
 
@@ -165,7 +165,8 @@ class ScheduleSettings:
     def check_workers(self, workers: int) -> None:
         """Raise ValueError, naming the setting to change, when ``workers`` batches cannot add up to B."""
         total = round_batch(self.batch_size, workers, self.share_min)
-        check_batch_settings(total, workers, self.batch_min, self.batch_max, self.multiple_for(total, workers))
+        batching.check_batch_settings(total, workers, self.batch_min, self.batch_max,
+                                      self.multiple_for(total, workers))
 
 
 class Schedule:
@@ -215,9 +216,10 @@ class Schedule:
             notes += self._admit(comm)
         if adapting:
             active = [r for r in range(self.world) if self.active[r]]
-            sizes = next_batch_sizes([self.sizes[r] for r in active], [self.speeds[r] for r in active],
-                                     self.total_batch, self.settings.batch_min, [self.batch_maxes[r] for r in active],
-                                     self.multiple, self.settings.damping, self.settings.deadband)
+            sizes = batching.next_batch_sizes(
+                [self.sizes[r] for r in active], [self.speeds[r] for r in active], self.total_batch,
+                self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple, self.settings.damping,
+                self.settings.deadband)
             self._scatter(sizes)
         rounds = self.settings.merge_rounds
         if self.workers > 1:
@@ -253,12 +255,13 @@ class Schedule:
         self.settings.check_workers(workers)
         active = [r for r in range(self.world) if self.active[r]]
         if equal:
-            sizes = initial_batch_sizes(self.total_batch, workers, self.settings.batch_min, self.settings.batch_max,
-                                        self.multiple)
+            sizes = batching.initial_batch_sizes(self.total_batch, workers, self.settings.batch_min,
+                                                 self.settings.batch_max, self.multiple)
         else:
-            sizes = next_batch_sizes([self.total_batch // workers] * workers, [self.speeds[r] for r in active],
-                                     self.total_batch, self.settings.batch_min, [self.batch_maxes[r] for r in active],
-                                     self.multiple, damping=1.0, deadband=0.0)
+            sizes = batching.next_batch_sizes(
+                [self.total_batch // workers] * workers, [self.speeds[r] for r in active], self.total_batch,
+                self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple, damping=1.0,
+                deadband=0.0)
         self.sizes = [0] * self.world
         self._scatter(sizes)
 

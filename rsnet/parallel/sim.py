@@ -1,15 +1,17 @@
-"""Discrete-event simulator of the parallel strategies (adaptive, sync, a static split) for 2 to 64 workers.
+"""Discrete-event simulator of the parallel strategies (adaptive, sync, a static split, the fastest device alone) for
+2 to 64 workers.
 
-It drives the scheduler's real pure functions (:mod:`rsnet.parallel.batching`: interval plan, claims through
-``IntervalClaimer`` over a simulated store, the tail rule, the speed estimate, the batch-size controller,
-``fit_total``, ``static_batches``; called through the module, so a test can replace one) with cost models in
-place of devices:
+It drives the scheduler's real code (:mod:`rsnet.parallel.batching`: claims through ``IntervalClaimer`` over a
+simulated store, the speed probe and the claim-ahead rule, the speed estimate, the batch-size controller,
+``fit_total``, ``static_batches``; called through the module, so a test can replace one; and the
+:class:`~rsnet.parallel.schedule.Schedule` every adaptive worker moves on after a merge: B, sizes, cadence,
+admission) with cost models in place of devices:
 
 * a worker's step on b samples takes t(b) = a + c·b seconds (:class:`DeviceProfile`); a simulated slowdown s
   multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
-* every store call (a claim, or the tail rule's read of the counter) costs one round trip; as in training with
-  ``prefetch: true``, a worker claims its next batch when it starts the current one, so the round trip hides
-  behind compute unless it is longer than a step;
+* every store call (a claim) costs one round trip; as in training with ``prefetch: true``, a worker claims its next
+  batch when it starts the current one where :func:`~rsnet.parallel.batching.may_claim_ahead` allows, else when the
+  current one is done;
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
   with the backward pass, so sync's figures here are a lower bound);
@@ -81,11 +83,6 @@ CPU_RESNET18_64 = DeviceProfile("cpu resnet18 64px", a=0.0605, c=0.01616,
                                 source="measured here: resnet18 at 64 px, 1 thread, batches 8/16/24/32")
 CPU_RESNET50_224 = DeviceProfile("cpu resnet50 224px", a=0.1204, c=0.4227,
                                  source="measured here: resnet50 at 224 px, 1 thread, batches 1/2/3/4")
-# The step of benchmarks/bench_scheduler.py's workers (test_resnet at 128 px, 1 thread each, 2 on one host) as its
-# run of 2026-11-22 measured it: the speeds s = samples / compute seconds in the last merge line that
-# docs/scheduler.md quotes, "w0: b=24 s=49.3/s ... | w1: b=8 s=23.8/s" (w1 at slowdown 2).
-CPU_TEST_RESNET_128 = fit_profile("cpu test_resnet 128px", [24, 8], [24 / 49.3, 8 / (2 * 23.8)],
-                                  "speeds logged by the benchmark run of docs/scheduler.md (2 workers on 2 cores)")
 STORE_RTT_LOCAL_S = 22e-6  # measured here: median round trip of TCPStore.add on 127.0.0.1
 STORE_RTT_LAN_S = 200e-6  # assumed: the store on another host of the cluster's network
 
@@ -255,6 +252,8 @@ class RunResult:
     interval_updates: list[list[int]] = field(default_factory=list)  # adaptive: per merge interval and worker
     notes: list[str] = field(default_factory=list)  # adaptive: what the schedule logged (workers left out, cadence)
     active: list[bool] = field(default_factory=list)  # adaptive: the workers still training at the end
+    rounds: int = 0  # adaptive: rounds of B between merges at the end
+    round_batch: int = 0  # adaptive: B at the end
 
     @property
     def samples_per_s(self) -> float:
@@ -317,10 +316,8 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
     while events:
         now, rank = heapq.heappop(events)
         calls = store.calls
-        probe = speeds[rank] <= 0 and tally.updates[rank] == 0
-        size = (min(minimum, sizes[rank]) if probe
-                else batching.next_claim_size(claimers[rank], rank, sizes, speeds, minimum))
-        span = claimers[rank].claim(size)
+        probe = speeds[rank] <= 0 and tally.updates[rank] == 0  # the first claim while the speed is unknown
+        span = claimers[rank].claim(min(minimum, sizes[rank]) if probe else sizes[rank])
         ready = now + scenario.store_rtt * (store.calls - calls)
         if span is None:
             tally.finish[rank] = max(tally.finish[rank], ready)
@@ -372,7 +369,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             handover = merge_seconds(scenario.model, world, scenario.link)
             result.wall_s += handover
             result.comm_s += handover
-    result.active = list(schedule.active)
+    result.active, result.rounds, result.round_batch = list(schedule.active), schedule.rounds, schedule.total_batch
     return result
 
 

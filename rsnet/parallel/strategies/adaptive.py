@@ -15,7 +15,6 @@ from rsnet.parallel.batching import (
     coarse_multiple_warning,
     epoch_permutation,
     may_claim_ahead,
-    next_claim_size,
     updated_speed,
 )
 from rsnet.parallel.merge import MergeResult, normalized_merge
@@ -32,6 +31,21 @@ META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm")
 _CLAIM_WAIT_S = 30.0
 
 
+def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) -> ScheduleSettings:
+    """Every ``trainer=adaptive`` setting checked before anything is built (ValueError naming the setting); returns the
+    schedule's settings."""
+    merge_weight, elastic, speed_ema = trainer["merge_weight"], trainer["elastic"], trainer["speed_ema"]
+    if merge_weight not in MERGE_WEIGHTS:
+        raise ValueError(f"trainer.merge_weight={merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
+    if not 0 < float(speed_ema) <= 1:
+        raise ValueError(f"trainer.speed_ema must be in (0, 1], got {speed_ema}")
+    if not 0 < float(elastic) <= 1:
+        raise ValueError(f"trainer.elastic={elastic}: must be in (0, 1] (1: every replica becomes the merged model)")
+    settings = ScheduleSettings.from_config(trainer, batch_size)
+    settings.check_workers(workers)
+    return settings
+
+
 class AdaptiveStrategy(Strategy):
     """Dynamic scheduling + adaptive batch sizes + normalized merging (docs/scheduler.md); what the workers agree
     on after every merge (who trains, B, the sizes, the cadence) is a :class:`~rsnet.parallel.schedule.Schedule`."""
@@ -41,18 +55,11 @@ class AdaptiveStrategy(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.cfg
+        self.schedule = Schedule(check_settings(cfg, self.total_batch, self.world), self.world)
         self.speed_ema = float(cfg["speed_ema"])
         self.log_intervals = bool(cfg["log_intervals"])
         self.merge_weight = str(cfg["merge_weight"])
         self.elastic = float(cfg["elastic"])
-        if self.merge_weight not in MERGE_WEIGHTS:
-            raise ValueError(f"trainer.merge_weight={self.merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
-        if not 0 < self.speed_ema <= 1:
-            raise ValueError(f"trainer.speed_ema must be in (0, 1], got {self.speed_ema}")
-        if not 0 < self.elastic <= 1:
-            raise ValueError(f"trainer.elastic={self.elastic}: must be in (0, 1] (1: every replica becomes the "
-                             "merged model)")
-        self.schedule = Schedule(ScheduleSettings.from_config(cfg, self.total_batch), self.world)
         coarse = coarse_multiple_warning(self.schedule.total_batch, self.world, self.schedule.multiple)
         if coarse and self.ctx.is_primary:
             log.warning(coarse)
@@ -129,9 +136,7 @@ class AdaptiveStrategy(Strategy):
         while True:
             if claimed and not may_claim_ahead(claimer, self.rank, self.sizes, speeds):
                 self._wait_for_steps(claimed)
-            size = (min(minimum, self.batch_size) if self.speed <= 0 and claimed == 0
-                    else next_claim_size(claimer, self.rank, self.sizes, speeds, minimum))
-            span = claimer.claim(size)
+            span = claimer.claim(min(minimum, self.batch_size) if self.speed <= 0 and claimed == 0 else self.batch_size)
             if span is None:
                 return
             claimed += 1

@@ -1,0 +1,133 @@
+"""The adaptive scheduler's decisions after a merge (rsnet/parallel/schedule.py): B, the size grid, the cadence, who
+takes part. Pure functions and the Schedule every worker moves on from the same merged table; no processes."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import trainer_config
+
+from rsnet.parallel.schedule import (
+    Schedule,
+    ScheduleSettings,
+    auto_multiple,
+    choose_workers,
+    merge_rounds,
+    next_interval,
+    predicted_rate,
+    round_batch,
+)
+
+
+def _settings(batch_size: int = 32, **overrides: object) -> ScheduleSettings:
+    return ScheduleSettings.from_config(trainer_config("adaptive", **overrides), batch_size)
+
+
+def _table(speeds: list[float], sizes: list[int], comm: float = 0.0, **fields: list[float]) -> dict[str, list[float]]:
+    """One merge's table: every worker trained 64 samples at ``speeds``."""
+    world = len(speeds)
+    return {"n": [64.0] * world, "s": speeds, "b": [float(b) for b in sizes], "updates": [4.0] * world,
+            "compute": [64 / s if s else 0.0 for s in speeds], "batch_max": [1024.0] * world,
+            "comm": [comm] * world, **fields}
+
+
+def test_size_grid_follows_the_share_of_a_worker() -> None:
+    assert [auto_multiple(share) for share in (4, 8, 10.7, 16, 24, 32, 63, 64, 512)] == [1, 1, 1, 2, 2, 4, 4, 8, 8]
+    settings = _settings(32)
+    assert settings.multiple_for(32, 2) == 2 and settings.multiple_for(32, 3) == 1
+    assert _settings(256, batch_multiple=8).multiple_for(256, 2) == 8
+
+
+def test_round_batch_grows_with_the_workers_not_below_batch_size() -> None:
+    assert round_batch(32, 2, 16) == 32 and round_batch(32, 3, 16) == 48 and round_batch(32, 4, 16) == 64
+    assert round_batch(32, 4, 0) == 32 and round_batch(256, 8, 16) == 256
+
+
+def test_merge_rounds_keep_the_merge_under_its_share_of_the_interval() -> None:
+    assert merge_rounds(4, comm_s=0.0, round_s=0.1, cost_max=0.05) == 4  # nothing measured yet
+    assert merge_rounds(4, comm_s=0.01, round_s=0.1, cost_max=0.05) == 4  # 2.5 % of 4 rounds
+    assert merge_rounds(4, comm_s=0.06, round_s=0.1, cost_max=0.05) == 12  # 0.06 / (0.05 x 0.1)
+    assert merge_rounds(4, comm_s=0.06, round_s=0.1, cost_max=0.0) == 4  # the rule off
+
+
+def test_an_interval_never_leaves_a_scrap_of_the_epoch() -> None:
+    assert next_interval(0, 720, 128, 64) == (0, 128)
+    assert next_interval(640, 720, 128, 64) == (640, 720)
+    assert next_interval(512, 720, 128, 64) == (512, 640)  # 80 left >= 64: their own interval
+    assert next_interval(576, 720, 128, 64) == (576, 720)  # 16 would be left: they join
+    assert next_interval(0, 100, 128, 64) == (0, 100)
+
+
+def test_predicted_rate_counts_merge_wait_and_the_slowest_share() -> None:
+    assert predicted_rate([100.0], 32, 4, 4, 1.0) == 100.0  # alone: no merge, no wait
+    # two equal workers: a round of 32 takes 0.16 s; 4 rounds 0.64 s, plus a 0.05 s merge and half a round's wait
+    assert predicted_rate([100.0, 100.0], 32, 4, 4, 0.05) == pytest.approx(200 * 0.64 / (0.64 + 0.05 + 0.08))
+    assert predicted_rate([100.0, 5.0], 32, 4, 4, 0.0) == 0.0  # 32 x 5 / 105 = 1.5 < batch_min: cannot keep pace
+
+
+def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
+    settings = _settings(32)
+    keep = choose_workers([100.0, 50.0], [True, True], settings, comm_s=0.01)
+    assert keep.keep == [True, True] and keep.rates[2] > keep.rates[1]
+    keep = choose_workers([100.0, 5.0], [True, True], settings, comm_s=0.01)
+    assert keep.keep == [True, False] and keep.rates[2] == 0.0
+    # A worker whose share keeps pace but whose speed does not pay for the merge and the wait is left out too (with
+    # the cost rule the interval would grow until the merge is cheap, and the worker would pay for itself).
+    keep = choose_workers([100.0, 16.0], [True, True], _settings(32, merge_cost_max=0), comm_s=0.2)
+    assert keep.keep == [True, False] and 0 < keep.rates[2] < keep.rates[1] == 100.0
+    assert choose_workers([100.0, 16.0], [True, True], settings, comm_s=0.2).keep == [True, True]
+    # Among three, the slowest goes first; a worker already out stays out.
+    keep = choose_workers([100.0, 90.0, 4.0], [True, True, True], settings, comm_s=0.01)
+    assert keep.keep == [True, True, False]
+    assert choose_workers([100.0, 90.0, 80.0], [True, False, True], settings, 0.01).keep == [True, False, True]
+
+
+def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
+    schedule = Schedule(_settings(32), 3)
+    assert (schedule.total_batch, schedule.multiple, schedule.sizes) == (48, 2, [16, 16, 16])  # B = 3 x 16
+    notes = schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01))
+    assert schedule.active == [True, True, False] and schedule.workers == 2
+    assert schedule.total_batch == 32 and schedule.sizes == [16, 16, 0]  # B back to batch_size for two
+    assert len(notes) == 1 and notes[0].startswith("leaving out worker 2 for the rest of the run: its 3.0 samples/s")
+    assert "trainer.leave_out=false keeps every worker" in notes[0]
+    assert schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 0], comm=0.01)) == []
+    assert schedule.active == [True, True, False]
+    kept = Schedule(_settings(32, leave_out=False), 3)
+    for _ in range(4):
+        kept.update(_table([100.0, 100.0, 3.0], kept.sizes, comm=0.01))
+    assert kept.active == [True, True, True] and kept.sizes == [22, 22, 4]  # held at batch_min
+
+
+def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -> None:
+    schedule = Schedule(_settings(32), 2)
+    for _ in range(3):  # damping 0.5: 18 / 14, 20 / 12, then the grid point nearest 21.3 / 10.7
+        schedule.update(_table([200.0, 100.0], schedule.sizes))
+    assert schedule.sizes == [22, 10] and schedule.rounds == 4  # no merge measured yet
+    notes = schedule.update(_table([200.0, 100.0], [22, 10], comm=0.06))
+    # a round of 32 at 300 samples/s is 0.107 s: 0.06 s is 5 % of 12 rounds
+    assert schedule.rounds == 12 and schedule.interval_size == 384
+    assert notes == ["merge every 12 rounds of B = 32 (384 samples): the last merge's communication took 60 ms, more "
+                     "than 5% of 4 rounds' compute"]
+    schedule.update(_table([200.0, 100.0], [22, 10], comm=0.0))  # no new measurement: the estimate stays
+    assert schedule.rounds == 12
+
+
+def test_schedule_state_round_trip() -> None:
+    schedule = Schedule(_settings(32), 3)
+    schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.02))
+    restored = Schedule(_settings(32), 3)
+    restored.load_state_dict(schedule.state_dict())
+    assert (restored.active, restored.sizes, restored.total_batch, restored.speeds, restored.rounds,
+            restored.merges, restored.comm_s) == (schedule.active, schedule.sizes, schedule.total_batch,
+                                                  schedule.speeds, schedule.rounds, schedule.merges, schedule.comm_s)
+
+
+def test_bad_settings_are_refused_naming_the_key() -> None:
+    for key, value, message in (("merge_rounds", 0, "trainer.merge_rounds=0"),
+                                ("merge_cost_max", 1.5, "trainer.merge_cost_max=1.5"),
+                                ("share_min", -1, "trainer.share_min=-1"),
+                                ("batch_multiple", "eight", "trainer.batch_multiple='eight': use auto"),
+                                ("damping", 0.0, "trainer.damping")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            _settings(32, **{key: value})
+    with pytest.raises(ValueError, match="batch_size=32 is too small for 9 workers"):
+        Schedule(_settings(32, share_min=0), 9)
