@@ -1,7 +1,8 @@
 """Started by torchrun: the worker's store on the rendezvous endpoint, and scripts/train.py end to end.
 
 The store tests run one worker in this process with the environment torchrun (or a user, or SLURM)
-would set; the end-to-end test runs ``torchrun --standalone --nproc-per-node=2`` on two CPU workers.
+would set; the end-to-end tests run ``torchrun --standalone --nproc-per-node=2`` on two CPU workers, and two
+torchrun agents as two nodes of one machine (``--nnodes=2``, c10d rendezvous on 127.0.0.1) that train and resume.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rsnet.parallel import WorkerContext, launch
+from rsnet.parallel.launcher import agree_backend
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1", "trainer.timeout_s=60", "backbone=test_resnet",
@@ -91,6 +94,19 @@ def test_missing_master_endpoint_is_named(torchrun_env: int, monkeypatch: pytest
         _launch_one("claims")
 
 
+def test_workers_agree_on_one_backend_through_the_store() -> None:
+    """Each node knows its own devices only: a node of GPUs beside a node with a CPU worker must not pick NCCL while
+    the other picks gloo. Every worker publishes its device in the store and reads everyone's."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    for case, devices, expected in (("mixed", ["cuda:0", "cpu", "cuda:1"], "gloo"),
+                                    ("gpus", ["cuda:0", "cuda:0"], "nccl"), ("cpus", ["cpu", "cpu"], "gloo")):
+        store = dist.PrefixStore(case, server)
+        with ThreadPoolExecutor(len(devices)) as pool:  # one thread per worker; a read waits for the others' keys
+            chosen = list(pool.map(lambda rank: agree_backend(store, rank, len(devices), devices[rank]),
+                                   range(len(devices))))
+        assert chosen == [expected] * len(devices), case
+
+
 # ------------------------------------------------------------------------------------ end to end
 
 
@@ -156,3 +172,39 @@ def test_torchrun_trains_like_the_spawn_launcher(tmp_path: Path) -> None:
     # scheduler may give the other worker all of a small epoch) has no loss terms to report for it
     assert _key_tree({**metrics, "history": None}) == _key_tree({**spawned, "history": None})
     assert [row["epoch"] for row in metrics["history"]] == [row["epoch"] for row in spawned["history"]]
+
+
+def _two_nodes(run_dir: Path, *overrides: str) -> list[subprocess.CompletedProcess]:
+    """Two torchrun agents on this machine as two nodes of one CPU worker each (c10d rendezvous on 127.0.0.1);
+    both must exit 0."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id=rsnet-{run_dir.name}",
+               str(REPO / "scripts" / "train.py"), *[o for o in TINY if not o.startswith("trainer.devices=")],
+               "trainer.devices=[cpu]", f"hydra.run.dir={run_dir}", *overrides]
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: _run(command), range(2)))
+    failed = [done for done in runs if done is None or done.returncode != 0]
+    if failed:
+        _skip_unless_torchrun_works()
+        pytest.fail("two torchrun nodes failed:\n" + "\n".join("(timed out)" if done is None else
+                                                                f"{done.stdout}\n{done.stderr}" for done in failed))
+    return runs
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_agree_on_a_backend_train_and_resume(tmp_path: Path) -> None:
+    """``--nnodes=2``: the two nodes' workers form one run (rank 0 writes it), agree on the backend through the store,
+    and a second launch with resume=true continues from the first one's checkpoint."""
+    run_dir = tmp_path / "nodes"
+    runs = _two_nodes(run_dir, "trainer.merge_rounds=1")
+    output = "".join(done.stdout + done.stderr for done in runs)
+    assert "backend gloo, agreed by the 2 workers through the store" in output, output
+    assert output.count("run dir: ") == 1, output  # one primary over the two nodes
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and len(metrics["scheduler"]["workers"]) == 2
+    assert sum(w["samples"] for w in metrics["scheduler"]["workers"]) == metrics["train_samples"]
+    runs = _two_nodes(run_dir, "trainer.merge_rounds=1", "epochs=2", "resume=true")
+    assert "resumed from" in "".join(done.stdout + done.stderr for done in runs)
+    resumed = json.loads((run_dir / "metrics.json").read_text())
+    assert resumed["epochs"] == 2 and [row["epoch"] for row in resumed["history"]] == [1, 2]

@@ -13,15 +13,17 @@ Three ways in, one worker function:
   the c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``.
 
 The backend is gloo when any worker is on a CPU and NCCL when all are GPUs (override with
-``backend=``). Collectives and store waits time out after ``timeout_s``, so a dead peer never makes
+``backend=``); under torchrun the workers of every node agree on it through the store (:func:`agree_backend`). Collectives and store waits time out after ``timeout_s``, so a dead peer never makes
 the survivors hang.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,8 +33,10 @@ from rsnet.parallel.spawn import spawn_local
 from rsnet.parallel.watch import WorkerError
 from rsnet.parallel.worker import LaunchSettings, WorkerContext, destroy_group, join_group, setup_device
 
-__all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "check_slowdown", "choose_backend", "launch",
-           "launch_options", "started_by_torchrun"]
+__all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "agree_backend", "check_slowdown", "choose_backend",
+           "launch", "launch_options", "started_by_torchrun"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -40,6 +44,15 @@ DEFAULT_TIMEOUT_S = 600.0
 def choose_backend(devices: Sequence[str]) -> str:
     """NCCL when every device is a GPU, gloo as soon as one worker is on a CPU."""
     return "nccl" if devices and all(str(d).startswith("cuda") for d in devices) else "gloo"
+
+
+def agree_backend(store: dist.Store, rank: int, world: int, device: str) -> str:
+    """The backend of a torchrun launch, the same on every node: each worker publishes its device in the store and
+    reads everyone's (a read waits for the key, up to the store's timeout), then :func:`choose_backend` — so a node
+    of GPUs beside a node with a CPU worker takes gloo too."""
+    store.set(f"backend/device/{rank}", str(device))
+    devices = [store.get(f"backend/device/{other}").decode() for other in range(world)]
+    return choose_backend(devices)
 
 
 def _cpu_threads_for(devices: Sequence[str]) -> int:
@@ -90,7 +103,7 @@ def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, ti
         slowdown: simulated slowdown factor per rank (``[1.0, 2.0]`` makes rank 1 twice as slow); each
             worker finds its own in ``ctx.slowdown``.
         backend: ``"gloo"`` or ``"nccl"``; default: :func:`choose_backend` (under torchrun, ``RSNET_BACKEND``
-            first).
+            first, else :func:`agree_backend` over every node's workers).
         cpu_threads: torch threads of each CPU worker; default: a fair share of the cores.
 
     Raises:
@@ -106,8 +119,10 @@ def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, ti
         run = run_torchrun_worker
     else:
         run = run_in_process if len(devices) == 1 else spawn_local
-    settings = LaunchSettings(devices=devices, backend=backend or choose_backend(devices), timeout_s=timeout_s,
-                              slowdowns=slowdowns, cpu_threads=cpu_threads or _cpu_threads_for(devices))
+    # Under torchrun this node sees its own devices only: the workers agree on the backend through the store.
+    settings = LaunchSettings(devices=devices, backend=backend or (None if torchrun else choose_backend(devices)),
+                              timeout_s=timeout_s, slowdowns=slowdowns,
+                              cpu_threads=cpu_threads or _cpu_threads_for(devices))
     return run(worker_fn, args, kwargs, settings)
 
 
@@ -145,6 +160,10 @@ def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict
                          f"node's devices, one per process (torchrun --nproc-per-node={len(settings.devices)})")
     setup_device(torch.device(settings.devices[local_rank]), settings.cpu_threads)
     store = _rendezvous_store(rank, world, settings.timeout_s)
+    if settings.backend is None:
+        settings = replace(settings, backend=agree_backend(store, rank, world, settings.devices[local_rank]))
+        if rank == 0:
+            log.info("backend %s, agreed by the %d workers through the store", settings.backend, world)
     ctx = join_group(settings, store, rank, world, local_rank)
     try:
         return worker_fn(ctx, *args, **kwargs)

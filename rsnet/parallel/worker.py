@@ -15,11 +15,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """What the workers of one launch share: this machine's devices (one per worker), the backend, the
-    process-group and store timeout, every worker's simulated slowdown and a CPU worker's torch threads."""
+    """What the workers of one launch share: this machine's devices (one per worker), the backend (None until the
+    workers of a torchrun launch have agreed on it), the process-group and store timeout, every worker's simulated
+    slowdown and a CPU worker's torch threads."""
 
     devices: list[str]
-    backend: str
+    backend: str | None
     timeout_s: float
     slowdowns: list[float]
     cpu_threads: int
