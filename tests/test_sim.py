@@ -150,27 +150,26 @@ def test_identical_workers_end_intervals_together_with_equal_updates():
 
 
 def test_drives_the_real_claim_ahead_rule(monkeypatch):
-    """A 1 : 6 pair kept together (leave_out=false): the slow worker claims its next batch of 4 only where the fast one
+    """A 1 : 8 pair kept together (leave_out=false): the slow worker claims its next batch of 4 only where the fast one
     cannot finish the interval meanwhile. Claiming ahead always, it holds a batch at the interval's end that the
-    fast worker could have trained, and the fast worker waits for it at the merge (idle 22 % instead of 12 %)."""
-    scenario = pair(6.0, a=0.005, intervals=10)
+    fast worker could have trained, and the fast worker waits for it at the merge (idle 21 % instead of 7 %)."""
+    scenario = pair(8.0, a=0.005, intervals=10)
     kept = replace(scenario.settings.schedule, leave_out=False)
     scenario = replace(scenario, settings=replace(scenario.settings, schedule=kept))
     ruled = sim.simulate_adaptive(scenario)
     monkeypatch.setattr(batching, "may_claim_ahead", lambda *args: True)
     ahead = sim.simulate_adaptive(scenario)
     assert ruled.sizes[-1] == ahead.sizes[-1] == [28, 4]
-    assert ruled.wall_s < 0.95 * ahead.wall_s and ruled.idle[0] < ahead.idle[0] - 0.05
+    assert ruled.wall_s < 0.9 * ahead.wall_s and ruled.idle[0] < ahead.idle[0] - 0.1
 
 
 def test_a_device_that_costs_more_than_it_adds_is_left_out():
-    """1 : 20: the slow worker's share of B is below batch_min; after its probe it is left out, and the fast worker
-    trains alone at B: within 4 % of the fastest device alone over 60 intervals (the first interval, which waits for
-    the probe, and the hand-over of the model at the epoch's end)."""
+    """1 : 20: the slow worker's share of B is below batch_min; after its probe (paced so that the first merge does
+    not wait for it) it is left out, and the fast worker trains alone at B: as fast as the fastest device alone."""
     result = sim.compare(pair(20.0, a=0.005, intervals=60))
     assert result.adaptive.active == [True, False] and "leaving out worker 1" in result.adaptive.notes[0]
     assert result.adaptive.sizes[-1] == [32, 0]
-    assert 0.96 < result.adaptive.samples_per_s / result.single.samples_per_s <= 1.0
+    assert 0.99 < result.adaptive.samples_per_s / result.single.samples_per_s < 1.01
 
 
 def _cli(monkeypatch):
@@ -191,4 +190,5 @@ def test_cli_prints_the_tables(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--quick"])
     cli.main()
     out = capsys.readouterr().out
-    assert out.count("| scenario | W | B | M |") == 3 and "| 8 x A100 (identical) | 8 | 2048 |" in out
+    assert out.count("| scenario | W | B | rounds | limit Σs/s_max | single /s |") == 3
+    assert "| 8 x A100 (identical) | 8 | 2048 |" in out

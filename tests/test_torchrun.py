@@ -98,12 +98,15 @@ def test_workers_agree_on_one_backend_through_the_store() -> None:
     """Each node knows its own devices only: a node of GPUs beside a node with a CPU worker must not pick NCCL while
     the other picks gloo. Every worker publishes its device in the store and reads everyone's."""
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+
+    def worker(case: str, devices: list[str], rank: int) -> str:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+        return agree_backend(dist.PrefixStore(case, client), rank, len(devices), devices[rank])
+
     for case, devices, expected in (("mixed", ["cuda:0", "cpu", "cuda:1"], "gloo"),
                                     ("gpus", ["cuda:0", "cuda:0"], "nccl"), ("cpus", ["cpu", "cpu"], "gloo")):
-        store = dist.PrefixStore(case, server)
-        with ThreadPoolExecutor(len(devices)) as pool:  # one thread per worker; a read waits for the others' keys
-            chosen = list(pool.map(lambda rank: agree_backend(store, rank, len(devices), devices[rank]),
-                                   range(len(devices))))
+        with ThreadPoolExecutor(len(devices)) as pool:  # one thread (and store client) per worker
+            chosen = list(pool.map(lambda rank: worker(case, devices, rank), range(len(devices))))
         assert chosen == [expected] * len(devices), case
 
 

@@ -255,6 +255,7 @@ class _StepRunner:
             group["lr"] = lr
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
+        self.timer.every_step = self.strategy.needs_step_seconds  # adaptive: while it measures a worker's speed
         self.timer.start()
         try:
             with self.precision.autocast():

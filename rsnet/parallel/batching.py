@@ -6,7 +6,8 @@
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
   so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
-* :func:`may_claim_ahead` — whether a worker may claim its next batch while its current one still computes.
+* :func:`may_claim_ahead` — whether a worker may claim its next batch while its current one still computes;
+  :func:`paced_claim_size` — a worker's claims before its speed is known.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 * :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
 """
@@ -253,6 +254,20 @@ def may_claim_ahead(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], s
         return False
     others = sum(float(s) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0)
     return claimer.size - claimer.seen > int(sizes[rank]) / own * others
+
+
+def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, others_rate: float) -> int:
+    """The next claim of a worker whose speed the others do not know yet (before its first merge): what it trains in
+    the time the other workers need for the ``remaining`` positions at their pace so far (``others_rate``,
+    positions/s), within [``minimum``, ``batch``]; 0 — nothing more in this interval — when even ``minimum`` would
+    take it more than twice that time. Without both rates: ``batch``. A slow device's first interval thus costs the
+    others little more than its probe, not a full batch of the equal split."""
+    if own_rate <= 0 or others_rate <= 0 or remaining <= 0:
+        return int(batch)
+    others_s = remaining / others_rate
+    if minimum / own_rate > 2 * others_s:
+        return 0
+    return max(min(int(batch), int(own_rate * others_s)), min(int(minimum), int(batch)))
 
 
 def coarse_multiple_warning(total_batch: int, world: int, multiple: int) -> str | None:

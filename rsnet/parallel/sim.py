@@ -2,16 +2,17 @@
 2 to 64 workers.
 
 It drives the scheduler's real code (:mod:`rsnet.parallel.batching`: claims through ``IntervalClaimer`` over a
-simulated store, the speed probe and the claim-ahead rule, the speed estimate, the batch-size controller,
+simulated store, the speed probe, the paced first claims and the claim-ahead rule, the speed estimate, the batch-size controller,
 ``fit_total``, ``static_batches``; called through the module, so a test can replace one; and the
 :class:`~rsnet.parallel.schedule.Schedule` every adaptive worker moves on after a merge: B, sizes, cadence,
 admission) with cost models in place of devices:
 
 * a worker's step on b samples takes t(b) = a + c·b seconds (:class:`DeviceProfile`); a simulated slowdown s
   multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
-* every store call (a claim) costs one round trip; as in training with ``prefetch: true``, a worker claims its next
-  batch when it starts the current one where :func:`~rsnet.parallel.batching.may_claim_ahead` allows, else when the
-  current one is done;
+* every store call (a claim, or a read of the counter) costs one round trip; as in training with ``prefetch: true``,
+  a worker claims its next batch when it starts the current one where
+  :func:`~rsnet.parallel.batching.may_claim_ahead` allows, else when the current one is done; before its speed is
+  known it claims a probe of batch_min, then :func:`~rsnet.parallel.batching.paced_claim_size`;
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
   with the backward pass, so sync's figures here are a lower bound);
@@ -316,8 +317,13 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
     while events:
         now, rank = heapq.heappop(events)
         calls = store.calls
-        probe = speeds[rank] <= 0 and tally.updates[rank] == 0  # the first claim while the speed is unknown
-        span = claimers[rank].claim(min(minimum, sizes[rank]) if probe else sizes[rank])
+        size = sizes[rank]
+        if speeds[rank] <= 0:  # unknown speed: a probe of batch_min, then claims paced by the others
+            claimer = claimers[rank]
+            size = min(minimum, size) if not tally.updates[rank] else batching.paced_claim_size(
+                size, minimum, claimer.remaining(), tally.samples[rank] / tally.compute[rank],
+                (claimer.seen - tally.samples[rank]) / max(now - start, 1e-12))
+        span = claimers[rank].claim(size) if size else None
         ready = now + scenario.store_rtt * (store.calls - calls)
         if span is None:
             tally.finish[rank] = max(tally.finish[rank], ready)

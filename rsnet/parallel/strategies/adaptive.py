@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from rsnet.parallel.batching import (
     coarse_multiple_warning,
     epoch_permutation,
     may_claim_ahead,
+    paced_claim_size,
     updated_speed,
 )
 from rsnet.parallel.merge import MergeResult, normalized_merge
@@ -122,8 +124,9 @@ class AdaptiveStrategy(Strategy):
 
     def claims(self, interval: int) -> Iterator[Claim]:
         """Claim batches of the interval through the store until it is used up (no collective); a worker left out
-        claims nothing. While its speed is unknown a worker first claims ``batch_min`` samples (a cheap probe), and
-        it claims its next batch before the current one has trained only where :func:`may_claim_ahead` allows."""
+        claims nothing. While its speed is unknown (before its first merge) a worker first claims ``batch_min``
+        samples, a probe, and then sizes its claims by the others' pace (:func:`paced_claim_size`); it claims its
+        next batch before the current one has trained only where :func:`may_claim_ahead` allows."""
         if not self.schedule.active[self.rank]:
             return
         low, high = self._bounds
@@ -132,21 +135,43 @@ class AdaptiveStrategy(Strategy):
         claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, minimum)
         speeds = self.schedule.speeds_of_active()
         speeds[self.rank] = self.speed
-        claimed = 0
+        claimed, mine, started = 0, 0, time.perf_counter()
         while True:
             if claimed and not may_claim_ahead(claimer, self.rank, self.sizes, speeds):
                 self._wait_for_steps(claimed)
-            span = claimer.claim(min(minimum, self.batch_size) if self.speed <= 0 and claimed == 0 else self.batch_size)
+            size = self.batch_size
+            if self.speed <= 0:
+                size = min(minimum, size) if not claimed else self._paced(claimer, mine, started)
+            span = claimer.claim(size) if size else None
             if span is None:
                 return
-            claimed += 1
+            claimed, mine = claimed + 1, mine + span[1] - span[0]
             start, end = span
             yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
 
+    def _paced(self, claimer: IntervalClaimer, mine: int, started: float) -> int:
+        """The next claim while this worker's speed is unknown: :func:`paced_claim_size` from its own timed steps and
+        the positions the others claimed since the interval began (one store read)."""
+        remaining = claimer.remaining()
+        others_rate = (claimer.seen - mine) / max(time.perf_counter() - started, 1e-9)
+        own_rate = self._timed[0] / self._timed[1] if self._timed[1] > 0 else 0.0
+        return paced_claim_size(self.batch_size, self.schedule.settings.batch_min, remaining, own_rate, others_rate)
+
+    @property
+    def needs_step_seconds(self) -> bool:
+        """Every step's time while this worker's speed is unknown (its claims are paced by it), or for a slowdown."""
+        return self.speed <= 0 or super().needs_step_seconds
+
     def after_step(self, batch_size: int, seconds: float | None) -> None:
         super().after_step(batch_size, seconds)
+        if seconds is not None:
+            self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
         with self._stepped:
             self._stepped.notify_all()
+
+    def _reset_counters(self) -> None:
+        super()._reset_counters()
+        self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one
 
     def _wait_for_steps(self, count: int) -> None:
         """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval; bounded, so
