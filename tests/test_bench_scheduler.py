@@ -20,10 +20,12 @@ def _load(name: str):
     return module
 
 
-def _record(bench, scenario: str, strategy: str, seed: int, curve: list[tuple[float, float, float]]) -> dict:
+def _record(bench, scenario: str, strategy: str, seed: int, curve: list[tuple[float, float, float]],
+            updates: list[int] | None = None) -> dict:
     key = bench.run_key(scenario, strategy, seed, argparse.Namespace(epochs=3, image_size=64, batch=32))
-    return {"key": key, "scenario": scenario, "strategy": strategy, "seed": seed, "curve": curve,
-            "train_samples": 720, "epochs": 3, "updates": [30, 20], "worker_samples": [1440, 720]}
+    return {"key": key, "scenario": bench.run_scenario(scenario, strategy), "strategy": strategy, "seed": seed,
+            "curve": curve, "train_samples": 720, "epochs": 3, "updates": updates or [30, 20],
+            "worker_samples": [1440, 720], "active": [True, True]}
 
 
 @pytest.fixture
@@ -31,10 +33,12 @@ def study(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     bench = _load("bench_scheduler")
     sync = [(10.0, 20.0, 21.0), (20.0, 40.0, 41.0), (30.0, 50.0, 52.0)]  # target: 95 % of 50 = 47.5, at 30 s
+    single = [(15.0, 30.0, 30.0), (30.0, 46.0, 46.0), (45.0, 50.0, 51.5)]  # the fastest worker alone: 47.5 at 45 s
     records = [_record(bench, "1:2", "sync", 0, sync), _record(bench, "1:2", "sync", 1, sync),
+               _record(bench, "1:2", "single", 0, single, [90, 0]), _record(bench, "1:2", "single", 1, single, [90, 0]),
                _record(bench, "1:2", "adaptive", 0, [(6.0, 25.0, 24.0), (12.0, 48.0, 47.0), (18.0, 51.0, 51.5)]),
                _record(bench, "1:2", "adaptive", 1, [(8.0, 30.0, 30.0), (16.0, 45.0, 44.0), (24.0, 47.9, 49.0)]),
-               _record(bench, "1:1", "sync", 0, sync), _record(bench, "1:1", "adaptive", 0, sync)]
+               _record(bench, "1:1", "sync", 0, sync), _record(bench, "1:1", "adaptive", 0, sync, [25, 25])]
     results = tmp_path / "study.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in records))
     return bench, results
@@ -44,19 +48,23 @@ def test_report_gives_time_to_target_ratios_and_verdicts(study, tmp_path, monkey
     bench, results = study
     png = tmp_path / "curves.png"
     monkeypatch.setattr(sys, "argv", ["bench_scheduler.py", "--report-only", "--results", str(results), "--epochs", "3",
-                                      "--seeds", "2", "--scenarios", "1:2", "1:1", "--strategies", "sync", "adaptive",
-                                      "--plot", str(png)])
+                                      "--seeds", "2", "--scenarios", "1:2", "1:1", "--strategies", "sync", "single",
+                                      "adaptive", "--plot", str(png)])
     bench.main()
     out = capsys.readouterr().out
-    # adaptive reaches 47.5 at 12 s and 24 s against sync's 30 s: 2.5x and 1.25x; final test -0.5 and -3.0 points.
-    assert "| adaptive | 18.00 ± 8.49 | 1.88 ± 0.88 |" in out
-    # budget = the shortest run (18 s, 24 s): sync's validation there is 20 then 40; adaptive's 51 and 45.
-    assert "| sync | 30.00 ± 0.00 | 1.00 ± 0.00 | 30.00 ± 14.14 |" in out
-    assert "| 49.45 ± 2.19 | 50.25 ± 1.77 | 50.25 ± 1.77 | -1.75 ± 1.77 |" in out
-    assert "1:2: adaptive reaches the target 1.88x faster than sync (target >= 1.3x), final test -1.75 points" in out
-    assert "NOT MET" in out.splitlines()[-3]  # 1:2: the accuracy half fails
-    assert out.splitlines()[-2].endswith(": MET")  # 1:1: identical curves
-    assert "(1 paired seed, 3 epochs)" in out  # 1:1 has seed 0 only
+    assert "### 1:2 (slowdowns 1, 2; physical limit Σs/s_max = 1.50; 2 paired seeds, 3 epochs)" in out
+    # adaptive reaches 47.5 at 12 s and 24 s: single's 45 s over them is 3.75x and 1.875x, shares of the limit 1.5
+    # 2.5 and 1.25; sync's 30 s: 2.5x and 1.25x; final test -0.5 and -3.0 points; 120 and 90 samples/s against
+    # single's 48; balance 20 / 30; nobody left out.
+    assert ("| adaptive | 18.00 ± 8.49 | 2.81 ± 1.33 | 1.88 ± 0.88 | 1.88 ± 0.88 | 50.25 ± 1.77 | -1.75 ± 1.77 | "
+            "105.00 ± 21.21 | 2.19 ± 0.44 | 0.67 ± 0.00 | 0.00 ± 0.00 |") in out
+    assert "| single | 45.00 ± 0.00 | 1.00 ± 0.00 | 0.67 ± 0.00 | 0.67 ± 0.00 |" in out
+    verdicts = [line for line in out.splitlines() if line.startswith(("1:2: ", "1:1: "))]
+    assert verdicts[0].startswith("1:2: adaptive 2.81x single to the target (target >= 1.2")
+    assert verdicts[0].endswith("update balance 0.67 (target >= 0.9): NOT MET (accuracy, balance)")
+    assert verdicts[1].startswith("1:1: adaptive 1.50x single to the target (target >= 1.00x)")
+    assert verdicts[1].endswith(": MET")  # sync's curve, balanced, 1.5x the single worker on identical workers
+    assert "1 paired seed, 3 epochs)" in out  # 1:1 has seed 0 only
     assert Image.open(png).size == (900, 580)
 
 
@@ -67,7 +75,7 @@ def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
     with results.open("a") as out:
         out.write(json.dumps(static) + "\n" + json.dumps(local_sgd) + "\n")
     sim_cli = _load("sim_scheduler")
-    monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--validate", "--study", str(results)])
+    monkeypatch.setattr(sys, "argv", ["sim_scheduler.py", "--validate", str(results)])
     sim_cli.main()
     out = capsys.readouterr().out
     assert f"### Validation: the time-to-accuracy study ({results})" in out
