@@ -84,7 +84,9 @@ def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
 def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
     schedule = Schedule(_settings(32), 3)
     assert (schedule.total_batch, schedule.multiple, schedule.sizes) == (48, 2, [16, 16, 16])  # B = 3 x 16
-    notes = schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01))
+    assert schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01)) == []  # a probe's speeds: wait
+    assert schedule.active == [True, True, True]
+    notes = schedule.update(_table([100.0, 100.0, 3.0], schedule.sizes, comm=0.01))
     assert schedule.active == [True, True, False] and schedule.workers == 2
     assert schedule.total_batch == 32 and schedule.sizes == [16, 16, 0]  # B back to batch_size for two
     assert len(notes) == 1 and notes[0].startswith("leaving out worker 2 for the rest of the run: its 3.0 samples/s")
@@ -113,7 +115,9 @@ def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -
 
 def test_schedule_state_round_trip() -> None:
     schedule = Schedule(_settings(32), 3)
-    schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.02))
+    for _ in range(2):
+        schedule.update(_table([100.0, 100.0, 3.0], schedule.sizes, comm=0.02))
+    assert schedule.active == [True, True, False]
     restored = Schedule(_settings(32), 3)
     restored.load_state_dict(schedule.state_dict())
     assert (restored.active, restored.sizes, restored.total_batch, restored.speeds, restored.rounds,

@@ -165,11 +165,12 @@ def test_drives_the_real_claim_ahead_rule(monkeypatch):
 
 def test_a_device_that_costs_more_than_it_adds_is_left_out():
     """1 : 20: the slow worker's share of B is below batch_min; after its probe (paced so that the first merge does
-    not wait for it) it is left out, and the fast worker trains alone at B: as fast as the fastest device alone."""
+    not wait for it) and a second interval (admission waits for two merges' speeds) it is left out, and the fast worker
+    trains alone at B: within 2 % of the fastest device alone over 60 intervals."""
     result = sim.compare(pair(20.0, a=0.005, intervals=60))
     assert result.adaptive.active == [True, False] and "leaving out worker 1" in result.adaptive.notes[0]
     assert result.adaptive.sizes[-1] == [32, 0]
-    assert 0.99 < result.adaptive.samples_per_s / result.single.samples_per_s < 1.01
+    assert 0.98 < result.adaptive.samples_per_s / result.single.samples_per_s < 1.01
 
 
 def _cli(monkeypatch):

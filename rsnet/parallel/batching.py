@@ -260,9 +260,12 @@ def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, 
     """The next claim of a worker whose speed the others do not know yet (before its first merge): what it trains in
     the time the other workers need for the ``remaining`` positions at their pace so far (``others_rate``,
     positions/s), within [``minimum``, ``batch``]; 0 — nothing more in this interval — when even ``minimum`` would
-    take it more than twice that time. Without both rates: ``batch``. A slow device's first interval thus costs the
-    others little more than its probe, not a full batch of the equal split."""
-    if own_rate <= 0 or others_rate <= 0 or remaining <= 0:
+    take it more than twice that time. Without its own rate yet (its first step is not a measure): another probe of
+    ``minimum``; without the others': ``batch``. A slow device's first interval thus costs the others little more
+    than its probe, not a full batch of the equal split."""
+    if own_rate <= 0:
+        return min(int(minimum), int(batch))
+    if others_rate <= 0 or remaining <= 0:
         return int(batch)
     others_s = remaining / others_rate
     if minimum / own_rate > 2 * others_s:

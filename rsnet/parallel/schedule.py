@@ -26,6 +26,8 @@ from typing import Any
 from rsnet.parallel import batching  # called through the module: the simulator's tests replace the controller
 
 MERGE_WEIGHTS = ("uniform", "updates", "samples")
+# Admission waits for the speeds of two merges: the first interval's are a probe's, a few steps at the equal split.
+ADMISSION_FROM_MERGE = 2
 
 
 def auto_multiple(share: float) -> int:
@@ -212,7 +214,7 @@ class Schedule:
         notes: list[str] = []
         adapting = self.merges > self.settings.warmup_intervals and all(
             s > 0 for s, a in zip(self.speeds, self.active) if a)
-        if adapting and self.settings.leave_out and self.workers > 1:
+        if adapting and self.settings.leave_out and self.workers > 1 and self.merges >= ADMISSION_FROM_MERGE:
             notes += self._admit(comm)
         if adapting:
             active = [r for r in range(self.world) if self.active[r]]

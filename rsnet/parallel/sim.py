@@ -298,21 +298,29 @@ class SimStore:
 
 @dataclass
 class _Interval:
-    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge."""
+    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge; ``warmup``: the
+    samples and seconds of the worker's first step of the run if it fell in this interval (not a measure of its
+    speed, as in AdaptiveStrategy)."""
 
     samples: list[int]
     updates: list[int]
     compute: list[float]
     finish: list[float]
+    warmup: list[tuple[int, float]]
+
+    def measured(self, rank: int) -> tuple[float, float]:
+        """Samples and seconds that measure worker ``rank``'s speed: the interval's, less its first step."""
+        return self.samples[rank] - self.warmup[rank][0], self.compute[rank] - self.warmup[rank][1]
 
 
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
-                  size: int, start: float) -> _Interval:
+                  size: int, start: float, warmed: list[bool]) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
-    prefetcher: the next claim is made when a batch starts), in the order of the claims' times."""
+    prefetcher: the next claim is made when a batch starts), in the order of the claims' times. ``warmed``: which
+    workers have trained their first step (updated)."""
     world, minimum = scenario.world, scenario.settings.schedule.batch_min
     claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
-    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world)
+    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world, [(0, 0.0)] * world)
     events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
     while events:
         now, rank = heapq.heappop(events)
@@ -320,8 +328,9 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         size = sizes[rank]
         if speeds[rank] <= 0:  # unknown speed: a probe of batch_min, then claims paced by the others
             claimer = claimers[rank]
+            timed_n, timed_s = tally.measured(rank)
             size = min(minimum, size) if not tally.updates[rank] else batching.paced_claim_size(
-                size, minimum, claimer.remaining(), tally.samples[rank] / tally.compute[rank],
+                size, minimum, claimer.remaining(), timed_n / timed_s if timed_s > 0 else 0.0,
                 (claimer.seen - tally.samples[rank]) / max(now - start, 1e-12))
         span = claimers[rank].claim(size) if size else None
         ready = now + scenario.store_rtt * (store.calls - calls)
@@ -335,6 +344,8 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         tally.samples[rank] += count
         tally.updates[rank] += 1
         tally.compute[rank] += seconds
+        if not warmed[rank]:
+            tally.warmup[rank], warmed[rank] = (count, seconds), True
         ahead = scenario.prefetch and batching.may_claim_ahead(claimers[rank], rank, sizes, speeds)
         heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
@@ -346,7 +357,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
     :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
     world = scenario.world
     schedule = Schedule(scenario.settings.schedule, world)
-    speeds, comm = [0.0] * world, 0.0
+    speeds, comm, warmed = [0.0] * world, 0.0, [False] * world
     store = SimStore()
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
     for epoch in range(scenario.epochs):
@@ -356,7 +367,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             start = high
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
-                                  f"e{epoch}/i{index}", high - low, result.wall_s)
+                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed)
             index += 1
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s
@@ -364,8 +375,8 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             result.add_steps(tally.compute, tally.samples, tally.updates)
             result.interval_updates.append(tally.updates)
             result.sizes.append(list(schedule.sizes))
-            speeds = [batching.updated_speed(speed, n, busy, scenario.settings.speed_ema)
-                      for speed, n, busy in zip(speeds, tally.samples, tally.compute)]
+            speeds = [batching.updated_speed(speed, *tally.measured(rank), scenario.settings.speed_ema)
+                      for rank, speed in enumerate(speeds)]
             table = {"n": tally.samples, "s": speeds, "b": list(schedule.sizes), "updates": tally.updates,
                      "compute": tally.compute, "batch_max": list(schedule.batch_maxes), "comm": [comm] * world}
             if schedule.workers > 1:

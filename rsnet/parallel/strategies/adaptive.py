@@ -72,6 +72,7 @@ class AdaptiveStrategy(Strategy):
         self._bounds = (0, 0)
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
+        self._warmed_up = False  # whether this worker has trained its first step (left out of its speed)
 
     @property
     def sizes(self) -> list[int]:
@@ -163,15 +164,21 @@ class AdaptiveStrategy(Strategy):
         return self.speed <= 0 or super().needs_step_seconds
 
     def after_step(self, batch_size: int, seconds: float | None) -> None:
+        slept = self._sleep
         super().after_step(batch_size, seconds)
         if seconds is not None:
-            self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
+            if not self._warmed_up:  # this worker's first step: one-time costs, no measure of its speed
+                self._warmup = (batch_size, seconds + self._sleep - slept)
+                self._warmed_up = True
+            else:
+                self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
         with self._stepped:
             self._stepped.notify_all()
 
     def _reset_counters(self) -> None:
         super()._reset_counters()
-        self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one
+        self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one (after the first)
+        self._warmup = (0, 0.0)  # samples and seconds of this worker's first step, if it fell in this interval
 
     def _wait_for_steps(self, count: int) -> None:
         """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval; bounded, so
@@ -195,7 +202,9 @@ class AdaptiveStrategy(Strategy):
         small table is all-reduced (its replica is handed to the others at the end of the epoch)."""
         super().end_interval(compute_seconds)
         busy = self._compute + self._sleep
-        self.speed = updated_speed(self.speed, self._n, busy, self.speed_ema)
+        # The speed leaves out the worker's first step (allocations, kernel choice): a worker that trained nothing
+        # else in its first interval keeps an unknown speed, and probes again.
+        self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s}
         k = len(META_FIELDS)
