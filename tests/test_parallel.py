@@ -203,7 +203,7 @@ def _crash_worker(ctx, how: str):
 
 def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     n, epochs = 960, 3
-    trainer = trainer_config("adaptive", merge_rounds=4, merge_cost_max=0, warmup_intervals=1)
+    trainer = trainer_config("adaptive", merge_rounds=4, merge_cost_max=0, warmup_intervals=1, leave_out=False)
     out = launch(_adaptive_worker, ["cpu", "cpu"], n, epochs, trainer, 0.001, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     # Dynamic claiming: each epoch's indices are covered exactly once across the two workers.
     for epoch in range(epochs):

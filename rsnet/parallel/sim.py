@@ -326,7 +326,7 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         now, rank = heapq.heappop(events)
         calls = store.calls
         size = sizes[rank]
-        if speeds[rank] <= 0:  # unknown speed: a probe of batch_min, then claims paced by the others
+        if speeds[rank] <= 0 and sum(1 for b in sizes if b > 0) > 1:  # unknown speed: a probe, then paced claims
             claimer = claimers[rank]
             timed_n, timed_s = tally.measured(rank)
             size = min(minimum, size) if not tally.updates[rank] else batching.paced_claim_size(

@@ -141,7 +141,7 @@ class AdaptiveStrategy(Strategy):
             if claimed and not may_claim_ahead(claimer, self.rank, self.sizes, speeds):
                 self._wait_for_steps(claimed)
             size = self.batch_size
-            if self.speed <= 0:
+            if self.speed <= 0 and self.schedule.workers > 1:  # alone, there is no one to pace against
                 size = min(minimum, size) if not claimed else self._paced(claimer, mine, started)
             span = claimer.claim(size) if size else None
             if span is None:
@@ -161,7 +161,7 @@ class AdaptiveStrategy(Strategy):
     @property
     def needs_step_seconds(self) -> bool:
         """Every step's time while this worker's speed is unknown (its claims are paced by it), or for a slowdown."""
-        return self.speed <= 0 or super().needs_step_seconds
+        return (self.speed <= 0 and self.schedule.workers > 1) or super().needs_step_seconds
 
     def after_step(self, batch_size: int, seconds: float | None) -> None:
         slept = self._sleep
