@@ -61,10 +61,10 @@ STRATEGIES = {  # name -> train.py overrides
     "adaptive-keep-all": ["trainer=adaptive", "trainer.leave_out=false"],
 }
 # Speed ratios as SIMULATED slowdown factors. With more than two workers every factor is scaled so that the workers'
-# compute (the sum of 1 / factor) fills the two cores of the development machine and no more, as 1:1 does: three or
-# four unscaled one-thread workers would share two cores, and the fastest alone would not.
+# compute (the sum of 1 / factor) takes 1.5 of the development machine's two cores: three or four unscaled one-thread
+# workers would share two cores (and the merges' gloo threads with them), while the fastest alone would not.
 SCENARIOS = {"1:1": [1.0, 1.0], "1:1.5": [1.0, 1.5], "1:2": [1.0, 2.0], "1:4": [1.0, 4.0], "1:20": [1.0, 20.0],
-             "1:1:2": [1.25, 1.25, 2.5], "1:1:1:3": [5 / 3, 5 / 3, 5 / 3, 5.0]}
+             "1:1:2": [5 / 3, 5 / 3, 10 / 3], "1:1:1:3": [20 / 9, 20 / 9, 20 / 9, 20 / 3]}
 TARGET_FRACTION = 0.95
 
 

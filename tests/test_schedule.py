@@ -61,7 +61,8 @@ def test_predicted_rate_counts_merge_wait_and_the_slowest_share() -> None:
     assert predicted_rate([100.0], 32, 4, 4, 1.0) == 100.0  # alone: no merge, no wait
     # two equal workers: a round of 32 takes 0.16 s; 4 rounds 0.64 s, plus a 0.05 s merge and half a round's wait
     assert predicted_rate([100.0, 100.0], 32, 4, 4, 0.05) == pytest.approx(200 * 0.64 / (0.64 + 0.05 + 0.08))
-    assert predicted_rate([100.0, 5.0], 32, 4, 4, 0.0) == 0.0  # 32 x 5 / 105 = 1.5 < batch_min: cannot keep pace
+    # 32 x 5 / 105 = 1.5 < batch_min: the slow worker's batch of 4 takes 0.8 s, more than a round (0.3 s)
+    assert predicted_rate([100.0, 5.0], 32, 4, 4, 0.0) == pytest.approx(105 * 1.219 / (1.219 + 0.4), rel=1e-3)
 
 
 def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
@@ -69,7 +70,7 @@ def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
     keep = choose_workers([100.0, 50.0], [True, True], settings, comm_s=0.01)
     assert keep.keep == [True, True] and keep.rates[2] > keep.rates[1]
     keep = choose_workers([100.0, 5.0], [True, True], settings, comm_s=0.01)
-    assert keep.keep == [True, False] and keep.rates[2] == 0.0
+    assert keep.keep == [True, False] and keep.rates[2] < 80
     # A worker whose share keeps pace but whose speed does not pay for the merge and the wait is left out too (with
     # the cost rule the interval would grow until the merge is cheap, and the worker would pay for itself).
     keep = choose_workers([100.0, 16.0], [True, True], _settings(32, merge_cost_max=0), comm_s=0.2)

@@ -81,18 +81,19 @@ def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tupl
 
 
 def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: int, comm_s: float) -> float:
-    """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` with equal updates, or 0.0 when one of
-    them cannot keep pace (its speed share of B is below ``batch_min``). One worker trains at its speed: no merge,
-    no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait of half a round for
-    the last batch to finish (the expected lag at the merge)."""
+    """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` at equal updates. One worker trains at its
+    speed: no merge, no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait for
+    the last batch to finish: half the longest step, where a worker whose speed share of B is below ``batch_min``
+    steps longer than a round (it cannot keep pace, and the others wait for its batch of ``batch_min``)."""
     total_speed = sum(speeds)
     if len(speeds) == 1:
         return float(speeds[0])
-    if total_speed <= 0 or min(total_batch * s / total_speed for s in speeds) < batch_min:
+    if total_speed <= 0 or min(speeds) <= 0:
         return 0.0
     round_s = total_batch / total_speed
+    longest_step = max(max(total_batch * s / total_speed, batch_min) / s for s in speeds)
     interval_s = rounds * round_s
-    return total_speed * interval_s / (interval_s + comm_s + round_s / 2)
+    return total_speed * interval_s / (interval_s + comm_s + longest_step / 2)
 
 
 @dataclass(frozen=True)
