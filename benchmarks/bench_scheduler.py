@@ -53,6 +53,7 @@ STRATEGIES = {  # name -> train.py overrides
     "adaptive-by-updates": ["trainer=adaptive", "trainer.merge_weight=updates"],
     "adaptive-by-samples": ["trainer=adaptive", "trainer.merge_weight=samples"],
     "adaptive-multiple-8": ["trainer=adaptive", "trainer.batch_multiple=8", "trainer.batch_min=8"],
+    "adaptive-rounds-4-cost": ["trainer=adaptive", "trainer.merge_rounds=4", "trainer.merge_cost_max=0.05"],
     "adaptive-rounds-2": ["trainer=adaptive", "trainer.merge_rounds=2", "trainer.merge_cost_max=0"],
     "adaptive-rounds-4": ["trainer=adaptive", "trainer.merge_rounds=4", "trainer.merge_cost_max=0"],
     "adaptive-rounds-8": ["trainer=adaptive", "trainer.merge_rounds=8", "trainer.merge_cost_max=0"],

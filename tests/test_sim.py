@@ -14,8 +14,9 @@ from helpers import CONF, REPO, trainer_config, training_config
 from rsnet.parallel import batching, sim
 
 FAST = sim.Link("test link", 1e15, 0.0)  # communication that costs nothing
-SETTINGS = sim.SimSettings.from_configs(trainer_config("adaptive"), trainer_config("sync"), trainer_config("static"),
-                                        training_config()["batch_size"])
+# The shipped settings but 4 rounds between merges: the figures of the tests below are worked out for 4.
+SETTINGS = sim.SimSettings.from_configs(trainer_config("adaptive", merge_rounds=4), trainer_config("sync"),
+                                        trainer_config("static"), training_config()["batch_size"])
 
 
 def pair(slowdown: float, a: float = 0.0, c: float = 0.01, intervals: int = 30, link: sim.Link = FAST,
