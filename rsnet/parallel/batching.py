@@ -6,7 +6,7 @@
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
   so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
-* :func:`may_claim_ahead` — whether a worker may claim its next batch while its current one still computes;
+* :func:`may_claim` — whether a worker should claim its next batch now (ahead of its current one, or at all);
   :func:`paced_claim_size` — a worker's claims before its speed is known.
 * :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
 * :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
@@ -244,16 +244,33 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
     return fit_total(total_batch, proposed, targets, batch_min, batch_maxes, multiple)
 
 
-def may_claim_ahead(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> bool:
-    """Whether worker ``rank`` may claim its next batch while its current one still computes (prefetch): only once
-    its speed is known, and while the other active workers (size > 0) cannot use up the rest of the interval, as of
-    its last store call, within one of its steps. Otherwise a slow worker would hold a batch that the others could
-    have trained before the merge, and everyone would wait for it there."""
+def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
+              computing: bool) -> bool:
+    """Whether worker ``rank`` (speed ``speeds[rank]``, batch ``sizes[rank]``; workers of size 0 are left out) should
+    claim its next batch now, so that no one waits for it at the merge:
+
+    * ``computing`` (its current batch still trains; the prefetch thread would claim ahead): only once its speed is
+      known, and while the other workers cannot use up the rest of the interval, as of its last store call, within
+      one of its steps;
+    * free: unless the others would train the rest before half its batch is done — they take it (one store read
+      decides, near the end). The fastest worker always claims, so every position is trained.
+    """
     own = float(speeds[rank])
     if own <= 0:
-        return False
-    others = sum(float(s) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0)
-    return claimer.size - claimer.seen > int(sizes[rank]) / own * others
+        return not computing
+    others = [(float(s), r) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0]
+    others_rate = sum(s for s, _ in others)
+    step_s = int(sizes[rank]) / own
+    if others_rate <= 0:
+        return True
+    if computing:
+        return claimer.size - claimer.seen > step_s * others_rate
+    if all(own > s or (own == s and rank < r) for s, r in others):
+        return True
+    left = claimer.size - claimer.seen
+    if left / others_rate < step_s:  # near the end: the exact count
+        left = claimer.remaining()
+    return left / others_rate >= step_s / 2
 
 
 def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, others_rate: float) -> int:

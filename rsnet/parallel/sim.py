@@ -2,7 +2,7 @@
 2 to 64 workers.
 
 It drives the scheduler's real code (:mod:`rsnet.parallel.batching`: claims through ``IntervalClaimer`` over a
-simulated store, the speed probe, the paced first claims and the claim-ahead rule, the speed estimate, the batch-size controller,
+simulated store, the speed probe, the paced first claims and the claiming rule, the speed estimate, the batch-size controller,
 ``fit_total``, ``static_batches``; called through the module, so a test can replace one; and the
 :class:`~rsnet.parallel.schedule.Schedule` every adaptive worker moves on after a merge: B, sizes, cadence,
 admission) with cost models in place of devices:
@@ -11,7 +11,7 @@ admission) with cost models in place of devices:
   multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
 * every store call (a claim, or a read of the counter) costs one round trip; as in training with ``prefetch: true``,
   a worker claims its next batch when it starts the current one where
-  :func:`~rsnet.parallel.batching.may_claim_ahead` allows, else when the current one is done; before its speed is
+  :func:`~rsnet.parallel.batching.may_claim` allows, else when the current one is done (if at all); before its speed is
   known it claims a probe of batch_min, then :func:`~rsnet.parallel.batching.paced_claim_size`;
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
@@ -325,6 +325,9 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
     while events:
         now, rank = heapq.heappop(events)
         calls = store.calls
+        free = now >= tally.finish[rank]
+        if free and speeds[rank] > 0 and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
+            continue  # the others train the rest sooner
         size = sizes[rank]
         if speeds[rank] <= 0 and sum(1 for b in sizes if b > 0) > 1:  # unknown speed: a probe, then paced claims
             claimer = claimers[rank]
@@ -346,7 +349,7 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         tally.compute[rank] += seconds
         if not warmed[rank]:
             tally.warmup[rank], warmed[rank] = (count, seconds), True
-        ahead = scenario.prefetch and batching.may_claim_ahead(claimers[rank], rank, sizes, speeds)
+        ahead = scenario.prefetch and batching.may_claim(claimers[rank], rank, sizes, speeds, computing=True)
         heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
 

@@ -15,7 +15,7 @@ from rsnet.parallel.batching import (
     IntervalClaimer,
     coarse_multiple_warning,
     epoch_permutation,
-    may_claim_ahead,
+    may_claim,
     paced_claim_size,
     updated_speed,
 )
@@ -127,7 +127,7 @@ class AdaptiveStrategy(Strategy):
         """Claim batches of the interval through the store until it is used up (no collective); a worker left out
         claims nothing. While its speed is unknown (before its first merge) a worker first claims ``batch_min``
         samples, a probe, and then sizes its claims by the others' pace (:func:`paced_claim_size`); it claims its
-        next batch before the current one has trained only where :func:`may_claim_ahead` allows."""
+        next batch before the current one has trained, or at all, only where :func:`may_claim` allows."""
         if not self.schedule.active[self.rank]:
             return
         low, high = self._bounds
@@ -138,8 +138,12 @@ class AdaptiveStrategy(Strategy):
         speeds[self.rank] = self.speed
         claimed, mine, started = 0, 0, time.perf_counter()
         while True:
-            if claimed and not may_claim_ahead(claimer, self.rank, self.sizes, speeds):
+            if claimed and not may_claim(claimer, self.rank, self.sizes, speeds, computing=True):
                 self._wait_for_steps(claimed)
+                if self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
+                    return
+            if not claimed and self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, False):
+                return
             size = self.batch_size
             if self.speed <= 0 and self.schedule.workers > 1:  # alone, there is no one to pace against
                 size = min(minimum, size) if not claimed else self._paced(claimer, mine, started)
