@@ -297,10 +297,12 @@ def store_round_trip(calls: int = 500) -> float:
 
 
 def _time_allreduce(ctx, sizes: list[int], repeats: int) -> dict[int, float]:
-    """One worker of measure_loopback: median seconds of a gloo all-reduce of each size (bytes of float32)."""
+    """One worker of measure_loopback: the least seconds of a gloo all-reduce of each size (bytes of float32) over
+    ``repeats`` (the least, as timeit does: a shared host only ever adds time, and a worker that arrives late
+    from the barrier makes a median of a few repeats noisy)."""
     import torch.distributed as dist
 
-    medians = {}
+    least = {}
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4)
         dist.all_reduce(tensor)  # warm-up: gloo sets up its buffers for this size
@@ -310,23 +312,23 @@ def _time_allreduce(ctx, sizes: list[int], repeats: int) -> dict[int, float]:
             started = time.perf_counter()
             dist.all_reduce(tensor)
             seconds.append(time.perf_counter() - started)
-        medians[nbytes] = statistics.median(seconds)
-    return medians
+        least[nbytes] = min(seconds)
+    return least
 
 
 def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20, 12 << 20, 25 << 20),
                      repeats: int = 9) -> sim.Link:
     """The all-reduce link of ``world`` gloo processes on this host, started by rsnet's launcher with one torch
-    thread each (as the benchmarks' workers): median seconds per size, least squares of
+    thread each (as the benchmarks' workers): the least seconds per size, least squares of
     t = 2(W - 1)/W · bytes / bandwidth + W · latency."""
     from rsnet.parallel import launch
 
-    medians = launch(_time_allreduce, ["cpu"] * world, list(sizes), repeats, backend="gloo", cpu_threads=1)
+    least = launch(_time_allreduce, ["cpu"] * world, list(sizes), repeats, backend="gloo", cpu_threads=1)
     volume = [2 * (world - 1) / world * nbytes for nbytes in sizes]
-    fit = sim.fit_profile("link", volume, [medians[n] for n in sizes])
+    fit = sim.fit_profile("link", volume, [least[n] for n in sizes])
     link = sim.Link(f"gloo, {world} processes on this host", 1.0 / fit.c, fit.a / world)
     print(f"loopback all-reduce ({world} gloo processes, 1 thread each): "
-          + ", ".join(f"{n / 2**20:g} MiB {1000 * medians[n]:.1f} ms" for n in sizes)
+          + ", ".join(f"{n / 2**20:g} MiB {1000 * least[n]:.1f} ms" for n in sizes)
           + f" -> bandwidth {link.bandwidth / 1e9:.2f} GB/s, latency {link.latency * 1e6:.0f} µs", flush=True)
     return link
 

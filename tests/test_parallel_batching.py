@@ -195,11 +195,12 @@ def test_claims_ahead_or_at_all_only_where_no_one_waits_for_them() -> None:
     claimer = IntervalClaimer(store, "k", 200, 4)
     assert not may_claim(claimer, 0, [16, 16], [0.0, 100.0], computing=True)  # speed unknown: after the step
     assert may_claim(claimer, 0, [16, 16], [0.0, 100.0], computing=False)
-    # worker 1 at 10 samples/s with batches of 8: 0.8 s a step, in which worker 0 (100/s) trains 80 positions
+    # worker 1 at 10 samples/s with batches of 8: 0.8 s a step; in two, worker 0 (100/s) trains 160 positions
     assert may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=True)
-    claimer.seen = 130  # 70 left (as last seen)
+    claimer.seen = 50  # 150 left (as last seen)
     assert not may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=True)
-    assert may_claim(claimer, 0, [24, 8], [100.0, 10.0], computing=True)  # worker 1 trains 2.4 positions in 0.24 s
+    claimer.seen = 130  # 70 left
+    assert may_claim(claimer, 0, [24, 8], [100.0, 10.0], computing=True)  # worker 1 trains 4.8 positions in 0.48 s
     assert may_claim(claimer, 0, [32, 0], [100.0, 10.0], computing=True)  # nobody else trains
     # Free, near the end: the store is read. 70 left take worker 0 0.7 s, over half of worker 1's 0.8 s step: claim.
     store.add("k", 130)

@@ -103,15 +103,17 @@ def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
 
 def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -> None:
     schedule = Schedule(_settings(32), 2)
-    for _ in range(3):  # damping 0.5: 18 / 14, 20 / 12, then the grid point nearest 21.3 / 10.7
-        schedule.update(_table([200.0, 100.0], schedule.sizes))
+    schedule.update(_table([200.0, 100.0], schedule.sizes))
+    # the first measured speeds: straight to the grid point nearest 21.3 / 10.7 (the equal split was a guess)
     assert schedule.sizes == [22, 10] and schedule.rounds == 4  # no merge measured yet
-    notes = schedule.update(_table([200.0, 100.0], [22, 10], comm=0.06))
+    schedule.update(_table([100.0, 200.0], schedule.sizes))
+    assert schedule.sizes == [16, 16]  # then damped (0.5): 6 of the 11.3 toward 10.7 / 21.3
+    notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
     # a round of 32 at 300 samples/s is 0.107 s: 0.06 s is 5 % of 12 rounds
     assert schedule.rounds == 12 and schedule.interval_size == 384
     assert notes == ["merge every 12 rounds of B = 32 (384 samples): the last merge's communication took 60 ms, more "
                      "than 5% of 4 rounds' compute"]
-    schedule.update(_table([200.0, 100.0], [22, 10], comm=0.0))  # no new measurement: the estimate stays
+    schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.0))  # no new measurement: the estimate stays
     assert schedule.rounds == 12
 
 

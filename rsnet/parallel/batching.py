@@ -249,9 +249,9 @@ def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds:
     """Whether worker ``rank`` (speed ``speeds[rank]``, batch ``sizes[rank]``; workers of size 0 are left out) should
     claim its next batch now, so that no one waits for it at the merge:
 
-    * ``computing`` (its current batch still trains; the prefetch thread would claim ahead): only once its speed is
-      known, and while the other workers cannot use up the rest of the interval, as of its last store call, within
-      one of its steps;
+    * ``computing`` (its current batch has just started; the prefetch thread would claim ahead): only once its speed
+      is known, and while the other workers cannot use up the rest of the interval, as of its last store call,
+      within two of its steps (the current one and the one it would claim);
     * free: unless the others would train the rest before half its batch is done — they take it (one store read
       decides, near the end). The fastest worker always claims, so every position is trained.
     """
@@ -264,7 +264,7 @@ def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds:
     if others_rate <= 0:
         return True
     if computing:
-        return claimer.size - claimer.seen > step_s * others_rate
+        return claimer.size - claimer.seen > 2 * step_s * others_rate
     if all(own > s or (own == s and rank < r) for s, r in others):
         return True
     left = claimer.size - claimer.seen

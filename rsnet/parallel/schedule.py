@@ -184,6 +184,7 @@ class Schedule:
         self.rounds = settings.merge_rounds
         self.merges = 0
         self.comm_s = 0.0  # the estimate of a merge's communication seconds
+        self.adapted = False  # whether the sizes have followed measured speeds yet
         self._resize(equal=True)
 
     # ------------------------------------------------------------------ what the workers read
@@ -218,12 +219,16 @@ class Schedule:
         if adapting and self.settings.leave_out and self.workers > 1 and self.merges >= ADMISSION_FROM_MERGE:
             notes += self._admit(comm)
         if adapting:
+            # The first sizes from measured speeds go all the way: the equal split before them was a guess, not a
+            # measurement to be careful with (a worker 20x slower would otherwise train 10 samples, not 4).
+            first = not self.adapted
             active = [r for r in range(self.world) if self.active[r]]
             sizes = batching.next_batch_sizes(
                 [self.sizes[r] for r in active], [self.speeds[r] for r in active], self.total_batch,
-                self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple, self.settings.damping,
-                self.settings.deadband)
+                self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple,
+                1.0 if first else self.settings.damping, 0.0 if first else self.settings.deadband)
             self._scatter(sizes)
+            self.adapted = True
         rounds = self.settings.merge_rounds
         if self.workers > 1:
             round_s = self.total_batch / max(sum(self.speeds_of_active()), 1e-12)
@@ -282,7 +287,7 @@ class Schedule:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.sizes), "speeds": list(self.speeds), "active": list(self.active),
-                "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s}
+                "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s, "adapted": self.adapted}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state saved by :meth:`state_dict` with the same number of workers."""
@@ -293,3 +298,4 @@ class Schedule:
         self.rounds = int(state.get("rounds", self.settings.merge_rounds))
         self.merges = int(state.get("merges", 0))
         self.comm_s = float(state.get("comm_s", 0.0))
+        self.adapted = bool(state.get("adapted", self.merges > 0))
