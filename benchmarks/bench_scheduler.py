@@ -146,8 +146,10 @@ def samples_per_s(record: dict) -> float:
 
 
 def update_balance(record: dict) -> float:
-    """Fewest over most optimizer updates among the workers that trained (a worker left out is not counted)."""
-    trained = [u for u in record["updates"] if u > 0]
+    """Fewest over most optimizer updates among the workers active at the end (a worker left out is not counted,
+    whatever it trained before)."""
+    active = record.get("active") or [True] * len(record["updates"])
+    trained = [u for u, on in zip(record["updates"], active) if on and u > 0]
     return min(trained) / max(trained) if trained else 0.0
 
 

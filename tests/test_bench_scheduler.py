@@ -68,6 +68,14 @@ def test_report_gives_time_to_target_ratios_and_verdicts(study, tmp_path, monkey
     assert Image.open(png).size == (900, 580)
 
 
+def test_update_balance_counts_only_the_workers_active_at_the_end(study):
+    bench, _ = study
+    left_out = {"updates": [300, 7], "active": [True, False]}  # trained 7 updates before it was left out
+    assert bench.update_balance(left_out) == 1.0
+    assert bench.update_balance({"updates": [300, 270, 7], "active": [True, True, False]}) == 0.9
+    assert bench.update_balance({"updates": [30, 20]}) == pytest.approx(2 / 3)  # no "active": everyone counts
+
+
 def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
     bench, results = study
     static = _record(bench, "1:1:2", "static", 0, [(10.0, 20.0, 21.0), (20.0, 40.0, 41.0), (36.0, 50.0, 52.0)])

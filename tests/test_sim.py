@@ -171,6 +171,7 @@ def test_a_device_that_costs_more_than_it_adds_is_left_out():
     result = sim.compare(pair(20.0, a=0.005, intervals=60))
     assert result.adaptive.active == [True, False] and "leaving out worker 1" in result.adaptive.notes[0]
     assert result.adaptive.sizes[-1] == [32, 0]
+    assert result.adaptive.updates[1] > 0 and result.adaptive.update_balance == 1.0  # its probe is not counted
     assert 0.98 < result.adaptive.samples_per_s / result.single.samples_per_s < 1.01
 
 

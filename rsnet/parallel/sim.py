@@ -267,9 +267,11 @@ class RunResult:
 
     @property
     def update_balance(self) -> float:
-        """Fewest over most optimizer updates of the run among the workers that trained (as bench_scheduler.py
-        counts it); sync and the static split update every worker at every step: 1."""
-        trained = [u for u in self.updates if u > 0]
+        """Fewest over most optimizer updates of the run among the workers active at the end that trained (as
+        bench_scheduler.py counts it: a worker left out is not counted); sync and the static split update every
+        worker at every step: 1."""
+        active = self.active or [True] * len(self.updates)
+        trained = [u for u, on in zip(self.updates, active) if on and u > 0]
         return min(trained) / max(trained) if trained else 1.0
 
     @property
