@@ -60,6 +60,7 @@ STRATEGIES = {  # name -> train.py overrides
     "adaptive-rounds-16": ["trainer=adaptive", "trainer.merge_rounds=16", "trainer.merge_cost_max=0"],
     "adaptive-elastic": ["trainer=adaptive", "trainer.elastic=0.5"],
     "adaptive-keep-all": ["trainer=adaptive", "trainer.leave_out=false"],
+    "adaptive-share-32": ["trainer=adaptive", "trainer.share_min=32"],  # B = 32 per worker: a full batch each
 }
 # Speed ratios as SIMULATED slowdown factors. With more than two workers every factor is scaled so that the workers'
 # compute (the sum of 1 / factor) takes 1.5 of the development machine's two cores: three or four unscaled one-thread
