@@ -498,10 +498,11 @@ def test_static_split_step_equals_single_process_step_on_the_union_batch() -> No
     _assert_equals_one_step_on_the_union(out, n)
 
 
-def _sync_wait_worker(ctx, steps: int, delay: float):
+def _sync_wait_worker(ctx, steps: int, delay: float, batchnorm: bool):
     """sync with slowdown [1, 2] where rank 0 (not slowed) computes ``delay`` s longer per step: rank 1 waits for
-    it in the all-reduce, and that wait must not count as rank 1's compute time."""
-    model = _model(batchnorm=False)
+    it in the all-reduce, or with BatchNorm already in DDP's broadcast of rank 0's buffers before the forward, and
+    that wait must not count as rank 1's compute time."""
+    model = _model(batchnorm=batchnorm)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = build_strategy(trainer_config("sync"), ctx, model, 8 * steps, 8, seed=5)
     x, y = _data(8 * steps)
@@ -524,9 +525,10 @@ def _sync_wait_worker(ctx, steps: int, delay: float):
     return _gather({"sleep": row[f"compute/{ctx.rank}"] - sum(step_seconds), "steps": step_seconds})
 
 
-def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting() -> None:
+@pytest.mark.parametrize("batchnorm", [False, True], ids=["wait-in-all-reduce", "wait-in-buffer-broadcast"])
+def test_sync_slowdown_sleeps_for_own_compute_not_for_waiting(batchnorm: bool) -> None:
     steps, delay = 6, 0.1
-    out = launch(_sync_wait_worker, ["cpu", "cpu"], steps, delay, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
+    out = launch(_sync_wait_worker, ["cpu", "cpu"], steps, delay, batchnorm, slowdown=[1.0, 2.0], timeout_s=TIMEOUT)
     slow = out[1]
     assert sum(slow["steps"]) > 0.5 * steps * delay  # rank 1's steps did include waiting for rank 0 ...
     assert 0.0 < slow["sleep"] < 0.25 * steps * delay, slow  # ... but it slept only for its own (tiny) compute
@@ -602,6 +604,52 @@ def test_failed_worker_stops_the_others_and_is_named() -> None:
         error, _ = _launch_crash(how, timeout_s=20)
         assert (error.rank, error.device) == (1, "cpu"), error
         assert str(error).startswith(f"worker rank 1 (cpu) failed: {reason}"), error
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from rsnet.parallel import launch
+
+def wait_forever(ctx, folder):
+    open(os.path.join(folder, f"worker{ctx.rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)  # as a worker blocked in a collective: only its heartbeat thread runs
+
+if __name__ == "__main__":
+    launch(wait_forever, ["cpu", "cpu"], sys.argv[1], timeout_s=600)
+"""
+
+
+def test_workers_end_when_their_launcher_is_killed(tmp_path) -> None:
+    """SIGKILL the launching process (no chance to stop its workers): the workers notice and end themselves."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "launcher.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
+    try:
+        pid_files = [tmp_path / f"worker{rank}.pid" for rank in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(path.exists() and path.read_text() for path in pid_files):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the workers did not start"
+            time.sleep(0.2)
+        workers = [int(path.read_text()) for path in pid_files]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped by init, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_stopped_worker_is_named_not_the_healthy_one_that_timed_out() -> None:

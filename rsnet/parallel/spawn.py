@@ -57,7 +57,7 @@ def spawn_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, An
 def _child_main(rank: int, settings: LaunchSettings, port: int, worker_fn: Callable[..., Any], args: tuple,
                 kwargs: dict[str, Any], conn: Any, log_level: int, clocks: Any) -> None:
     """Entry point of a spawned worker: beat, join the store and group, run, send the result or the error."""
-    threading.Thread(target=beat, args=(clocks, rank), name="rsnet-heartbeat", daemon=True).start()
+    threading.Thread(target=beat, args=(clocks, rank, os.getppid()), name="rsnet-heartbeat", daemon=True).start()
     if not logging.getLogger().handlers:  # spawned: the parent's logging setup (e.g. Hydra's) is not inherited
         logging.basicConfig(level=log_level,
                             format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing.connection as mpc
+import os
 import pickle
 import signal
 import time
@@ -24,9 +25,14 @@ _COMM_ERROR_HINTS = ("DistBackendError", "Connection closed", "Connection reset"
                      "Broken pipe", "DistNetworkError", "DistStoreError", "peer")
 
 
-def beat(clocks: Any, rank: int) -> None:
-    """Stamp ``rank``'s slot of the shared clock table until the process ends (a worker's daemon thread)."""
+def beat(clocks: Any, rank: int, parent: int | None = None) -> None:
+    """Stamp ``rank``'s slot of the shared clock table until the process ends (a worker's daemon thread). Where the
+    launching process ``parent`` is gone (killed: it could not stop its workers), the worker ends itself instead
+    of waiting in a collective for the others until the timeout."""
     while True:
+        if parent is not None and os.getppid() != parent:
+            log.error("worker %d: its launching process %d is gone; stopping", rank, parent)
+            os._exit(1)
         clocks[rank] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
         time.sleep(HEARTBEAT_S)
 

@@ -27,7 +27,9 @@ class SyncStrategy(StaticStrategy):
 
     name = "sync"
     # DDP's default: rank 0's buffers (BatchNorm statistics) are broadcast before every forward. It is a collective
-    # outside the gradient all-reduce, so a worker that waits there for a slower one counts the wait as its own time.
+    # outside the gradient all-reduce; the time between DDP's forward call and the wrapped model's forward (this
+    # broadcast, and DDP's bucket rebuild on the second step) is timed apart, so that a worker that waits there for
+    # a slower one does not count the wait as its own compute (see _own_seconds).
     sync_buffers_every_step = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -52,6 +54,9 @@ class SyncStrategy(StaticStrategy):
         # spent communicating or waiting for the other workers, not computing (see _own_seconds).
         self._comm = _CommTimer(ctx, staged)
         self.model.register_comm_hook(self._comm, _timed_allreduce_hook)
+        self._forward_wait = _ForwardWaitTimer()
+        self.model.register_forward_pre_hook(self._forward_wait.called)
+        self.model.module.register_forward_pre_hook(self._forward_wait.started)
 
     @classmethod
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
@@ -61,9 +66,10 @@ class SyncStrategy(StaticStrategy):
                           stacklevel=3)
 
     def _own_seconds(self, seconds: float) -> float:
-        """The step time less the un-overlapped tail of the gradient all-reduce (waiting for the slowest worker
-        and the last bucket's transfer), so a simulated slowdown scales compute only."""
-        waited = self._comm.pop_wait()
+        """The step time less its waits for the other workers: the un-overlapped tail of the gradient all-reduce
+        (waiting for the slowest worker and the last bucket's transfer) and DDP's collectives before the forward,
+        so a simulated slowdown scales compute only."""
+        waited = self._comm.pop_wait() + self._forward_wait.pop()
         return max(seconds - waited, 0.0)
 
     def end_epoch(self) -> None:
@@ -94,6 +100,28 @@ class _CommTimer:
         if launch is None or done is None:
             return 0.0
         return max(done - launch, 0.0)
+
+
+class _ForwardWaitTimer:
+    """Forward pre-hooks on the DDP wrapper (``called``) and on the model it wraps (``started``): the seconds in
+    between are DDP's own collectives before the forward."""
+
+    def __init__(self) -> None:
+        self._called: float | None = None
+        self._waited = 0.0
+
+    def called(self, module: nn.Module, inputs: Any) -> None:
+        self._called = time.perf_counter()
+
+    def started(self, module: nn.Module, inputs: Any) -> None:
+        if self._called is not None:
+            self._waited += time.perf_counter() - self._called
+            self._called = None
+
+    def pop(self) -> float:
+        """Seconds spent before the forwards since the last call; resets."""
+        waited, self._waited = self._waited, 0.0
+        return waited
 
 
 def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, and they are strings here
