@@ -80,8 +80,8 @@ def fit_profile(name: str, batches: Sequence[float], seconds: Sequence[float], s
 # Measured here on 2026-11-23 01:26 UTC with `python benchmarks/sim_scheduler.py --measure-cpu` (2 cores, otherwise
 # idle at the time): the real training step (rsnet's baseline model, 21 classes, its loss, the timm SGD of
 # conf/config.yaml) on random images, one torch thread, least squares over the fastest of 5 (3) steps per batch size.
-CPU_RESNET18_64 = DeviceProfile("cpu resnet18 64px", a=0.0605, c=0.01616,
-                                source="measured here: resnet18 at 64 px, 1 thread, batches 8/16/24/32")
+CPU_RESNET18_64 = DeviceProfile("cpu resnet18 64px", a=0.03139, c=0.006819,
+                                source="measured here: resnet18 at 64 px, 1 thread, batches 8/16/24/32 (2026-11-25)")
 CPU_RESNET50_224 = DeviceProfile("cpu resnet50 224px", a=0.1204, c=0.4227,
                                  source="measured here: resnet50 at 224 px, 1 thread, batches 1/2/3/4")
 STORE_RTT_LOCAL_S = 22e-6  # measured here: median round trip of TCPStore.add on 127.0.0.1
@@ -113,7 +113,7 @@ LOOPBACK = Link("gloo over TCP on one host", 2e9, 50e-6)
 # 2 gloo processes with one torch thread each on the 2-core development host, median all-reduce of 1 / 4 / 12 / 25 MiB
 # in 1.4 / 4.8 / 10.2 / 21.5 ms, least squares. The validations against the benchmarks run there use it; LOOPBACK
 # stays the assumption for a host with cores to spare.
-LOOPBACK_2_CORES = Link("gloo, 2 processes on the 2-core development host", 1.28e9, 447e-6)
+LOOPBACK_2_CORES = Link("gloo, 2 processes on the 2-core development host", 2.47e9, 423e-6)
 
 
 def ring_allreduce_seconds(nbytes: float, world: int, link: Link) -> float:
