@@ -41,6 +41,8 @@ from pathlib import Path
 
 from line_plot import line_plot
 
+from rsnet.parallel import sim
+
 REPO = Path(__file__).resolve().parents[1]
 AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
 STRATEGIES = {  # name -> train.py overrides
@@ -147,11 +149,10 @@ def samples_per_s(record: dict) -> float:
 
 
 def update_balance(record: dict) -> float:
-    """Fewest over most optimizer updates among the workers active at the end (a worker left out is not counted,
-    whatever it trained before)."""
-    active = record.get("active") or [True] * len(record["updates"])
-    trained = [u for u, on in zip(record["updates"], active) if on and u > 0]
-    return min(trained) / max(trained) if trained else 0.0
+    """A run's update balance as the simulator counts it (:func:`rsnet.parallel.sim.update_balance`); 0 where no
+    worker trained."""
+    balance = sim.update_balance(record["updates"], record.get("active"))
+    return 0.0 if balance is None else balance
 
 
 def run_metrics(record: dict, target: float) -> dict:

@@ -238,6 +238,15 @@ def build_scenario(name: str, devices: Sequence[DeviceProfile], model: ModelSpec
                     settings.with_batch(total), store_rtt)
 
 
+def update_balance(updates: Sequence[float], active: Sequence[bool] | None = None) -> float | None:
+    """Fewest over most optimizer updates among the workers active at the end (all where ``active`` is not given)
+    that trained: a worker left out is not counted, whatever it trained before. None where no one trained. The
+    simulator and bench_scheduler.py both count it so."""
+    flags = active or [True] * len(updates)
+    trained = [u for u, on in zip(updates, flags) if on and u > 0]
+    return min(trained) / max(trained) if trained else None
+
+
 @dataclass
 class RunResult:
     """Totals of one simulated run; per-worker lists are indexed by rank."""
@@ -267,12 +276,9 @@ class RunResult:
 
     @property
     def update_balance(self) -> float:
-        """Fewest over most optimizer updates of the run among the workers active at the end that trained (as
-        bench_scheduler.py counts it: a worker left out is not counted); sync and the static split update every
-        worker at every step: 1."""
-        active = self.active or [True] * len(self.updates)
-        trained = [u for u, on in zip(self.updates, active) if on and u > 0]
-        return min(trained) / max(trained) if trained else 1.0
+        """:func:`update_balance` of the run; sync and the static split update every worker at every step: 1."""
+        balance = update_balance(self.updates, self.active)
+        return 1.0 if balance is None else balance
 
     @property
     def comm_share(self) -> float:

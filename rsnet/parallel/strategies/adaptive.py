@@ -138,11 +138,11 @@ class AdaptiveStrategy(Strategy):
         speeds[self.rank] = self.speed
         claimed, mine, started = 0, 0, time.perf_counter()
         while True:
+            free = not claimed
             if claimed and not may_claim(claimer, self.rank, self.sizes, speeds, computing=True):
                 self._wait_for_steps(claimed)
-                if self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
-                    return
-            if not claimed and self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, False):
+                free = True
+            if free and self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
                 return
             size = self.batch_size
             if self.speed <= 0 and self.schedule.workers > 1:  # alone, there is no one to pace against
