@@ -23,5 +23,7 @@ test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny 
 bench: install  ## every benchmark of benchmarks/, one after the other
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
 
-gpu-check: install  ## one epoch of every trainer x model on the visible GPUs (1 GPU, 2 GPUs, GPU + CPU): pass/fail table
+gpu-check: install  ## pass/fail table of every trainer x model on the visible GPUs, then steady-state throughput
 	$(PY) benchmarks/gpu_check.py
+	$(PY) benchmarks/bench_step.py --require-cuda
+	$(PY) benchmarks/gpu_throughput.py

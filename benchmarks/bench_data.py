@@ -11,7 +11,9 @@ Measures, in one run on the bundled data/ucmerced-mini (or --root) at 128 px:
    batch 32, for ``--steps`` steps: the fraction of step time spent waiting for the next batch,
    for the plain path, the cached path (synchronous ``get_batch``), and the cached path through the
    trainer's ``BatchPrefetcher`` (``prefetch=true``: the next batch prepared by a background thread
-   during the step). The three sources take turns, ``--repeats`` rounds; median and range per source.
+   during the step), and the device path (``uint8_batch`` through the prefetcher, augmented by
+   ``DeviceAugment`` on the prefetch thread: ``augment.on_device=true``, a GPU worker's default). The sources take turns,
+   ``--repeats`` rounds; median and range per source.
 
     python benchmarks/bench_data.py [--size 128] [--batch 32] [--steps 10] [--repeats 5]
     python benchmarks/bench_data.py --dataset ucmerced --root tests/fixtures/ucmerced-tif-sample  # real .tif
@@ -113,12 +115,12 @@ def stall(model, opt, source, steps):
     return wait, total
 
 
-def prefetched(ds, batch):
-    """A source factory: ``ds.get_batch`` through the trainer's BatchPrefetcher (one batch ahead on a thread);
-    closing the source stops the thread."""
+def prefetched(ds, batch, load=None, finish=None):
+    """A source factory: ``load`` (default ``ds.get_batch``) through the trainer's BatchPrefetcher (one batch ahead
+    on a thread, ``finish`` run there on the loaded batch); closing the source stops the thread."""
 
     def make():
-        prefetcher = BatchPrefetcher(ds.get_batch, "cpu")
+        prefetcher = BatchPrefetcher(load or ds.get_batch, "cpu", True, finish)
         try:
             for prepared in prefetcher.batches(iter(endless(ds, batch))):
                 yield prepared.images, prepared.labels
@@ -126,6 +128,16 @@ def prefetched(ds, batch):
             prefetcher.close()
 
     return make
+
+
+def prefetched_on_device(ds, augment, batch):
+    """A source factory: the device path, ``ds.uint8_batch`` through the BatchPrefetcher with the batch augmented
+    by ``augment`` (a DeviceAugment) on the prefetch thread."""
+
+    def finish(images, indices):
+        return augment(images, augment.draw(0, 0, indices, images.shape[1], images.shape[2]), torch.contiguous_format)
+
+    return prefetched(ds, batch, ds.uint8_batch, finish)
 
 
 def endless(ds, batch):
@@ -209,7 +221,7 @@ def throughput_report(args, cached, plain):
         print_ratio(f"same on 60 synthetic AID-sized files (600 px JPEG -> {args.size} px):", big)
 
 
-def stall_report(args, num_classes, cached, plain):
+def stall_report(args, num_classes, cached, plain, augment):
     """Data stall of a resnet18 training step fed by each input path, the paths taking turns."""
     import timm
 
@@ -220,6 +232,7 @@ def stall_report(args, num_classes, cached, plain):
         "plain (decode+augment per access)": lambda: (plain.get_batch(i) for i in endless(plain, args.batch)),
         "cached, get_batch in the loop": lambda: (cached.get_batch(i) for i in endless(cached, args.batch)),
         "cached + BatchPrefetcher (prefetch)": prefetched(cached, args.batch),
+        "cached uint8 + prefetch + DeviceAugment": prefetched_on_device(cached, augment, args.batch),
     }
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in sources}
     for _ in range(args.repeats):  # the sources take turns: load hits all alike
@@ -230,12 +243,12 @@ def stall_report(args, num_classes, cached, plain):
     print()
     print(f"data stall, timm resnet18 on CPU, {args.size} px, batch {args.batch}, {args.steps} steps x "
           f"{args.repeats} interleaved rounds (target < 5 %):")
-    print(f"{'input path':38s} {'step s':>8s} {'wait ms':>8s} {'stall (median, range)':>24s}")
+    print(f"{'input path':40s} {'step s':>8s} {'wait ms':>8s} {'stall (median, range)':>24s}")
     for name, runs in rows.items():
         stalls = sorted(100 * wait / total for wait, total in runs)
         steps = statistics.median(total for _, total in runs) / args.steps
         waits = statistics.median(wait for wait, _ in runs) / args.steps
-        print(f"{name:38s} {steps:8.3f} {1000 * waits:8.1f} {statistics.median(stalls):8.2f}% "
+        print(f"{name:40s} {steps:8.3f} {1000 * waits:8.1f} {statistics.median(stalls):8.2f}% "
               f"({stalls[0]:.2f}-{stalls[-1]:.2f})")
 
 
@@ -254,7 +267,7 @@ def main():
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     throughput_report(args, cached, plain)
     if args.steps > 0:
-        stall_report(args, len(bundle.class_names), cached, plain)
+        stall_report(args, len(bundle.class_names), cached, plain, bundle.train_augment)
 
 
 if __name__ == "__main__":

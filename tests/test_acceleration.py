@@ -10,7 +10,13 @@ import timm
 import torch
 
 from rsnet.engine import acceleration
-from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
+from rsnet.engine.acceleration import (
+    StepPrecision,
+    compiled_forward,
+    set_deterministic,
+    tune_convolutions,
+    use_channels_last,
+)
 from rsnet.engine.optim import build_optimizer
 
 CUDA = torch.device("cuda")  # only inspected, never used: the tests run without a GPU
@@ -75,6 +81,16 @@ def test_channels_last_only_on_cuda_workers() -> None:
     assert use_channels_last({"channels_last": True}, CUDA)
     assert not use_channels_last({"channels_last": True}, torch.device("cpu"))
     assert not use_channels_last({"channels_last": False}, CUDA)
+
+
+def test_cudnn_autotuner_only_on_cuda_workers_that_need_not_be_deterministic(monkeypatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    tune_convolutions({"deterministic": False}, torch.device("cpu"))
+    assert not torch.backends.cudnn.benchmark
+    tune_convolutions({"deterministic": True}, CUDA)
+    assert not torch.backends.cudnn.benchmark
+    tune_convolutions({"deterministic": False}, CUDA)
+    assert torch.backends.cudnn.benchmark
 
 
 def test_compile_wraps_the_forward_with_dynamic_shapes(monkeypatch) -> None:

@@ -195,7 +195,7 @@ def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
 
     model = _MemoryBoundModel()
     strategy = _ChunkedStrategy(model)
-    data = SimpleNamespace(train=_RandomImages(8))
+    data = SimpleNamespace(train=_RandomImages(8), train_augment=None)  # the host path: _RandomImages.get_batch
     ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
     config = training_config("epochs=1", "optimizer.lr=0.1", "run_dir=.", "log.progress_bar=false",
                              "lr_schedule.warmup_epochs=0", "lr_schedule.min_lr_ratio=0.0")
@@ -244,8 +244,9 @@ def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: 
     ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
     config = training_config("epochs=1", "optimizer.lr=0.1", f"run_dir={tmp_path}", "log.progress_bar=false",
                              "lr_schedule.warmup_epochs=0", "lr_schedule.min_lr_ratio=0.0")
+    data = SimpleNamespace(train=_RandomImages(4), train_augment=None)
     with pytest.raises(NonFiniteLossError) as caught:
-        train_one_epoch(ctx, config, 0, SimpleNamespace(train=_RandomImages(4)), _ChunkedStrategy(model),
+        train_one_epoch(ctx, config, 0, data, _ChunkedStrategy(model),
                         MultiBranchLoss(), torch.optim.SGD(model.parameters(), lr=0.1))
     message = str(caught.value)
     if checkpoint_epoch is None:

@@ -11,6 +11,8 @@ from rsnet.parallel.schedule import (
     ScheduleSettings,
     auto_multiple,
     choose_workers,
+    lr_rounds,
+    mean_rounds,
     merge_rounds,
     next_interval,
     predicted_rate,
@@ -19,8 +21,10 @@ from rsnet.parallel.schedule import (
 
 
 def _settings(batch_size: int = 32, **overrides: object) -> ScheduleSettings:
-    """The shipped settings, but 4 rounds between merges (the figures below are worked out for 4)."""
-    return ScheduleSettings.from_config(trainer_config("adaptive", **{"merge_rounds": 4, **overrides}), batch_size)
+    """The shipped settings, but a constant 4 rounds between merges and a 5 % cost rule (the figures below are
+    worked out for them)."""
+    fixed = {"merge_rounds": 4, "merge_rounds_max": None, "merge_cost_max": 0.05}
+    return ScheduleSettings.from_config(trainer_config("adaptive", **{**fixed, **overrides}), batch_size)
 
 
 def _table(speeds: list[float], sizes: list[int], comm: float = 0.0, **fields: list[float]) -> dict[str, list[float]]:
@@ -48,6 +52,30 @@ def test_merge_rounds_keep_the_merge_under_its_share_of_the_interval() -> None:
     assert merge_rounds(4, comm_s=0.01, round_s=0.1, cost_max=0.05) == 4  # 2.5 % of 4 rounds
     assert merge_rounds(4, comm_s=0.06, round_s=0.1, cost_max=0.05) == 12  # 0.06 / (0.05 x 0.1)
     assert merge_rounds(4, comm_s=0.06, round_s=0.1, cost_max=0.0) == 4  # the rule off
+
+
+def test_with_rounds_that_follow_the_lr_the_cost_rule_budgets_the_whole_run() -> None:
+    profile = [1.0] * 4 + [0.5] * 4  # half the run at the peak lr, half at half of it
+    assert mean_rounds(2, 16, profile) == pytest.approx(8 / (4 / 2 + 4 / 8))  # 3.2 rounds per merge on average
+    assert merge_rounds(2, comm_s=0.01, round_s=0.1, cost_max=0.05, lr_profile=profile, rounds_max=16) == 2  # 3.1 %
+    # a merge costs 10 % of a round: 2 rounds on their own would spend 5 % only at 2 rounds per merge on average
+    base = merge_rounds(2, comm_s=0.01, round_s=0.2, cost_max=0.05, lr_profile=profile, rounds_max=16)
+    assert base == 2 and 0.01 / (mean_rounds(base, 16, profile) * 0.2) <= 0.05
+    base = merge_rounds(2, comm_s=0.06, round_s=0.1, cost_max=0.05, lr_profile=profile, rounds_max=16)
+    assert 0.06 / (mean_rounds(base, 16, profile) * 0.1) <= 0.05 < 0.06 / (mean_rounds(base - 1, 16, profile) * 0.1)
+    assert base < 12  # the constant rule's 12: the late long intervals pay for shorter early ones
+
+
+def test_rounds_grow_with_the_square_of_the_lr_decay_up_to_their_cap() -> None:
+    assert [lr_rounds(2, 16, ratio) for ratio in (1.0, 0.9, 0.7, 0.5, 0.3, 0.01)] == [2, 2, 4, 8, 16, 16]
+    assert lr_rounds(2, 0, 0.1) == 2 and lr_rounds(8, 8, 0.1) == 8  # no cap above merge_rounds: constant
+    schedule = Schedule(_settings(merge_rounds=2, merge_rounds_max=16), 2)
+    assert schedule.interval_size() == 64 and schedule.interval_size(0.5) == 256
+    schedule.rounds = 20  # the cost rule asked for more than the cap: it wins
+    assert schedule.interval_size(0.5) == 20 * 32
+    assert schedule.interval_size(1.0, rest=700) == 20 * 32
+    schedule.active = [True, False]  # one worker left training: no drift to bound, one interval to the epoch's end
+    assert schedule.interval_size(1.0, rest=700) == 700
 
 
 def test_an_interval_never_leaves_a_scrap_of_the_epoch() -> None:
@@ -110,7 +138,7 @@ def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -
     assert schedule.sizes == [16, 16]  # then damped (0.5): 6 of the 11.3 toward 10.7 / 21.3
     notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
     # a round of 32 at 300 samples/s is 0.107 s: 0.06 s is 5 % of 12 rounds
-    assert schedule.rounds == 12 and schedule.interval_size == 384
+    assert schedule.rounds == 12 and schedule.interval_size() == 384
     assert notes == ["merge every 12 rounds of B = 32 (384 samples): the last merge's communication took 60 ms, more "
                      "than 5% of 4 rounds' compute"]
     schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.0))  # no new measurement: the estimate stays

@@ -14,9 +14,10 @@ from helpers import CONF, REPO, trainer_config, training_config
 from rsnet.parallel import batching, sim
 
 FAST = sim.Link("test link", 1e15, 0.0)  # communication that costs nothing
-# The shipped settings but 4 rounds between merges: the figures of the tests below are worked out for 4.
-SETTINGS = sim.SimSettings.from_configs(trainer_config("adaptive", merge_rounds=4), trainer_config("sync"),
-                                        trainer_config("static"), training_config()["batch_size"])
+# The shipped settings but a constant 4 rounds between merges: the figures of the tests below are worked out for 4.
+SETTINGS = sim.SimSettings.from_configs(trainer_config("adaptive", merge_rounds=4, merge_rounds_max=None),
+                                        trainer_config("sync"), trainer_config("static"),
+                                        training_config()["batch_size"])
 
 
 def pair(slowdown: float, a: float = 0.0, c: float = 0.01, intervals: int = 30, link: sim.Link = FAST,
@@ -105,6 +106,16 @@ def test_static_split_can_measure_in_its_first_epoch():
     assert sim.simulate_static(scenario).wall_s < measured_first.wall_s
     assert measured_first.worker_samples[0] == pytest.approx(scenario.samples * (0.5 + 2 * 0.75))
     assert measured_first.sizes == [[48, 16]]
+
+
+def test_the_simulated_cadence_follows_the_lr_like_the_trainers():
+    following = replace(SETTINGS, schedule=replace(SETTINGS.schedule, merge_rounds=2, merge_rounds_max=16))
+    scenario = replace(pair(1.0), samples=1024, epochs=4, settings=following)
+    result = sim.simulate_adaptive(scenario)
+    assert sum(result.worker_samples) == 4 * 1024
+    # 2 rounds of B = 32 (2 updates a worker) at the peak lr, 16 at its end: 31 merges, not 4 x 16
+    assert result.interval_updates[1] == [2, 2] and result.interval_updates[-1] == [16, 16]
+    assert len(result.sizes) == 31
 
 
 def test_claims_cover_an_epoch_exactly_once():

@@ -259,12 +259,15 @@ def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path
     assert all(w["updates"] > 0 and w["mean_batch"] >= 4 and w["active"] for w in workers)
 
 
-def test_prefetch_changes_timing_only(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    """The background thread prepares the same batches in the same order: identical weights either way."""
+@pytest.mark.parametrize("on_device", ["true", "false"])
+def test_prefetch_changes_timing_only(tmp_path: Path, capfd: pytest.CaptureFixture, on_device: str) -> None:
+    """The background thread prepares the same batches in the same order: identical weights either way, with the
+    augmentation on the worker's device (the default) and with albumentations on the host."""
     states = []
     for prefetch in ("true", "false"):
         run_dir = tmp_path / f"prefetch_{prefetch}"
-        train(capfd, run_dir, "model=baseline", "epochs=1", f"prefetch={prefetch}", "dataset.image_size=32")
+        train(capfd, run_dir, "model=baseline", "epochs=1", f"prefetch={prefetch}", "dataset.image_size=32",
+              f"augment.on_device={on_device}")
         states.append(load_checkpoint(run_dir / "checkpoints" / "last.pt")["model_state"])
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])

@@ -28,6 +28,7 @@ from .scene_dataset import SceneDataset
 from .specs import DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
 from .store import ImageStore
+from .device_augment import DeviceAugment
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, augmentation_options, eval_transform, train_transform
 
 __all__ = ["DataBundle", "build_datasets", "build_datasets_from_config"]
@@ -49,6 +50,8 @@ class DataBundle:
         skipped: relative names of undecodable files that were skipped (``skip_corrupt=True``).
         root: the folder holding the class folders.
         spec: the dataset's metadata.
+        train_augment, eval_augment: the same training augmentation and evaluation normalisation for whole uint8
+            batches on a worker's device (:class:`~rsnet.data.device_augment.DeviceAugment`; ``augment.on_device``).
     """
 
     train: SceneDataset
@@ -62,6 +65,8 @@ class DataBundle:
     root: Path | None = None
     spec: DatasetSpec | None = None
     val: SceneDataset | None = None
+    train_augment: DeviceAugment | None = None
+    eval_augment: DeviceAugment | None = None
 
 
 def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float, seed: int, image_size: int,
@@ -117,7 +122,9 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",
              spec.name, len(train), held_out, len(test), spec.num_classes, image_size, cache)
     return DataBundle(train, test, list(spec.classes), mean_t, std_t, image_size, split, skipped,
-                      scan.class_root, spec, val)
+                      scan.class_root, spec, val,
+                      DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation),
+                      DeviceAugment(image_size, mean_t, std_t))
 
 
 def _root(spec: DatasetSpec, root: str | os.PathLike | None) -> str | os.PathLike:

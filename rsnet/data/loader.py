@@ -1,10 +1,11 @@
 """Prepare the next batch on a background thread while the current one computes.
 
 The thread takes the next request (for training: the next claimed batch, which may cost a store round
-trip), decodes and augments its images and, for a GPU, copies them from pinned host memory on a side
-stream; the training stream waits for that copy only when it uses the batch. So the device never idles
-while the host prepares the next batch, and the loop's only wait is :attr:`BatchPrefetcher.wait_s` —
-the data stall. Augmentation runs in numpy/OpenCV, which release the GIL, while the step runs in torch.
+trip), loads its images (by default a uint8 gather from the cache) and, for a GPU, copies them from pinned
+host memory on a side stream, where ``finish`` (the batch's augmentation on the device,
+:class:`~rsnet.data.device_augment.DeviceAugment`) runs too; the training stream waits for that stream only
+when it uses the batch. So the device never idles while the host prepares the next batch, and the loop's only
+wait is :attr:`BatchPrefetcher.wait_s` — the data stall.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+import numpy as np
 import torch
 
-__all__ = ["BatchPrefetcher", "PreparedBatch"]
+from .device_augment import DeviceAugment
+
+__all__ = ["BatchPrefetcher", "PreparedBatch", "device_batches"]
 
 Request = TypeVar("Request")
 
@@ -37,11 +41,13 @@ class PreparedBatch(Generic[Request]):
 
 class BatchPrefetcher(Generic[Request]):
     """Turns requests into batches on ``device`` — one batch ahead on a background thread (``enabled``), or
-    inline. ``load(request)`` returns host tensors (images, labels), e.g. ``dataset.get_batch(indices)``."""
+    inline. ``load(request)`` returns host tensors (images, labels), e.g. ``dataset.uint8_batch(indices)``;
+    ``finish(images, request)``, if given, turns the images on the device into the model's input."""
 
     def __init__(self, load: Callable[[Request], tuple[torch.Tensor, torch.Tensor]], device: torch.device | str,
-                 enabled: bool = True) -> None:
-        self.load, self.device = load, torch.device(device)
+                 enabled: bool = True,
+                 finish: Callable[[torch.Tensor, Request], torch.Tensor] | None = None) -> None:
+        self.load, self.finish, self.device = load, finish, torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsnet-prefetch") if enabled else None
         self._copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -80,13 +86,17 @@ class BatchPrefetcher(Generic[Request]):
             return None
         images, labels = self.load(request)
         if not self.cuda:
-            return PreparedBatch(request, images.to(self.device), labels.to(self.device))
+            images, labels = images.to(self.device), labels.to(self.device)
+            return PreparedBatch(request, self._finished(images, request), labels)
         with torch.cuda.stream(self._copy_stream):
-            images = images.pin_memory().to(self.device, non_blocking=True)
+            images = self._finished(images.pin_memory().to(self.device, non_blocking=True), request)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self._copy_stream)
         return PreparedBatch(request, images, labels, ready)
+
+    def _finished(self, images: torch.Tensor, request: Request) -> torch.Tensor:
+        return images if self.finish is None else self.finish(images, request)
 
     def _ready(self, batch: PreparedBatch) -> PreparedBatch:
         """Make the current stream wait for the batch's copy, and keep its memory alive for that stream."""
@@ -96,3 +106,17 @@ class BatchPrefetcher(Generic[Request]):
             batch.images.record_stream(stream)
             batch.labels.record_stream(stream)
         return batch
+
+
+def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: torch.device,
+                   on_device: DeviceAugment, memory_format: torch.memory_format = torch.contiguous_format
+                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, labels) batches of ``dataset`` items ``indices`` in order: each gathered as uint8 on the host
+    (``dataset.uint8_batch``), uploaded, and made the model's input by ``on_device`` on ``device`` (evaluation:
+    normalisation only)."""
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start:start + batch_size]
+        images, labels = dataset.uint8_batch(chunk)
+        images = images.to(device)
+        params = on_device.draw(0, 0, chunk, images.shape[1], images.shape[2])
+        yield on_device(images, params, memory_format), labels

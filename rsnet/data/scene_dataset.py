@@ -19,7 +19,8 @@ class SceneDataset(Dataset):
     """One split of a scene dataset: an index view into a shared decoded :class:`ImageStore`.
 
     ``ds[i] -> (FloatTensor[3, S, S] normalized, int label)``; ``ds.raw(i)`` is the stored uint8
-    image (resized, not augmented); ``ds.get_batch(indices)`` transforms and stacks a batch.
+    image (resized, not augmented); ``ds.get_batch(indices)`` transforms and stacks a batch on the host;
+    ``ds.uint8_batch(indices)`` gathers the stored pixels for augmentation on the worker's device.
 
     Attributes:
         paths: absolute file paths of this split, in index order.
@@ -97,3 +98,16 @@ class SceneDataset(Dataset):
         if self._batch is None:
             return torch.stack([self._apply(self.raw(i)) for i in idx]), labels
         return self._batch([self.raw(i) for i in idx]), labels
+
+    def uint8_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored pixels of items ``indices``, not transformed: uint8 (B, S, S, 3) and int64 (B,) labels — all
+        a host thread prepares for :class:`~rsnet.data.device_augment.DeviceAugment` (one gather from the cache)."""
+        if isinstance(indices, torch.Tensor):
+            indices = indices.cpu().numpy()
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        labels = torch.from_numpy(self.labels[idx].copy())
+        if self.store.array is not None:
+            return torch.from_numpy(self.store.array[self.rows[idx]]), labels
+        size = self.store.size
+        return torch.from_numpy(np.stack([self.raw(i) for i in idx]) if len(idx) else
+                                np.empty((0, size, size, 3), np.uint8)), labels

@@ -27,7 +27,7 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 # ITU-R 601 luma weights (RGB), as torchvision's rgb_to_grayscale and albumentations' ColorJitter
-_LUMA = (0.299, 0.587, 0.114)
+LUMA = (0.299, 0.587, 0.114)
 
 # The 8 symmetries of the square, named as albumentations' D4 names them.
 _CV2_D4 = {
@@ -231,10 +231,10 @@ class ColorJitterAffine(A.ImageOnlyTransform):
 
         Plain Python arithmetic on 12 numbers: numpy calls on 3×3 arrays cost more than they compute."""
         b, c, s = (float(f) for f in factors)
-        wr, wg, wb = _LUMA
+        wr, wg, wb = LUMA
         k = b * c
         d = k * s  # diagonal part
-        gr, gg, gb = (k * (1.0 - s) * w for w in _LUMA)  # gray part (same in every row)
+        gr, gg, gb = (k * (1.0 - s) * w for w in LUMA)  # gray part (same in every row)
         t = 0.0
         if c != 1.0:
             mr, mg, mb = cv2.mean(img)[:3]

@@ -71,6 +71,13 @@ def compiled_forward(module: nn.Module, config: dict[str, Any]) -> Callable[...,
     return torch.compile(module, dynamic=True) if config["compile"] else module
 
 
+def tune_convolutions(config: dict[str, Any], device: torch.device) -> None:
+    """cuDNN's autotuner (``cudnn.benchmark``) on CUDA workers: every batch size lies on the scheduler's grid, so each
+    shape is tuned once and reused. Off with ``deterministic=true``."""
+    if device.type == "cuda" and not config["deterministic"]:
+        torch.backends.cudnn.benchmark = True
+
+
 def set_deterministic(config: dict[str, Any]) -> None:
     """``deterministic=true``: deterministic algorithms only (an op without one raises), no cuDNN autotuning."""
     if not config["deterministic"]:

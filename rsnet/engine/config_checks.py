@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
-    from rsnet.data import check_train_ratio, check_val_ratio
+    from rsnet.data import check_on_device, check_train_ratio, check_val_ratio
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.lr_schedule import check_schedule_name
     from rsnet.engine.optim import check_optimizer_name
@@ -33,7 +33,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
                           "the last epoch is always evaluated)")
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
               ("model.arch", check_arch), ("amp", check_amp), ("optimizer.name", check_optimizer_name),
-              ("lr_schedule.name", check_schedule_name))
+              ("lr_schedule.name", check_schedule_name), ("augment.on_device", check_on_device))
     for key, check in owners:  # each setting is checked by the code that uses it, with its message
         if _has(config, key):
             try:
@@ -67,16 +67,18 @@ NUMBER_SETTINGS: dict[str, type] = {
     "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
     "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,
     "log.attention_every": int, "log.attention_images": int, "log.embedding_images": int,
-    "trainer.timeout_s": float, "trainer.merge_rounds": int, "trainer.merge_cost_max": float,
+    "trainer.timeout_s": float, "trainer.merge_rounds": int, "trainer.merge_rounds_max": int,
+    "trainer.merge_cost_max": float,
     "trainer.share_min": int, "trainer.batch_min": int, "trainer.batch_max": int, "trainer.ref_batch": int,
     "trainer.elastic": float, "trainer.damping": float, "trainer.deadband": float,
     "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
     "trainer.average_every": int, "trainer.cpu_threads": int,
 }
-BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar", "resume",
-                    "overwrite",
+BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar",
+                    "resume", "overwrite",
                     "dataset.skip_corrupt", "trainer.log_intervals", "trainer.leave_out")
-_NULLABLE = {"max_grad_norm", "trainer.ref_batch", "trainer.cpu_threads", "trainer.merge_cost_max", "trainer.share_min"}
+_NULLABLE = {"max_grad_norm", "trainer.merge_rounds_max", "trainer.ref_batch", "trainer.cpu_threads",
+             "trainer.merge_cost_max", "trainer.share_min"}
 
 
 def check_setting_types(config: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rsnet.data import DataBundle
+from rsnet.data import DataBundle, augments_on_device
+from rsnet.engine.acceleration import use_channels_last
 from rsnet.engine.sharded_eval import sharded_evaluate
 from rsnet.evaluation import compute_metrics
 from rsnet.files import atomic_write
@@ -57,8 +58,11 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
     not evaluated)."""
     if not evaluates_after(epoch, config):
         return None
-    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"])
-    val = sharded_evaluate(ctx, model, data.val, config["eval_batch_size"]) if data.val is not None else None
+    on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
+    layout = torch.channels_last if use_channels_last(config, ctx.device) else torch.contiguous_format
+    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"], on_device, layout)
+    val = (sharded_evaluate(ctx, model, data.val, config["eval_batch_size"], on_device, layout)
+           if data.val is not None else None)
     if test is None:
         return None
     return EpochEvaluation(compute_metrics(test, data.class_names),

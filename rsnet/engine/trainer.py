@@ -19,8 +19,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, build_datasets_from_config
-from rsnet.engine.acceleration import StepPrecision, compiled_forward, set_deterministic, use_channels_last
+from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_device, build_datasets_from_config
+from rsnet.engine.acceleration import (
+    StepPrecision,
+    compiled_forward,
+    set_deterministic,
+    tune_convolutions,
+    use_channels_last,
+)
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import evaluate_epoch, finish_epoch, new_run_state
 from rsnet.engine.shared_decode import load_decoded_once
@@ -32,7 +38,7 @@ from rsnet.losses import MultiBranchLoss
 from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
-from rsnet.parallel.strategies import Strategy
+from rsnet.parallel.strategies import Claim, Strategy
 from rsnet.trained_model import last_checkpoint, load_checkpoint
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
@@ -120,6 +126,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     if ctx.world_size > 1:  # tqdm's default lock is a multiprocessing semaphore, leaked when a worker is stopped
         tqdm.set_lock(threading.RLock())
     set_deterministic(config)
+    tune_convolutions(config, ctx.device)
     torch.manual_seed(seed)  # identical initial replicas on every worker
     data = load_data(ctx, config, run_dir)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
@@ -130,6 +137,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     criterion = MultiBranchLoss(**config["model"]["loss"])
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
+    strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
     state = new_run_state()
     if resume_from:
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device)
@@ -194,8 +202,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     model.train()
     meter = EpochMeter()
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
-    prefetcher = BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device,
-                                 enabled=bool(config["prefetch"]))
+    prefetcher = train_prefetcher(ctx, config, epoch, data)
     # With several workers the primary sees only the images it claims (a share that follows its speed), so the
     # bar counts them without a total rather than show a wrong estimate.
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
@@ -218,6 +225,24 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
         bar.close()
     strategy.end_epoch()
     return meter
+
+
+def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle
+                     ) -> BatchPrefetcher[Claim]:
+    """The epoch's claimed batches, prepared one ahead: uint8 pixels gathered on the host and augmented on the
+    worker's device per sample from (seed, epoch, index) (``augment.on_device``; auto: on GPU workers), or the
+    albumentations pipeline run image by image on the host."""
+    enabled = bool(config["prefetch"])
+    augment = data.train_augment
+    if augment is None or not augments_on_device(config["augment"]["on_device"], ctx.device):
+        return BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device, enabled=enabled)
+    seed = int(config["seed"])
+    layout = torch.channels_last if use_channels_last(config, ctx.device) else torch.contiguous_format
+
+    def finish(images: torch.Tensor, claim: Claim) -> torch.Tensor:
+        return augment(images, augment.draw(seed, epoch, claim.indices, images.shape[1], images.shape[2]), layout)
+
+    return BatchPrefetcher(lambda claim: data.train.uint8_batch(claim.indices), ctx.device, enabled, finish)
 
 
 class _StepRunner:
@@ -290,6 +315,15 @@ def _last_good_checkpoint(run_dir: Path) -> str:
     if saved is None:
         return "No checkpoint was written before it diverged (nothing to resume)."
     return f"Its last good checkpoint is {saved[0]} (after epoch {saved[1]})."
+
+
+def _lr_ratio(config: dict[str, Any], epoch: float) -> float:
+    """The scheduled lr at ``epoch`` over its peak, 1 during the warm-up (the decay the merge cadence follows)."""
+    schedule = config["lr_schedule"]
+    warmup = float(schedule["warmup_epochs"])
+    return learning_rate(max(epoch, warmup), base_lr=1.0, epochs=config["epochs"], name=schedule["name"],
+                         warmup_epochs=warmup, milestones=schedule["milestones"], gamma=schedule["gamma"],
+                         min_lr_ratio=schedule["min_lr_ratio"])
 
 
 def _lr(config: dict[str, Any], epoch: float) -> float:

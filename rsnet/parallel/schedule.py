@@ -11,8 +11,9 @@ The rules (docs/scheduler.md, "The adaptive algorithm"):
 * **B grows with the workers** (:func:`round_batch`): B = max(batch_size, W_active × ``share_min``); the lr
   per sample stays that of ``batch_size`` (the strategy's lr reference is batch_size / W_active).
 * **The size grid follows B / W** (:func:`auto_multiple`): 8 from 64 samples a worker, finer below.
-* **Merge cadence** (:func:`merge_rounds`): a merge every ``merge_rounds`` rounds of B, more rounds where the
-  measured merge would take more than ``merge_cost_max`` of the interval's compute.
+* **Merge cadence** (:func:`merge_rounds`, :func:`lr_rounds`): a merge every ``merge_rounds`` rounds of B, more
+  rounds where the measured merge would take more than ``merge_cost_max`` of the interval's compute, and more as
+  the lr decays (rounds / lr_ratio², up to ``merge_rounds_max``).
 * **Admission** (:func:`choose_workers`): a worker that costs more than it adds is left out for the rest of the run.
 """
 
@@ -62,13 +63,40 @@ def round_batch(batch_size: int, workers: int, share_min: int) -> int:
     return max(int(batch_size), int(workers) * int(share_min))
 
 
-def merge_rounds(rounds_min: int, comm_s: float, round_s: float, cost_max: float) -> int:
-    """Rounds of B between merges: at least ``rounds_min``, and enough that a merge of ``comm_s`` seconds takes at most
-    ``cost_max`` of the interval's compute (``round_s`` seconds a round). Unknown times or ``cost_max`` <= 0:
-    ``rounds_min``."""
+def merge_rounds(rounds_min: int, comm_s: float, round_s: float, cost_max: float,
+                 lr_profile: Sequence[float] = (), rounds_max: int = 0) -> int:
+    """The base rounds of B between merges: at least ``rounds_min``, and enough that the merges (``comm_s`` seconds
+    each) take at most ``cost_max`` of the compute (``round_s`` seconds a round). With a constant cadence that is
+    every interval's share; where the rounds follow the lr (``lr_profile``: the lr over its peak at evenly spaced
+    points of the run, ``rounds_max`` above ``rounds_min``) it is the run's: the short intervals at the peak lr
+    spend what the long ones at its end save. Unknown times or ``cost_max`` <= 0: ``rounds_min``."""
     if cost_max <= 0 or comm_s <= 0 or round_s <= 0:
         return int(rounds_min)
-    return max(int(rounds_min), math.ceil(comm_s / (cost_max * round_s) - 1e-9))
+    merges_per_round = cost_max * round_s / comm_s  # the most merges a round may pay for
+    base = max(int(rounds_min), 1)
+    if not lr_profile or rounds_max <= rounds_min:
+        return max(base, math.ceil(1 / merges_per_round - 1e-9))
+    while 1 / mean_rounds(base, rounds_max, lr_profile) > merges_per_round + 1e-12:
+        base += 1
+    return base
+
+
+def mean_rounds(rounds: int, rounds_max: int, lr_profile: Sequence[float] = ()) -> float:
+    """The run's rounds per merge when an interval has :func:`lr_rounds` rounds at each point of ``lr_profile``
+    (the harmonic mean: merges per round averaged over the run); ``rounds`` without a profile."""
+    if not lr_profile:
+        return float(rounds)
+    top = max(rounds_max, rounds)
+    return len(lr_profile) / sum(1 / lr_rounds(rounds, top, ratio) for ratio in lr_profile)
+
+
+def lr_rounds(rounds: int, rounds_max: int, lr_ratio: float) -> int:
+    """Rounds between merges while the lr is ``lr_ratio`` × its peak: ``rounds`` / lr_ratio², between ``rounds`` and
+    ``rounds_max`` (the quadratic synchronization rule of Gu et al., ICLR 2024: replicas drift apart in proportion
+    to the lr, so a merge early in training, at the peak lr, matters most; ``rounds_max`` <= ``rounds``: constant)."""
+    if rounds_max <= rounds or lr_ratio >= 1:
+        return int(rounds)
+    return min(int(rounds_max), max(int(rounds), math.floor(rounds / max(lr_ratio, 1e-9) ** 2)))
 
 
 def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tuple[int, int]:
@@ -80,7 +108,7 @@ def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tupl
     return start, end
 
 
-def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: int, comm_s: float) -> float:
+def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: float, comm_s: float) -> float:
     """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` at equal updates. One worker trains at its
     speed: no merge, no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait for
     the last batch to finish: half the longest step, where a worker whose speed share of B is below ``batch_min``
@@ -105,16 +133,20 @@ class Admission:
 
 
 def choose_workers(speeds: Sequence[float], active: Sequence[bool], settings: ScheduleSettings,
-                   comm_s: float) -> Admission:
+                   comm_s: float, lr_profile: Sequence[float] = ()) -> Admission:
     """The set of the k fastest active workers with the highest :func:`predicted_rate` (a larger set wins a tie),
-    each set with its own B (:func:`round_batch`) and merge cadence (:func:`merge_rounds`)."""
+    each set with its own B (:func:`round_batch`) and merge cadence (:func:`merge_rounds`, averaged over the run's
+    ``lr_profile`` by :func:`mean_rounds`)."""
     ranked = sorted((r for r in range(len(speeds)) if active[r]), key=lambda r: (-speeds[r], r))
     rates: dict[int, float] = {}
     for count in range(1, len(ranked) + 1):
         chosen = [speeds[r] for r in ranked[:count]]
         total = round_batch(settings.batch_size, count, settings.share_min)
-        rounds = merge_rounds(settings.merge_rounds, comm_s, total / max(sum(chosen), 1e-12), settings.merge_cost_max)
-        rates[count] = predicted_rate(chosen, total, settings.batch_min, rounds, comm_s)
+        round_s = total / max(sum(chosen), 1e-12)
+        rounds = merge_rounds(settings.merge_rounds, comm_s, round_s, settings.merge_cost_max, lr_profile,
+                              settings.merge_rounds_max)
+        rates[count] = predicted_rate(chosen, total, settings.batch_min,
+                                      mean_rounds(rounds, settings.merge_rounds_max, lr_profile), comm_s)
     best = max(rates, key=lambda count: (rates[count], count))
     keep = [False] * len(speeds)
     for rank in ranked[:best]:
@@ -132,6 +164,7 @@ class ScheduleSettings:
     multiple: str | int  # "auto" or a fixed multiple
     share_min: int
     merge_rounds: int
+    merge_rounds_max: int
     merge_cost_max: float
     damping: float
     deadband: float
@@ -143,7 +176,8 @@ class ScheduleSettings:
         """From the trainer config as a run composes it; raises ValueError naming a bad setting."""
         settings = cls(int(batch_size), int(trainer["batch_min"]), int(trainer["batch_max"]),
                        parse_multiple(trainer["batch_multiple"]), int(trainer["share_min"] or 0),
-                       int(trainer["merge_rounds"]), float(trainer["merge_cost_max"] or 0.0),
+                       int(trainer["merge_rounds"]), int(trainer.get("merge_rounds_max") or 0),
+                       float(trainer["merge_cost_max"] or 0.0),
                        float(trainer["damping"]), float(trainer["deadband"]), int(trainer["warmup_intervals"]),
                        bool(trainer["leave_out"]))
         settings.check()
@@ -185,6 +219,7 @@ class Schedule:
         self.merges = 0
         self.comm_s = 0.0  # the estimate of a merge's communication seconds
         self.adapted = False  # whether the sizes have followed measured speeds yet
+        self.lr_profile: tuple[float, ...] = ()  # the run's lr over its peak at evenly spaced points (follow_lr)
         self._resize(equal=True)
 
     # ------------------------------------------------------------------ what the workers read
@@ -193,10 +228,23 @@ class Schedule:
         """Active workers W_active."""
         return sum(self.active)
 
-    @property
-    def interval_size(self) -> int:
-        """Positions of the next merge interval: rounds × B."""
-        return self.rounds * self.total_batch
+    def follow_lr(self, lr_profile: Sequence[float]) -> None:
+        """The run's lr over its peak at evenly spaced points: the cost rule then budgets the merges over the run
+        (:func:`merge_rounds`) while :meth:`rounds_at` follows the lr."""
+        self.lr_profile = tuple(float(ratio) for ratio in lr_profile)
+
+    def rounds_at(self, lr_ratio: float = 1.0) -> int:
+        """Rounds of the next merge interval while the lr is ``lr_ratio`` × its peak (:func:`lr_rounds` on the
+        cost rule's rounds, up to ``merge_rounds_max``)."""
+        return lr_rounds(self.rounds, max(self.settings.merge_rounds_max, self.rounds), lr_ratio)
+
+    def interval_size(self, lr_ratio: float = 1.0, rest: int | None = None) -> int:
+        """Positions of the next merge interval: :meth:`rounds_at` × B; with a single worker training, ``rest``
+        (the rest of the epoch, where given): there is no other replica to drift from, and its merges would
+        only all-reduce the header."""
+        if rest is not None and self.workers == 1:
+            return max(int(rest), 1)
+        return self.rounds_at(lr_ratio) * self.total_batch
 
     def speeds_of_active(self) -> list[float]:
         """Every worker's speed estimate, 0 for a worker left out."""
@@ -232,7 +280,8 @@ class Schedule:
         rounds = self.settings.merge_rounds
         if self.workers > 1:
             round_s = self.total_batch / max(sum(self.speeds_of_active()), 1e-12)
-            rounds = merge_rounds(self.settings.merge_rounds, comm, round_s, self.settings.merge_cost_max)
+            rounds = merge_rounds(self.settings.merge_rounds, comm, round_s, self.settings.merge_cost_max,
+                                  self.lr_profile, self.settings.merge_rounds_max)
         if rounds != self.rounds:
             notes.append(f"merge every {rounds} rounds of B = {self.total_batch} ({rounds * self.total_batch} "
                          f"samples): the last merge's communication took {comm * 1000:.0f} ms"
@@ -242,7 +291,7 @@ class Schedule:
         return notes
 
     def _admit(self, comm: float) -> list[str]:
-        admission = choose_workers(self.speeds, self.active, self.settings, comm)
+        admission = choose_workers(self.speeds, self.active, self.settings, comm, self.lr_profile)
         left = [r for r in range(self.world) if self.active[r] and not admission.keep[r]]
         if not left:
             return []

@@ -362,19 +362,27 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
     return tally
 
 
+def cosine_lr_ratio(progress: float) -> float:
+    """The default lr schedule over its peak at ``progress`` (0..1) of the run: cosine to 1 % (warm-up left out);
+    the simulated cadence follows it as the trainer's does (``merge_rounds_max``)."""
+    return 0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
 def simulate_adaptive(scenario: Scenario) -> RunResult:
     """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end (only the small
     table once a single worker trains, and the model handed over at the end of every epoch then), and the real
     :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
     world = scenario.world
     schedule = Schedule(scenario.settings.schedule, world)
+    schedule.follow_lr([cosine_lr_ratio((k + 0.5) / 64) for k in range(64)])
     speeds, comm, warmed = [0.0] * world, 0.0, [False] * world
     store = SimStore()
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
     for epoch in range(scenario.epochs):
         start, index = 0, 0
         while start < scenario.samples:
-            size = schedule.interval_size
+            size = schedule.interval_size(cosine_lr_ratio((epoch + start / scenario.samples) / scenario.epochs),
+                                          rest=scenario.samples - start)
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             start = high
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,10 @@ class Strategy:
     def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
         """This worker's batches of ``interval`` of the current epoch, in order."""
         raise NotImplementedError
+
+    def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
+        """``lr_ratio(position)``: the scheduled lr at ``position`` (epochs, of ``epochs``) over its peak, for
+        strategies whose cadence follows the lr (the adaptive one's ``merge_rounds_max``); others ignore it."""
 
     def lr_scale(self, batch_size: int) -> float:
         """Factor on the scheduled lr for a step on ``batch_size`` samples. 1.0 for sync (DDP averages the

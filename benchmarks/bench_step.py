@@ -1,0 +1,217 @@
+"""Steady-state training throughput, side by side in one run: is the input pipeline or rsnet's loop the limit?
+
+For every image size and batch size, ``--rounds`` interleaved rounds of ``--steps`` timed steps (after
+``--warmup`` untimed ones) of:
+
+  (a)   host side of the input pipeline: cache -> uint8 batch ready to upload (``SceneDataset.uint8_batch``, pinned
+        for a GPU) — all a host thread must do for a worker; one thread
+  (a0)  the host albumentations pipeline it replaces (``SceneDataset.get_batch``: per-image crop/flips/jitter,
+        normalised float32 batch); one thread
+  (a')  the whole input pipeline on the worker's device: (a), upload, ``DeviceAugment`` (augmented, normalised,
+        in the model's memory format); no model. On a CPU device with one torch thread (the same core as (a0))
+  (b)   the rsnet training step fed by (a') through the trainer's ``BatchPrefetcher`` (rsnet's model, multi-branch
+        loss, optimizer, mixed precision and memory format as in training)
+  (c)   a plain loop on one synthetic batch already on the device (same timm backbone, cross-entropy, SGD): the
+        compute ceiling
+
+and prints images/s (median and range over the rounds) with the ratios (b)/(c), (a)/(b) and (a')/(b).
+The images are random uint8 pixels in the cache's layout (throughput does not depend on content).
+
+    python benchmarks/bench_step.py                                   # a GPU: ResNet-18 at 128/224 px, batch 32/128/256
+    python benchmarks/bench_step.py --device cpu --sizes 128 224 --batches 32 128 --steps 8 --input-steps 30 --warmup 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rsnet.data import BatchPrefetcher, DeviceAugment, ImageStore, SceneDataset, train_transform  # noqa: E402
+from rsnet.engine.acceleration import StepPrecision  # noqa: E402
+from rsnet.engine.optim import build_optimizer  # noqa: E402
+from rsnet.losses import MultiBranchLoss  # noqa: E402
+from rsnet.models import build_model  # noqa: E402
+
+CLASSES = 30
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def synthetic_dataset(size: int, count: int, crop: bool) -> SceneDataset:
+    """``count`` random uint8 images of ``size`` px in an in-memory store, with rsnet's training transform."""
+    pixels = np.random.default_rng(0).integers(0, 256, (count, size, size, 3), dtype=np.uint8)
+    store = ImageStore([f"img{i}.png" for i in range(count)], size, "memory", array=pixels)
+    labels = np.arange(count) % CLASSES
+    transform = train_transform(size, MEAN, STD, scale=(0.5, 1.0) if crop else None)
+    dataset = SceneDataset(store, np.arange(count), labels, [f"c/{i}" for i in range(count)],
+                           [f"c{k}" for k in range(CLASSES)], transform, "synthetic")
+    dataset.set_seed(0)
+    return dataset
+
+
+def index_batches(count: int, batch: int) -> Callable[[], np.ndarray]:
+    """Endless batches of a fresh permutation per pass."""
+    rng, order, start = np.random.default_rng(1), np.empty(0, np.int64), count
+
+    def next_batch() -> np.ndarray:
+        nonlocal order, start
+        if start + batch > count:
+            order, start = rng.permutation(count), 0
+        start += batch
+        return order[start - batch:start]
+
+    return next_batch
+
+
+def timed(step: Callable[[], None], steps: int, warmup: int, device: torch.device, batch: int) -> float:
+    """Images/s of ``steps`` calls of ``step`` after ``warmup`` untimed ones (the device synchronised around)."""
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return steps * batch / (time.perf_counter() - started)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class OneThread:
+    """torch on one intra-op thread inside the block (a host thread's share of a CPU)."""
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.threads)
+
+
+def measure(args: argparse.Namespace, size: int, batch: int, device: torch.device) -> dict[str, list[float]]:
+    """Every path's images/s in each of ``args.rounds`` interleaved rounds."""
+    crop = size >= 128  # as augment.crop_scale: auto
+    dataset = synthetic_dataset(size, max(4 * batch, 512), crop)
+    augment = DeviceAugment.for_training(size, MEAN, STD, (0.5, 1.0) if crop else None, 0.2)
+    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    cuda = device.type == "cuda"
+    next_indices = index_batches(len(dataset), batch)
+    epoch = [0]
+
+    def host() -> None:
+        images, _ = dataset.uint8_batch(next_indices())
+        if cuda:
+            images.pin_memory()
+
+    def host_albumentations() -> None:
+        dataset.get_batch(next_indices())
+
+    def on_device(images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+        epoch[0] += 1
+        return augment(images, augment.draw(0, epoch[0], indices, size, size), layout)
+
+    def pipeline() -> None:
+        indices = next_indices()
+        images, _ = dataset.uint8_batch(indices)
+        on_device(images.to(device, non_blocking=cuda), indices)
+
+    model = build_model("baseline", args.backbone, CLASSES).to(device).to(memory_format=layout)
+    criterion = MultiBranchLoss(label_smoothing=0.1)
+    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
+    precision = StepPrecision.for_device(args.amp, device)
+    prefetcher = BatchPrefetcher(lambda indices: dataset.uint8_batch(indices), device, True,
+                                 lambda images, indices: on_device(images, indices))
+    stream = prefetcher.batches(next_indices() for _ in itertools.count())
+
+    def rsnet_step() -> None:
+        prepared = next(stream)
+        with precision.autocast():
+            losses = criterion(model(prepared.images), prepared.labels, epoch=1.0)
+        optimizer.zero_grad(set_to_none=True)
+        precision.backward_and_step(losses.total, optimizer, model.parameters(), None)
+
+    plain = timm.create_model(args.backbone, num_classes=CLASSES).to(device).to(memory_format=layout)
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    synthetic = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=layout)
+    targets = torch.randint(0, CLASSES, (batch,), device=device)
+
+    def plain_step() -> None:
+        with precision.autocast():
+            loss = torch.nn.functional.cross_entropy(plain(synthetic), targets)
+        plain_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        plain_optimizer.step()
+
+    steps = args.input_steps or args.steps
+    paths: dict[str, tuple[Callable[[], None], bool, int]] = {  # the step, on one thread, timed steps
+        "(a) host: uint8 batch": (host, True, steps), "(a0) host: albumentations": (host_albumentations, True, steps),
+        "(a') input pipeline on the device": (pipeline, not cuda, steps),
+        "(b) rsnet step": (rsnet_step, False, args.steps),
+        "(c) plain loop, synthetic batch": (plain_step, False, args.steps)}
+    rates: dict[str, list[float]] = {name: [] for name in paths}
+    try:
+        for _ in range(args.rounds):
+            for name, (step, one_thread, count) in paths.items():
+                with OneThread() if one_thread else contextlib.nullcontext():
+                    rates[name].append(timed(step, count, args.warmup, device, batch))
+    finally:
+        stream.close()
+        prefetcher.close()
+    return rates
+
+
+def report(size: int, batch: int, rates: dict[str, list[float]]) -> None:
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    a, a_device, b, c = (medians[k] for k in ("(a) host: uint8 batch", "(a') input pipeline on the device",
+                                               "(b) rsnet step", "(c) plain loop, synthetic batch"))
+    print(f"\n{size} px, batch {batch}: (b)/(c) = {b / c:.2f}   (a)/(b) = {a / b:.1f}   "
+          f"(a')/(b) = {a_device / b:.1f}   "
+          f"(a')/(a0) = {a_device / medians['(a0) host: albumentations']:.2f}")
+    print("| path | images/s (median) | range over rounds |\n|---|---|---|")
+    for name, values in rates.items():
+        print(f"| {name} | {medians[name]:,.0f} | {min(values):,.0f}–{max(values):,.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per path and round")
+    parser.add_argument("--input-steps", type=int, default=None,
+                        help="timed steps of the input paths (a), (a0), (a') (default: --steps)")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed steps before each timing")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
+    parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
+    parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
+    args = parser.parse_args()
+    if args.require_cuda and not torch.cuda.is_available():
+        print("bench_step: no CUDA device visible, nothing measured (run it with --device cpu for the CPU)")
+        return
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # as training does: sizes stay on the grid
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"bench_step: {args.backbone} on {name}; {args.steps} steps after {args.warmup}, {args.rounds} rounds")
+    for size in args.sizes:
+        for batch in args.batches:
+            report(size, batch, measure(args, size, batch, device))
+
+
+if __name__ == "__main__":
+    main()

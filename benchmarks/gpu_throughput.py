@@ -1,0 +1,91 @@
+"""Steady-state training throughput on a GPU: multi-epoch adaptive runs on a real-size set, images/s after epoch 1.
+
+``make gpu-check`` runs it after its pass/fail table and ``bench_step.py``. For each image size (128 and 224 px)
+and device set (``[cuda:0]``, and ``[cuda:0, cpu]`` to see the scheduler leave a slow CPU out), one run of
+``scripts/train.py`` (trainer=adaptive, the baseline model, ResNet-18 from scratch, aid-dev or ``--root``);
+the table gives the training images/s of epochs 2..E (the first epoch, with CUDA start-up and cuDNN's
+autotuning, apart), the first epoch's seconds, the final test accuracy and the workers left out. Evaluation
+time is not in the figures (the trainer times training alone).
+
+    python benchmarks/gpu_throughput.py                        # aid-dev next to the checkout
+    python benchmarks/gpu_throughput.py --root /data/AID --epochs 3 --sizes 224
+    python benchmarks/gpu_throughput.py --cpu-stand-in --sizes 32 --epochs 2 --backbone test_resnet  # test the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gpu_check import run_training, tail
+
+REPO = Path(__file__).resolve().parents[1]
+AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
+DEVICE_SETS = {"1gpu": ["cuda:0"], "gpu+cpu": ["cuda:0", "cpu"]}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=AID_DEV, help="an AID-layout folder (default: aid-dev)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
+    parser.add_argument("--configs", nargs="+", choices=list(DEVICE_SETS), default=list(DEVICE_SETS))
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per run before it is killed")
+    parser.add_argument("--cpu-stand-in", action="store_true", help="replace cuda:0 by cpu (tests this script)")
+    return parser.parse_args()
+
+
+def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> str:
+    """One run's table row (or its failure)."""
+    run_dir = tmp / f"{'_'.join(devices)}_{size}".replace(":", "")
+    run_dir.mkdir(parents=True)
+    command = [sys.executable, str(REPO / "scripts" / "train.py"), "trainer=adaptive",
+               f"trainer.devices=[{','.join(devices)}]", "model=baseline", f"backbone={args.backbone}",
+               "backbone.pretrained=false", "dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={size}",
+               f"epochs={args.epochs}", f"eval_every={args.epochs}", f"batch_size={args.batch_size}",
+               "log.progress_bar=false", f"log.attention_every={args.epochs + 1}", f"hydra.run.dir={run_dir}"]
+    started = time.perf_counter()
+    status = run_training(command, run_dir, args.timeout)
+    if status != 0:
+        return f"| {', '.join(devices)} | {size} | FAIL ({'timeout' if status is None else status}): " \
+               f"{tail(run_dir / 'stderr.log', 3).replace(chr(10), ' / ')} | | | | |"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    walls = [float(epoch["wall_time_s"]) for epoch in metrics["history"]]
+    steady = metrics["train_samples"] * (len(walls) - 1) / (walls[-1] - walls[0]) if len(walls) > 1 else float("nan")
+    workers = metrics.get("scheduler", {}).get("workers", [])
+    left_out = sum(not worker.get("active", True) for worker in workers)
+    return (f"| {', '.join(devices)} | {size} | {steady:,.0f} | {walls[0]:.1f} | {metrics['accuracy']:.2f} | "
+            f"{left_out} | {time.perf_counter() - started:.0f} |")
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available() and not args.cpu_stand_in:
+        print("no CUDA device visible: no GPU throughput to measure")
+        return 0
+    if not args.root.is_dir():
+        print(f"--root {args.root} is not a folder: point it at aid-dev's or AID's class folders")
+        return 2
+    name = "CPU stand-in" if args.cpu_stand_in else torch.cuda.get_device_name(0)
+    print(f"# Steady-state throughput: {name}, {args.backbone}, baseline model, batch {args.batch_size}, "
+          f"{args.epochs} epochs of {args.root}\n")
+    print("| devices | image size | train images/s, epochs 2.." + str(args.epochs) +
+          " | first epoch s | test OA % | left out | run s |\n|---|---|---|---|---|---|---|", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu_throughput_") as tmp:
+        for size in args.sizes:
+            for config in args.configs:
+                devices = [("cpu" if args.cpu_stand_in and d.startswith("cuda") else d) for d in DEVICE_SETS[config]]
+                print(run(devices, size, args, Path(tmp)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
