@@ -200,15 +200,15 @@ def throughput_report(args, cached, plain):
     """images/s of both paths: training transform, eval transform, and (unless --no-aid) 600 px JPEGs."""
     plain_rates, cached_rates = compare(plain, cached, args.batch, args.repeats)
     # evaluation path (no augmentation: resize + normalise), same images
-    ev_cached = SceneDataset(cached.store, cached.rows, cached.labels, cached.keys, cached.class_names,
+    ev_cached = SceneDataset(cached.store, cached.rows, cached.labels, cached.names, cached.class_names,
                              eval_transform(args.size))
-    ev_plain = PlainImageFolder(cached.files, cached.labels, args.size, eval_transform(args.size))
+    ev_plain = PlainImageFolder(cached.paths, cached.labels, args.size, eval_transform(args.size))
     ev = compare(ev_plain, ev_cached, args.batch, args.repeats)
     big = None
     if not args.no_aid:
         with tempfile.TemporaryDirectory() as tmp:
             aid = build_datasets("aid", synthetic_aid(Path(tmp)), 0.999, 0, args.size, check_counts=False).train
-            aid_plain = PlainImageFolder(aid.files, aid.labels, args.size, train_transform(args.size))
+            aid_plain = PlainImageFolder(aid.paths, aid.labels, args.size, train_transform(args.size))
             big = compare(aid_plain, aid, args.batch, max(2, args.repeats // 2))
     p, c = max(plain_rates), max(cached_rates)
     print()
@@ -261,7 +261,7 @@ def main():
     bundle = build_datasets(args.dataset, args.root, 0.999, 0, args.size, cache="memory", check_counts=False)
     build_s = time.perf_counter() - t0
     cached = bundle.train  # ~all images, augmenting transform
-    plain = PlainImageFolder(cached.files, cached.labels, args.size, train_transform(args.size))
+    plain = PlainImageFolder(cached.paths, cached.labels, args.size, train_transform(args.size))
     print(f"dataset {args.dataset}: {len(cached)} images at {args.size} px; decode-once build {build_s:.2f} s "
           f"({len(cached) / build_s:.0f} img/s incl. scan, {cached.images.nbytes / 1e6:.1f} MB); "
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
