@@ -64,6 +64,11 @@ def test_with_rounds_that_follow_the_lr_the_cost_rule_budgets_the_whole_run() ->
     base = merge_rounds(2, comm_s=0.06, round_s=0.1, cost_max=0.05, lr_profile=profile, rounds_max=16)
     assert 0.06 / (mean_rounds(base, 16, profile) * 0.1) <= 0.05 < 0.06 / (mean_rounds(base - 1, 16, profile) * 0.1)
     assert base < 12  # the constant rule's 12: the late long intervals pay for shorter early ones
+    schedule = Schedule(_settings(merge_rounds=2, merge_rounds_max=16), 2)
+    schedule.follow_lr(profile)
+    notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
+    assert schedule.rounds == merge_rounds(2, 0.06, 32 / 300, 0.05, profile, 16) > 2
+    assert notes[-1].endswith("on average over the run, its rounds following the lr up to 16")
 
 
 def test_rounds_grow_with_the_square_of_the_lr_decay_up_to_their_cap() -> None:

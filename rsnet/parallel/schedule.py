@@ -286,9 +286,15 @@ class Schedule:
             notes.append(f"merge every {rounds} rounds of B = {self.total_batch} ({rounds * self.total_batch} "
                          f"samples): the last merge's communication took {comm * 1000:.0f} ms"
                          + (f", more than {self.settings.merge_cost_max:.0%} of {self.settings.merge_rounds} rounds' "
-                            "compute" if rounds > self.settings.merge_rounds else ""))
+                            f"compute{self._averaged()}" if rounds > self.settings.merge_rounds else ""))
             self.rounds = rounds
         return notes
+
+    def _averaged(self) -> str:
+        """How the cost rule counts when the rounds follow the lr (for the log line)."""
+        if self.lr_profile and self.settings.merge_rounds_max > self.settings.merge_rounds:
+            return f" on average over the run, its rounds following the lr up to {self.settings.merge_rounds_max}"
+        return ""
 
     def _admit(self, comm: float) -> list[str]:
         admission = choose_workers(self.speeds, self.active, self.settings, comm, self.lr_profile)
