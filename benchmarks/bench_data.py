@@ -135,7 +135,7 @@ def prefetched_on_device(ds, augment, batch):
     by ``augment`` (a DeviceAugment) on the prefetch thread."""
 
     def finish(images, indices):
-        return augment(images, augment.draw(0, 0, indices, images.shape[1], images.shape[2]), torch.contiguous_format)
+        return augment.apply(images, indices, memory_format=torch.contiguous_format)
 
     return prefetched(ds, batch, ds.uint8_batch, finish)
 

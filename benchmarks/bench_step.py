@@ -122,7 +122,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
 
     def on_device(images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
         epoch[0] += 1
-        return augment(images, augment.draw(0, epoch[0], indices, size, size), layout)
+        return augment.apply(images, indices, 0, epoch[0], layout)
 
     def pipeline() -> None:
         indices = next_indices()

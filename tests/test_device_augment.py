@@ -25,8 +25,7 @@ def _images(n=8, size=32, seed=0):
 
 
 def _augment(augment, images, indices, seed=0, epoch=0):
-    params = augment.draw(seed, epoch, indices, images.shape[1], images.shape[2])
-    return augment(images, params, memory_format=torch.contiguous_format)
+    return augment.apply(images, indices, seed, epoch, torch.contiguous_format)
 
 
 def test_uniforms_depend_only_on_seed_epoch_index_and_column():

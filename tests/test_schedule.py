@@ -65,7 +65,7 @@ def test_with_rounds_that_follow_the_lr_the_cost_rule_budgets_the_whole_run() ->
     assert 0.06 / (mean_rounds(base, 16, profile) * 0.1) <= 0.05 < 0.06 / (mean_rounds(base - 1, 16, profile) * 0.1)
     assert base < 12  # the constant rule's 12: the late long intervals pay for shorter early ones
     schedule = Schedule(_settings(merge_rounds=2, merge_rounds_max=16), 2)
-    schedule.follow_lr(profile)
+    schedule.follow_lr(lambda position: 1.0 if position < 4 else 0.5, 8)  # the profile above, sampled 64 times
     notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
     assert schedule.rounds == merge_rounds(2, 0.06, 32 / 300, 0.05, profile, 16) > 2
     assert notes[-1].endswith("on average over the run, its rounds following the lr up to 16")

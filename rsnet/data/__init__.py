@@ -27,9 +27,9 @@ from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_trans
 __all__ = [
     "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN", "IMAGENET_STD",
     "CorruptImageError", "CorruptImageWarning", "DataBundle", "DatasetCountWarning", "DatasetNotFoundError",
-    "DatasetSpec", "DatasetValidationError", "DecodeReport", "DeviceAugment", "augments_on_device", "check_on_device", "HighBitDepthWarning", "ImageStore", "PreparedBatch",
-    "ScanResult", "SceneDataset", "Split", "SplitMismatchError", "SplitRows", "build_datasets",
-    "build_datasets_from_config", "build_store", "check_train_ratio", "check_val_ratio", "decode_image",
-    "default_cache_dir", "default_root", "device_batches", "eval_transform", "find_class_root", "get_spec", "scan_dataset",
-    "stratified_split", "to_float_chw", "train_transform"
+    "DatasetSpec", "DatasetValidationError", "DecodeReport", "DeviceAugment", "HighBitDepthWarning", "ImageStore",
+    "PreparedBatch", "ScanResult", "SceneDataset", "Split", "SplitMismatchError", "SplitRows", "augments_on_device",
+    "build_datasets", "build_datasets_from_config", "build_store", "check_on_device", "check_train_ratio",
+    "check_val_ratio", "decode_image", "default_cache_dir", "default_root", "device_batches", "eval_transform",
+    "find_class_root", "get_spec", "scan_dataset", "stratified_split", "to_float_chw", "train_transform"
 ]

@@ -198,6 +198,12 @@ class DeviceAugment:
             boxes = torch.from_numpy(_crop_boxes(u, height, width, self.crop_scale, self.crop_ratio))
         return AugmentParams(dihedral, factors, boxes)
 
+    def apply(self, images: torch.Tensor, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
+              epoch: int = 0, memory_format: torch.memory_format = torch.channels_last) -> torch.Tensor:
+        """Augment and normalise the uint8 batch ``images`` of the samples ``indices`` with their parameters of
+        (``seed``, ``epoch``): :meth:`draw` and the call in one."""
+        return self(images, self.draw(seed, epoch, indices, images.shape[1], images.shape[2]), memory_format)
+
     def __call__(self, images: torch.Tensor, params: AugmentParams,
                  memory_format: torch.memory_format = torch.channels_last) -> torch.Tensor:
         """Augment and normalise ``images`` (uint8 (N, H, W, C), on the device that should do the work) with

@@ -117,6 +117,4 @@ def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: t
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         images, labels = dataset.uint8_batch(chunk)
-        images = images.to(device)
-        params = on_device.draw(0, 0, chunk, images.shape[1], images.shape[2])
-        yield on_device(images, params, memory_format), labels
+        yield on_device.apply(images.to(device), chunk, memory_format=memory_format), labels

@@ -240,7 +240,7 @@ def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, dat
     layout = torch.channels_last if use_channels_last(config, ctx.device) else torch.contiguous_format
 
     def finish(images: torch.Tensor, claim: Claim) -> torch.Tensor:
-        return augment(images, augment.draw(seed, epoch, claim.indices, images.shape[1], images.shape[2]), layout)
+        return augment.apply(images, claim.indices, seed, epoch, layout)
 
     return BatchPrefetcher(lambda claim: data.train.uint8_batch(claim.indices), ctx.device, enabled, finish)
 
@@ -319,16 +319,14 @@ def _last_good_checkpoint(run_dir: Path) -> str:
 
 def _lr_ratio(config: dict[str, Any], epoch: float) -> float:
     """The scheduled lr at ``epoch`` over its peak, 1 during the warm-up (the decay the merge cadence follows)."""
-    schedule = config["lr_schedule"]
-    warmup = float(schedule["warmup_epochs"])
-    return learning_rate(max(epoch, warmup), base_lr=1.0, epochs=config["epochs"], name=schedule["name"],
-                         warmup_epochs=warmup, milestones=schedule["milestones"], gamma=schedule["gamma"],
-                         min_lr_ratio=schedule["min_lr_ratio"])
+    return _lr(config, max(epoch, float(config["lr_schedule"]["warmup_epochs"])), base_lr=1.0)
 
 
-def _lr(config: dict[str, Any], epoch: float) -> float:
+def _lr(config: dict[str, Any], epoch: float, base_lr: float | None = None) -> float:
+    """The scheduled lr at ``epoch`` for ``optimizer.lr`` (or ``base_lr``)."""
     schedule = config["lr_schedule"]
-    return learning_rate(epoch, base_lr=config["optimizer"]["lr"], epochs=config["epochs"], name=schedule["name"],
+    base_lr = config["optimizer"]["lr"] if base_lr is None else base_lr
+    return learning_rate(epoch, base_lr=base_lr, epochs=config["epochs"], name=schedule["name"],
                          warmup_epochs=schedule["warmup_epochs"], milestones=schedule["milestones"],
                          gamma=schedule["gamma"], min_lr_ratio=schedule["min_lr_ratio"])
 

@@ -20,15 +20,21 @@ The rules (docs/scheduler.md, "The adaptive algorithm"):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rsnet.parallel import batching  # called through the module: the simulator's tests replace the controller
 
 MERGE_WEIGHTS = ("uniform", "updates", "samples")
+LR_PROFILE_POINTS = 64  # points of the run at which the lr profile is sampled for the merge-cost budget
 # Admission waits for the speeds of two merges: the first interval's are a probe's, a few steps at the equal split.
 ADMISSION_FROM_MERGE = 2
+
+
+def _at_peak(position: float) -> float:
+    """The lr ratio before :meth:`Schedule.follow_lr`: the peak everywhere (a constant cadence)."""
+    return 1.0
 
 
 def auto_multiple(share: float) -> int:
@@ -86,8 +92,7 @@ def mean_rounds(rounds: int, rounds_max: int, lr_profile: Sequence[float] = ()) 
     (the harmonic mean: merges per round averaged over the run); ``rounds`` without a profile."""
     if not lr_profile:
         return float(rounds)
-    top = max(rounds_max, rounds)
-    return len(lr_profile) / sum(1 / lr_rounds(rounds, top, ratio) for ratio in lr_profile)
+    return len(lr_profile) / sum(1 / lr_rounds(rounds, rounds_max, ratio) for ratio in lr_profile)
 
 
 def lr_rounds(rounds: int, rounds_max: int, lr_ratio: float) -> int:
@@ -219,7 +224,8 @@ class Schedule:
         self.merges = 0
         self.comm_s = 0.0  # the estimate of a merge's communication seconds
         self.adapted = False  # whether the sizes have followed measured speeds yet
-        self.lr_profile: tuple[float, ...] = ()  # the run's lr over its peak at evenly spaced points (follow_lr)
+        self.lr_ratio: Callable[[float], float] = _at_peak  # the lr over its peak at a position (epochs; follow_lr)
+        self.lr_profile: tuple[float, ...] = ()  # lr_ratio at LR_PROFILE_POINTS evenly spaced points of the run
         self._resize(equal=True)
 
     # ------------------------------------------------------------------ what the workers read
@@ -228,15 +234,18 @@ class Schedule:
         """Active workers W_active."""
         return sum(self.active)
 
-    def follow_lr(self, lr_profile: Sequence[float]) -> None:
-        """The run's lr over its peak at evenly spaced points: the cost rule then budgets the merges over the run
-        (:func:`merge_rounds`) while :meth:`rounds_at` follows the lr."""
-        self.lr_profile = tuple(float(ratio) for ratio in lr_profile)
+    def follow_lr(self, lr_ratio: Callable[[float], float], epochs: float) -> None:
+        """``lr_ratio(position)``: the scheduled lr at ``position`` (epochs, of a run of ``epochs``) over its peak. The
+        intervals then follow it (:meth:`interval_at`), and the cost rule budgets the merges over its profile, sampled
+        at :data:`LR_PROFILE_POINTS` evenly spaced points of the run (:func:`merge_rounds`)."""
+        self.lr_ratio = lr_ratio
+        self.lr_profile = tuple(float(lr_ratio(epochs * (k + 0.5) / LR_PROFILE_POINTS))
+                                for k in range(LR_PROFILE_POINTS))
 
     def rounds_at(self, lr_ratio: float = 1.0) -> int:
         """Rounds of the next merge interval while the lr is ``lr_ratio`` × its peak (:func:`lr_rounds` on the
         cost rule's rounds, up to ``merge_rounds_max``)."""
-        return lr_rounds(self.rounds, max(self.settings.merge_rounds_max, self.rounds), lr_ratio)
+        return lr_rounds(self.rounds, self.settings.merge_rounds_max, lr_ratio)
 
     def interval_size(self, lr_ratio: float = 1.0, rest: int | None = None) -> int:
         """Positions of the next merge interval: :meth:`rounds_at` × B; with a single worker training, ``rest``
@@ -245,6 +254,11 @@ class Schedule:
         if rest is not None and self.workers == 1:
             return max(int(rest), 1)
         return self.rounds_at(lr_ratio) * self.total_batch
+
+    def interval_at(self, position: float, rest: int) -> int:
+        """Positions of the merge interval that starts at ``position`` (epochs) with ``rest`` positions of the epoch
+        left: :meth:`interval_size` at the lr :meth:`follow_lr` gave for that position."""
+        return self.interval_size(self.lr_ratio(position), rest)
 
     def speeds_of_active(self) -> list[float]:
         """Every worker's speed estimate, 0 for a worker left out."""

@@ -374,15 +374,14 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
     :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
     world = scenario.world
     schedule = Schedule(scenario.settings.schedule, world)
-    schedule.follow_lr([cosine_lr_ratio((k + 0.5) / 64) for k in range(64)])
+    schedule.follow_lr(lambda position: cosine_lr_ratio(position / scenario.epochs), scenario.epochs)
     speeds, comm, warmed = [0.0] * world, 0.0, [False] * world
     store = SimStore()
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
     for epoch in range(scenario.epochs):
         start, index = 0, 0
         while start < scenario.samples:
-            size = schedule.interval_size(cosine_lr_ratio((epoch + start / scenario.samples) / scenario.epochs),
-                                          rest=scenario.samples - start)
+            size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start)
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             start = high
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,

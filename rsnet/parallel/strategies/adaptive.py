@@ -25,7 +25,6 @@ from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.reports import format_row
 
 log = logging.getLogger(__name__)
-LR_PROFILE_POINTS = 64  # points of the run at which the lr profile is sampled for the merge-cost budget
 
 # Per-worker fields carried in the merge's meta vector, in this order ("w": the worker's merge weight; "comm": the
 # communication seconds of its previous merge, which the merge cadence rule reads).
@@ -74,7 +73,6 @@ class AdaptiveStrategy(Strategy):
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
         self._warmed_up = False  # whether this worker has trained its first step (left out of its speed)
-        self._lr_ratio: Callable[[float], float] = lambda position: 1.0
         self._rounds = self.schedule.rounds  # the rounds of the interval being trained
 
     @property
@@ -103,8 +101,7 @@ class AdaptiveStrategy(Strategy):
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
         """Intervals grow as the lr decays (``merge_rounds_max``, :func:`~rsnet.parallel.schedule.lr_rounds`); the
         cost rule budgets the merges over the run's lr profile."""
-        self._lr_ratio = lr_ratio
-        self.schedule.follow_lr([lr_ratio(epochs * (k + 0.5) / LR_PROFILE_POINTS) for k in range(LR_PROFILE_POINTS)])
+        self.schedule.follow_lr(lr_ratio, epochs)
 
     def on_out_of_memory(self) -> int:
         """Halve this worker's ``batch_max`` (and its batch); returns the new batch size.
@@ -125,8 +122,7 @@ class AdaptiveStrategy(Strategy):
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
         start, index = 0, 0
         while start < self.num_samples:
-            size = self.schedule.interval_size(self._lr_ratio(epoch + start / self.num_samples),
-                                               rest=self.num_samples - start)
+            size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start)
             self._rounds = max(size // self.schedule.total_batch, 1)
             self._bounds = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min,
                                                                              size // 2))
