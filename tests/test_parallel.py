@@ -212,7 +212,8 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     # After every merge the replicas are identical.
     assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
     rows = out["rows"]
-    assert len(rows) == epochs * n // 192
+    assert len(rows) == 1 + epochs * n // 192  # the speed probe's interval, then intervals of 4 rounds of B = 48
+    assert rows[0]["updates/1"] == 2 and rows[0]["n/0"] + rows[0]["n/1"] < 192  # a first step and a timed one
     late = rows[len(rows) // 2:]
     # The fast worker ends up with about twice the batch of the slow one, and claims about twice the samples.
     b0, b1 = rows[-1]["b_next/0"], rows[-1]["b_next/1"]
@@ -241,8 +242,9 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
 def test_merge_weights_by_samples_are_the_ablation_of_weights_by_updates() -> None:
     trainer = trainer_config("adaptive", merge_rounds=2, merge_cost_max=0, merge_weight="samples",
                              log_intervals=False)
-    rows = launch(_adaptive_worker, ["cpu", "cpu"], 192, 1, trainer, 0.0, slowdown=[1.0, 3.0], timeout_s=TIMEOUT)["rows"]
-    assert len(rows) == 2
+    rows = launch(_adaptive_worker, ["cpu", "cpu"], 192, 2, trainer, 0.0, slowdown=[1.0, 3.0],
+                  timeout_s=TIMEOUT)["rows"]
+    assert len(rows) >= 3  # the speed probe (up to the first epoch), then intervals of 2 rounds of B = 32
     for row in rows:  # p_i = n_i / (n_0 + n_1), and Σ p = 1 only if the merge summed the same weights
         assert row["p/0"] == pytest.approx(row["n/0"] / (row["n/0"] + row["n/1"]))
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
@@ -298,8 +300,10 @@ def test_a_worker_that_costs_more_than_it_adds_is_left_out() -> None:
     n, trainer = 960, trainer_config("adaptive", merge_rounds=4)
     out = launch(_leave_out_worker, ["cpu", "cpu"], n, trainer, slowdown=[1.0, 20.0], timeout_s=TIMEOUT)
     rows = out["rows"]
-    # left out at the second merge (admission waits for two merges' speeds: the first interval's are a probe's)
+    # left out at the second merge (admission waits for two merges' speeds: the first interval's are a probe's); the
+    # probe is the slow worker's first step and a timed one, while the fast worker trains on
     assert out["active"] == [True, False] and rows[0]["active/1"] == 1.0 and rows[1]["active/1"] == 0.0
+    assert rows[0]["updates/1"] == 2 and rows[0]["updates/0"] > 2 * rows[0]["updates/1"], rows[0]
     assert rows[0]["n/1"] > 0 and all(row["n/1"] == 0 and row["b_next/1"] == 0 for row in rows[2:])
     assert all(row["b_next/0"] == 48 for row in rows[1:]) and out["lr_scale"] == 1.0
     for epoch in range(2):

@@ -78,7 +78,10 @@ def test_rounds_grow_with_the_square_of_the_lr_decay_up_to_their_cap() -> None:
     assert schedule.interval_size() == 64 and schedule.interval_size(0.5) == 256
     schedule.rounds = 20  # the cost rule asked for more than the cap: it wins
     assert schedule.interval_size(0.5) == 20 * 32
-    assert schedule.interval_size(1.0, rest=700) == 20 * 32
+    # while a speed is unknown the interval offers the rest of the epoch (a probe interval, ended by the probers)
+    assert schedule.probers == 2 and schedule.interval_size(1.0, rest=700) == 700
+    schedule.speeds = [100.0, 50.0]
+    assert schedule.probers == 0 and schedule.interval_size(1.0, rest=700) == 20 * 32
     schedule.active = [True, False]  # one worker left training: no drift to bound, one interval to the epoch's end
     assert schedule.interval_size(1.0, rest=700) == 700
 

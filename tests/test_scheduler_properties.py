@@ -60,11 +60,12 @@ def simulate(speeds: list[float], total_batch: int, merge_rounds: int, num_sampl
                 clock[rank] += len(claim.indices) / speeds[rank]
                 samples[rank] += len(claim.indices)
                 updates[rank] += 1
-                strategies[rank].after_step(len(claim.indices), None)  # trained before it claims again
+                # trained (and timed: a prober's timed step ends the probe) before it claims again
+                strategies[rank].after_step(len(claim.indices), len(claim.indices) / speeds[rank])
             known = [samples[r] / clock[r] if clock[r] else known[r] for r in range(world)]
             table = {"n": samples, "s": known, "b": [s.batch_size for s in strategies], "updates": updates,
                      "compute": clock, "batch_max": [s.batch_max for s in strategies], "w": [1.0] * world,
-                     "comm": [0.0] * world}
+                     "comm": [0.0] * world, "end": [s._claimed_end for s in strategies]}
             for strategy in strategies:
                 strategy.speed = known[strategy.rank]
                 strategy.adapt(table)

@@ -254,8 +254,10 @@ def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path
     workers = report["workers"]
     assert [w["device"] for w in workers] == ["cpu"] * 3
     assert sum(w["samples"] for w in workers) == 2 * 210  # every training sample once per epoch
-    # B = 3 workers x share_min 16 = 48; 210 = 96 + 114: the last 18 samples join the second interval
-    assert report["merges"] == 2 * 2
+    # B = 3 workers x share_min 16 = 48; 210 = 96 + 114: the last 18 samples join the second interval. Epoch 1 begins
+    # with the speed probe, which lasts until every worker has timed a step: here up to the whole epoch (the slow
+    # worker's first step, allocations included, takes 3 x as long), so 1-3 merges; a prober left then probes again.
+    assert 3 <= report["merges"] <= 6
     assert all(w["updates"] > 0 and w["mean_batch"] >= 4 and w["active"] for w in workers)
 
 

@@ -247,11 +247,20 @@ class Schedule:
         cost rule's rounds, up to ``merge_rounds_max``)."""
         return lr_rounds(self.rounds, self.settings.merge_rounds_max, lr_ratio)
 
+    @property
+    def probers(self) -> int:
+        """Active workers whose speed is not known yet (0 while a single worker trains: no one waits for it)."""
+        if self.workers == 1:
+            return 0
+        return sum(1 for speed, active in zip(self.speeds, self.active) if active and speed <= 0)
+
     def interval_size(self, lr_ratio: float = 1.0, rest: int | None = None) -> int:
-        """Positions of the next merge interval: :meth:`rounds_at` × B; with a single worker training, ``rest``
-        (the rest of the epoch, where given): there is no other replica to drift from, and its merges would
-        only all-reduce the header."""
-        if rest is not None and self.workers == 1:
+        """Positions of the next merge interval: :meth:`rounds_at` × B. ``rest`` (the rest of the epoch, where given)
+        with a single worker training — there is no other replica to drift from, and its merges would only
+        all-reduce the header — and while some worker's speed is unknown (:attr:`probers`): such a *probe
+        interval* ends early, once every prober has timed a step (its first step, with the one-time costs, is not a
+        measure), and the workers that finished their probes keep training until then instead of waiting."""
+        if rest is not None and (self.workers == 1 or self.probers):
             return max(int(rest), 1)
         return self.rounds_at(lr_ratio) * self.total_batch
 

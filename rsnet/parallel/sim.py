@@ -12,7 +12,8 @@ admission) with cost models in place of devices:
 * every store call (a claim, or a read of the counter) costs one round trip; as in training with ``prefetch: true``,
   a worker claims its next batch when it starts the current one where
   :func:`~rsnet.parallel.batching.may_claim` allows, else when the current one is done (if at all); before its speed is
-  known it claims a probe of batch_min, then :func:`~rsnet.parallel.batching.paced_claim_size`;
+  known it claims a probe of batch_min, then :func:`~rsnet.parallel.batching.paced_claim_size`; such a probe interval
+  offers the rest of the epoch and ends once every prober has timed a step (the others train meanwhile);
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
   with the backward pass, so sync's figures here are a lower bound);
@@ -44,12 +45,14 @@ COMM_SHARE_TARGET = 0.05
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """One worker's step time t(b) = a + c·b seconds; ``source`` says where a and c come from."""
+    """One worker's step time t(b) = a + c·b seconds, and ``first_step`` more for its first step of the run (memory
+    allocation, kernel selection); ``source`` says where the figures come from."""
 
     name: str
     a: float
     c: float
     source: str = ""
+    first_step: float = 0.0
 
     def step_seconds(self, batch: float) -> float:
         return self.a + self.c * batch if batch > 0 else 0.0
@@ -60,7 +63,8 @@ class DeviceProfile:
 
     def slowed(self, factor: float) -> DeviceProfile:
         """This device with the simulated slowdown ``factor`` (``trainer.slowdown``): 1/factor of its speed."""
-        return replace(self, name=f"{self.name} at 1/{factor:g}", a=self.a * factor, c=self.c * factor)
+        return replace(self, name=f"{self.name} at 1/{factor:g}", a=self.a * factor, c=self.c * factor,
+                       first_step=self.first_step * factor)
 
 
 def gpu_profile(name: str, images_per_s: float, batch: int, source: str) -> DeviceProfile:
@@ -315,6 +319,7 @@ class _Interval:
     compute: list[float]
     finish: list[float]
     warmup: list[tuple[int, float]]
+    end: int = 0  # the end of the last claim (the positions the interval used)
 
     def measured(self, rank: int) -> tuple[float, float]:
         """Samples and seconds that measure worker ``rank``'s speed: the interval's, less its first step."""
@@ -322,16 +327,21 @@ class _Interval:
 
 
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
-                  size: int, start: float, warmed: list[bool]) -> _Interval:
+                  size: int, start: float, warmed: list[bool], probers: int = 0) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
     prefetcher: the next claim is made when a batch starts), in the order of the claims' times. ``warmed``: which
-    workers have trained their first step (updated)."""
+    workers have trained their first step (updated); ``probers``: the workers of unknown speed (a probe interval
+    ends for everyone once each of them has timed a step)."""
     world, minimum = scenario.world, scenario.settings.schedule.batch_min
     claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
     tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world, [(0, 0.0)] * world)
+    probed: dict[int, float] = {}  # prober -> when its first timed step ends
     events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
     while events:
         now, rank = heapq.heappop(events)
+        if probers and len(probed) >= probers and max(probed.values()) <= now:
+            tally.finish[rank] = max(tally.finish[rank], now)
+            continue  # every prober has its measure: the probe interval ends
         calls = store.calls
         free = now >= tally.finish[rank]
         if free and speeds[rank] > 0 and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
@@ -348,15 +358,18 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         if span is None:
             tally.finish[rank] = max(tally.finish[rank], ready)
             continue
-        count = span[1] - span[0]
+        count, tally.end = span[1] - span[0], max(tally.end, span[1])
         begin = max(ready, tally.finish[rank])
-        seconds = scenario.devices[rank].step_seconds(count)
+        device = scenario.devices[rank]
+        seconds = device.step_seconds(count) + (0.0 if warmed[rank] else device.first_step)
         tally.finish[rank] = begin + seconds
         tally.samples[rank] += count
         tally.updates[rank] += 1
         tally.compute[rank] += seconds
         if not warmed[rank]:
             tally.warmup[rank], warmed[rank] = (count, seconds), True
+        elif probers and speeds[rank] <= 0 and rank not in probed:
+            probed[rank] = tally.finish[rank]
         ahead = scenario.prefetch and batching.may_claim(claimers[rank], rank, sizes, speeds, computing=True)
         heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
@@ -383,9 +396,9 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
         while start < scenario.samples:
             size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start)
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
-            start = high
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
-                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed)
+                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.probers)
+            start = low + (min(tally.end, high - low) or high - low)
             index += 1
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s
@@ -415,6 +428,7 @@ def simulate_single(scenario: Scenario) -> RunResult:
     steps = ([scenario.total_batch] * full + ([rest] if rest else [])) * scenario.epochs
     result = RunResult("single", scenario.samples * scenario.epochs)
     seconds = [scenario.devices[fastest].step_seconds(b) for b in steps]
+    seconds[0] += scenario.devices[fastest].first_step
     result.wall_s = sum(seconds)
     result.add_steps([sum(seconds) if r == fastest else 0.0 for r in range(scenario.world)],
                      [sum(steps) if r == fastest else 0 for r in range(scenario.world)],
@@ -434,8 +448,9 @@ def _lockstep(name: str, scenario: Scenario, steps: Sequence[Sequence[float]], c
     """Synchronous steps (one batch size per worker each): a step lasts as long as its slowest worker, plus the
     gradient all-reduce."""
     result = RunResult(name, scenario.samples * scenario.epochs)
-    for batches in steps:
-        seconds = [device.step_seconds(b) for device, b in zip(scenario.devices, batches)]
+    for index, batches in enumerate(steps):
+        seconds = [device.step_seconds(b) + (device.first_step if index == 0 else 0.0)
+                   for device, b in zip(scenario.devices, batches)]
         result.wall_s += max(seconds) + comm_s
         result.comm_s += comm_s
         result.add_steps(seconds, batches, [1 if b > 0 else 0 for b in batches])

@@ -27,8 +27,9 @@ from rsnet.parallel.strategies.reports import format_row
 log = logging.getLogger(__name__)
 
 # Per-worker fields carried in the merge's meta vector, in this order ("w": the worker's merge weight; "comm": the
-# communication seconds of its previous merge, which the merge cadence rule reads).
-META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm")
+# communication seconds of its previous merge, which the merge cadence rule reads; "end": the end of its last claim
+# in the interval, whose maximum is where the next interval starts).
+META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm", "end")
 # The longest the prefetch thread waits for the current step before it claims the next batch anyway.
 _CLAIM_WAIT_S = 30.0
 
@@ -70,6 +71,8 @@ class AdaptiveStrategy(Strategy):
         self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
         self._interval = 0  # the interval being claimed (its store counter is deleted after its merge)
         self._bounds = (0, 0)
+        self._consumed = 0  # the positions of the last interval that were claimed (all of them but in a probe interval)
+        self._probers = 0  # workers whose speed is unknown: while there are any, intervals are probe intervals
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
         self._warmed_up = False  # whether this worker has trained its first step (left out of its speed)
@@ -117,17 +120,20 @@ class AdaptiveStrategy(Strategy):
 
     def intervals(self, epoch: int) -> Iterator[int]:
         """The epoch's merge intervals, each planned when the one before it has merged: ``rounds`` × B positions of
-        the epoch's shared order (a last piece shorter than max(batch_min, half an interval) joins the one before)."""
+        the epoch's shared order (a last piece shorter than max(batch_min, half an interval) joins the one before);
+        a probe interval (:attr:`~rsnet.parallel.schedule.Schedule.probers`) offers the rest of the epoch and ends
+        where its claims stopped."""
         self.epoch = epoch
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
         start, index = 0, 0
         while start < self.num_samples:
             size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start)
+            self._probers = self.schedule.probers
             self._rounds = max(size // self.schedule.total_batch, 1)
             self._bounds = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min,
                                                                              size // 2))
-            start = self._bounds[1]
             yield index
+            start = self._bounds[0] + self._consumed
             index += 1
 
     def claims(self, interval: int) -> Iterator[Claim]:
@@ -149,6 +155,8 @@ class AdaptiveStrategy(Strategy):
             if claimed and not may_claim(claimer, self.rank, self.sizes, speeds, computing=True):
                 self._wait_for_steps(claimed)
                 free = True
+            if self._probers and self._probes_done():
+                return
             if free and self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
                 return
             size = self.batch_size
@@ -159,7 +167,15 @@ class AdaptiveStrategy(Strategy):
                 return
             claimed, mine = claimed + 1, mine + span[1] - span[0]
             start, end = span
+            self._claimed_end = max(self._claimed_end, end)
             yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
+
+    def _probes_done(self) -> bool:
+        """In a probe interval: whether every prober has timed a step (one store call; a prober whose own timed step is
+        done counts itself in with it). Called before each claim: then the interval ends, the others stop claiming."""
+        signal = int(self.speed <= 0 and self._timed[1] > 0 and not self._probed)
+        self._probed = self._probed or bool(signal)
+        return int(self.ctx.store.add(self._probe_key(self._interval), signal)) >= self._probers
 
     def _paced(self, claimer: IntervalClaimer, mine: int, started: float) -> int:
         """The next claim while this worker's speed is unknown: :func:`paced_claim_size` from its own timed steps and
@@ -190,6 +206,8 @@ class AdaptiveStrategy(Strategy):
         super()._reset_counters()
         self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one (after the first)
         self._warmup = (0, 0.0)  # samples and seconds of this worker's first step, if it fell in this interval
+        self._claimed_end = 0  # the end of this worker's last claim in the interval (relative to its start)
+        self._probed = False  # whether this worker has counted its timed probe step in (a probe interval)
 
     def _wait_for_steps(self, count: int) -> None:
         """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval; bounded, so
@@ -200,6 +218,10 @@ class AdaptiveStrategy(Strategy):
     def _claim_key(self, interval: int) -> str:
         """The store counter the workers claim positions of this epoch's ``interval`` from."""
         return f"{self.prefix}/e{self.epoch}/i{interval}"
+
+    def _probe_key(self, interval: int) -> str:
+        """The store counter of the probers that have timed a step in this epoch's (probe) ``interval``."""
+        return f"{self._claim_key(interval)}/probed"
 
     def _merge_weight(self) -> float:
         """w_i of the merge: 1 (uniform over the active workers, the default), the interval's updates or samples."""
@@ -217,7 +239,8 @@ class AdaptiveStrategy(Strategy):
         # else in its first interval keeps an unknown speed, and probes again.
         self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
-                "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s}
+                "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s,
+                "end": self._claimed_end}
         k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
@@ -226,8 +249,10 @@ class AdaptiveStrategy(Strategy):
                                   elastic=self.elastic, tensors=merge_tensors)
         if merge_tensors:
             self._comm_s = max(result.merge_s - result.idle_s, 0.0)
-        if self.ctx.is_primary and self.world > 1:  # every worker has claimed its last batch: the counter is done with
+        if self.ctx.is_primary and self.world > 1:  # every worker has claimed its last batch: the counters are done
             self.ctx.store.delete_key(self._claim_key(self._interval))
+            if self._probers:
+                self.ctx.store.delete_key(self._probe_key(self._interval))
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
         self.adapt(table)
@@ -236,7 +261,13 @@ class AdaptiveStrategy(Strategy):
 
     def adapt(self, table: Mapping[str, list[float]]) -> None:
         """Move the schedule on from the merged per-worker table (fields of ``META_FIELDS``, one value per worker);
-        every worker runs this on the same table and so takes the same decisions. The primary logs what changed."""
+        every worker runs this on the same table and so takes the same decisions. The primary logs what changed.
+        The next interval starts where this one's claims ended (the largest "end"; the whole interval but in a probe
+        interval)."""
+        size = self._bounds[1] - self._bounds[0]
+        self._consumed = min(int(max(table["end"])), size) or size
+        if self._probers:
+            self._rounds = max(round(self._consumed / self.schedule.total_batch), 1)
         for note in self.schedule.update(table):
             if self.ctx.is_primary:
                 log.info("adaptive: %s", note)
