@@ -113,6 +113,12 @@ def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tupl
     return start, end
 
 
+def claimed_span(low: int, high: int, claimed_end: int) -> int:
+    """Positions of the interval [``low``, ``high``) that were trained, given the largest end of its claims
+    (relative to ``low``): all of them, but where a probe interval's claims stopped early."""
+    return min(int(claimed_end), high - low) or high - low
+
+
 def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: float, comm_s: float) -> float:
     """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` at equal updates. One worker trains at its
     speed: no merge, no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait for

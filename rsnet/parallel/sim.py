@@ -35,7 +35,7 @@ import torch
 
 from rsnet.parallel import batching
 from rsnet.parallel.merge import BUCKET_BYTES
-from rsnet.parallel.schedule import Schedule, ScheduleSettings, next_interval, resolve_multiple
+from rsnet.parallel.schedule import Schedule, ScheduleSettings, claimed_span, next_interval, resolve_multiple
 from rsnet.parallel.strategies.adaptive import META_FIELDS
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb
@@ -398,7 +398,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
                                   f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.probers)
-            start = low + (min(tally.end, high - low) or high - low)
+            start = low + claimed_span(low, high, tally.end)
             index += 1
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s

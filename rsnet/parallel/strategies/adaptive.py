@@ -20,7 +20,7 @@ from rsnet.parallel.batching import (
     updated_speed,
 )
 from rsnet.parallel.merge import MergeResult, normalized_merge
-from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, next_interval
+from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, claimed_span, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy
 from rsnet.parallel.strategies.reports import format_row
 
@@ -264,8 +264,7 @@ class AdaptiveStrategy(Strategy):
         every worker runs this on the same table and so takes the same decisions. The primary logs what changed.
         The next interval starts where this one's claims ended (the largest "end"; the whole interval but in a probe
         interval)."""
-        size = self._bounds[1] - self._bounds[0]
-        self._consumed = min(int(max(table["end"])), size) or size
+        self._consumed = claimed_span(*self._bounds, int(max(table["end"])))
         if self._probers:
             self._rounds = max(round(self._consumed / self.schedule.total_batch), 1)
         for note in self.schedule.update(table):
