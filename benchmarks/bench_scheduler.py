@@ -7,12 +7,12 @@ thread each, validation and test evaluated every epoch. Seeds are paired (every 
 same split and initial weights) and interleaved (seed 0 of every scenario and strategy, then seed 1, ...).
 
 Strategies: ``sync`` (DDP), ``local_sgd``, ``adaptive``, ``static`` (batch sizes fixed from the speeds measured
-in the first epoch), and three ablations of adaptive: ``adaptive-fixed`` (no batch adaptation: the equal split
-throughout, ``trainer.warmup_intervals`` beyond the run), ``adaptive-by-samples`` (merge weights by samples,
-not updates) and ``adaptive-multiple-4`` (batch sizes in multiples of 4 instead of 8: finer sizes where the
-equal share B / W is small). Scenarios: worker speed ratios 1:1, 1:1.5, 1:2, 1:4 (two workers) and 1:1:2
-(three workers; on a 2-core machine three workers share two cores). A ratio 1:s slows the last worker by s (it sleeps
-(s - 1) x its own compute time after every step).
+in the first epoch), ``single`` (the fastest worker alone), ``independent`` (every worker of the mix as a separate
+one-device run, all started together and never communicating, each for epochs in proportion to its speed: their
+summed samples/s is what the machine can give the mix, the ceiling that the physical limit assumes), and the
+ablations of adaptive in ``STRATEGIES`` (each a list of train.py overrides). Scenarios (``SCENARIOS``): worker speed
+ratios 1:1 to 1:20 (two workers), 1:1:2 and 1:1:1:3. A ratio 1:s slows the last worker by s (it sleeps (s - 1) x
+its own compute time after every step).
 
 Per run, from metrics.json: the validation and test accuracy of every epoch against training wall time (the
 time spent in training steps and merges, evaluation excluded). Per scenario and seed: target = 95 % of sync's
@@ -54,6 +54,8 @@ STRATEGIES = {  # name -> train.py overrides
     "adaptive": ["trainer=adaptive"],
     "static": ["trainer=static"],
     "single": ["trainer=adaptive"],  # the fastest device alone (one worker: no merges)
+    # the mix's workers as separate one-device runs at once, no communication: the machine's ceiling (train_independent)
+    "independent": ["trainer=adaptive"],
     "adaptive-constant-8": ["trainer=adaptive", *CONSTANT_8],  # the default until 2026-11-25
     "adaptive-fixed": ["trainer=adaptive", "trainer.warmup_intervals=1000000"],
     "adaptive-by-updates": ["trainer=adaptive", "trainer.merge_weight=updates", *CONSTANT_8],
@@ -121,29 +123,76 @@ def physical_limit(scenario: str) -> float:
     return sum(speeds) / max(speeds)
 
 
+def train_overrides(strategy: str, slowdown: list[float], epochs: int, seed: int, run_dir: Path,
+                    args: argparse.Namespace) -> list[str]:
+    """``scripts/train.py``'s overrides for one run of ``strategy`` with one CPU worker per slowdown factor."""
+    return [*STRATEGIES[strategy], f"trainer.devices=[{','.join(['cpu'] * len(slowdown))}]",
+            "trainer.cpu_threads=1", f"trainer.slowdown=[{','.join(map(str, slowdown))}]",
+            "dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
+            "dataset.train_ratio=0.5", "dataset.val_ratio=0.2", "backbone=resnet18", "model=baseline",
+            f"epochs={epochs}", "eval_every=1", f"batch_size={args.batch}", f"seed={seed}",
+            "log.progress_bar=false", f"log.attention_every={epochs + 1}", f"hydra.run.dir={run_dir}",
+            # the study's recorded runs augment on the host; new runs must too, to stay paired with them
+            "augment.on_device=false"]
+
+
+def launch(overrides: list[str]) -> subprocess.Popen:
+    """Starts ``scripts/train.py`` with ``overrides`` (output captured)."""
+    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(run: subprocess.Popen, run_dir: Path, what: str, args: argparse.Namespace) -> dict:
+    """Waits for a launched run and returns its metrics.json; a failed run stops the study, naming ``what``."""
+    try:
+        _, stderr = run.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        raise SystemExit(f"{what} ran past --timeout {args.timeout} s") from None
+    if run.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{stderr[-3000:]}")
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
 def train(scenario: str, strategy: str, seed: int, args: argparse.Namespace) -> dict:
     """One training run; returns its record (the curve and the scheduler's per-worker figures)."""
+    if strategy == "independent":
+        return train_independent(scenario, seed, args)
     slowdown = SCENARIOS[scenario] if strategy != "single" else [min(SCENARIOS[scenario])]
     with tempfile.TemporaryDirectory(prefix="rsnet-bench-sched-") as tmp:
-        overrides = [*STRATEGIES[strategy], f"trainer.devices=[{','.join(['cpu'] * len(slowdown))}]",
-                     "trainer.cpu_threads=1", f"trainer.slowdown=[{','.join(map(str, slowdown))}]",
-                     "dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
-                     "dataset.train_ratio=0.5", "dataset.val_ratio=0.2", "backbone=resnet18", "model=baseline",
-                     f"epochs={args.epochs}", "eval_every=1", f"batch_size={args.batch}", f"seed={seed}",
-                     "log.progress_bar=false", f"log.attention_every={args.epochs + 1}", f"hydra.run.dir={tmp}",
-                     # the study's recorded runs augment on the host; new runs must too, to stay paired with them
-                     "augment.on_device=false"]
-        done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
-                              capture_output=True, text=True, timeout=args.timeout)
-        if done.returncode != 0:
-            raise SystemExit(f"{strategy} at {scenario}, seed {seed} failed:\n{done.stderr[-3000:]}")
-        metrics = json.loads((Path(tmp) / "metrics.json").read_text())
-    curve = [(h["wall_time_s"], h["val_accuracy"], h["test_accuracy"]) for h in metrics["history"]]
+        run = launch(train_overrides(strategy, slowdown, args.epochs, seed, Path(tmp), args))
+        metrics = finish(run, Path(tmp), f"{strategy} at {scenario}, seed {seed}", args)
     workers = metrics["scheduler"]["workers"]
+    return {**_record_of(metrics, scenario, strategy, seed, args), "updates": [w["updates"] for w in workers],
+            "worker_samples": [w["samples"] for w in workers], "active": [w.get("active", True) for w in workers]}
+
+
+def train_independent(scenario: str, seed: int, args: argparse.Namespace) -> dict:
+    """The machine's ceiling for a mix: its workers as separate one-device runs started together, no merges and no
+    communication, each for epochs in proportion to its speed so that they end together. The record's curve is the
+    fastest worker's; its ``samples_per_s`` is the sum of every run's."""
+    factors = SCENARIOS[scenario]
+    epochs = [max(1, round(args.epochs * min(factors) / factor)) for factor in factors]
+    with tempfile.TemporaryDirectory(prefix="rsnet-bench-sched-") as tmp:
+        run_dirs = [Path(tmp) / f"worker{rank}" for rank in range(len(factors))]
+        runs = [launch(train_overrides("single", [factor], count, seed, run_dir, args))
+                for factor, count, run_dir in zip(factors, epochs, run_dirs)]
+        metrics = [finish(run, run_dir, f"independent worker {rank} at {scenario}, seed {seed}", args)
+                   for rank, (run, run_dir) in enumerate(zip(runs, run_dirs))]
+    record = _record_of(metrics[0], scenario, "independent", seed, args)
+    worker_samples = [m["train_samples"] * m["epochs"] for m in metrics]
+    return {**record, "updates": [metrics[0]["scheduler"]["workers"][0]["updates"]], "worker_samples": worker_samples,
+            "active": [True], "samples_per_s": sum(n / m["history"][-1]["wall_time_s"]
+                                                   for n, m in zip(worker_samples, metrics))}
+
+
+def _record_of(metrics: dict, scenario: str, strategy: str, seed: int, args: argparse.Namespace) -> dict:
+    """The part of a run's record read from its metrics.json: the curve (training wall time, validation and test
+    accuracy per epoch) and the training samples."""
+    curve = [(h["wall_time_s"], h["val_accuracy"], h["test_accuracy"]) for h in metrics["history"]]
     return {"key": run_key(scenario, strategy, seed, args), "scenario": run_scenario(scenario, strategy),
             "strategy": strategy, "seed": seed, "curve": curve, "train_samples": metrics["train_samples"],
-            "epochs": metrics["epochs"], "updates": [w["updates"] for w in workers],
-            "worker_samples": [w["samples"] for w in workers], "active": [w.get("active", True) for w in workers]}
+            "epochs": metrics["epochs"]}
 
 
 def load_results(path: Path) -> dict[str, dict]:
@@ -153,7 +202,9 @@ def load_results(path: Path) -> dict[str, dict]:
 
 
 def samples_per_s(record: dict) -> float:
-    """A run's training samples per second of training wall time."""
+    """A run's training samples per second of training wall time (``independent``: every run's, summed)."""
+    if "samples_per_s" in record:
+        return record["samples_per_s"]
     return record["train_samples"] * record["epochs"] / record["curve"][-1][0]
 
 
@@ -243,12 +294,18 @@ def verdicts(per_scenario: dict[str, dict]) -> list[str]:
         balance = statistics.mean(m["balance"] for m in rows)
         wanted = max(0.85 * limit, 1.0) if heterogeneous else 1.0
         checks = {"accuracy": diff >= -0.5, "speed": speedup >= wanted, "balance": balance >= 0.9}
+        ceiling = ""
+        if per.get("independent"):
+            independent = statistics.mean(m["samples_per_s"] for m in per["independent"])
+            adaptive = statistics.mean(m["samples_per_s"] for m in rows)
+            ceiling = (f"; samples/s {adaptive / independent:.2f} of the machine's ceiling (independent runs: "
+                       f"{statistics.mean(m['throughput_vs_single'] for m in per['independent']):.2f}x single)")
         lines.append(f"{scenario}: adaptive {speedup:.2f}x single to the target (target >= {wanted:.2f}x"
                      f"{f' = 0.85 x {limit:.2f}' if heterogeneous and 0.85 * limit > 1 else ''}"
                      f"{f'; {missed} seed(s) missed it' if missed else ''}), final test {diff:+.2f} points vs sync "
                      f"(target >= -0.5), update balance {balance:.2f} (target >= 0.9): "
                      + ("MET" if all(checks.values()) else
-                        "NOT MET (" + ", ".join(name for name, ok in checks.items() if not ok) + ")"))
+                        "NOT MET (" + ", ".join(name for name, ok in checks.items() if not ok) + ")") + ceiling)
     return lines
 
 

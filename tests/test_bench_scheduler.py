@@ -94,3 +94,46 @@ def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
     study_part = out[out.index("the time-to-accuracy study"):]
     assert "of 5 runs as logged" in study_part and "of 5 runs calibrated" in study_part
     assert "measured 1440 / 720; updates simulated" in out
+
+
+def test_independent_runs_every_worker_alone_for_epochs_in_proportion_to_its_speed(study, monkeypatch, tmp_path):
+    bench, _ = study
+    args = argparse.Namespace(epochs=12, image_size=64, batch=32, root=tmp_path, timeout=60)
+    launched = []
+
+    def fake_metrics(overrides, run_dir, what, args):
+        settings = dict(o.split("=", 1) for o in overrides if "=" in o)
+        epochs, factor = int(settings["epochs"]), float(settings["trainer.slowdown"].strip("[]"))
+        assert settings["trainer.devices"] == "[cpu]"  # one device per run
+        launched.append((epochs, factor))
+        wall = 10.0 * epochs * factor  # 720 samples an epoch at 72 / factor samples/s
+        return {"history": [{"wall_time_s": wall * (e + 1) / epochs, "val_accuracy": 40.0, "test_accuracy": 41.0}
+                            for e in range(epochs)],
+                "train_samples": 720, "epochs": epochs, "scheduler": {"workers": [{"updates": 23 * epochs}]}}
+
+    monkeypatch.setattr(bench, "launch", lambda overrides: overrides)
+    monkeypatch.setattr(bench, "finish", fake_metrics)
+    record = bench.train("1:4", "independent", 0, args)
+    assert launched == [(12, 1.0), (3, 4.0)]  # 12 epochs at full speed, 3 at a quarter: they end together
+    assert record["samples_per_s"] == pytest.approx(72 + 18)
+    assert record["worker_samples"] == [720 * 12, 720 * 3] and len(record["curve"]) == 12  # the fastest's curve
+    assert bench.samples_per_s(record) == pytest.approx(90)
+    assert record["key"] == "1:4|independent|seed0|12ep|64px|b32"
+
+
+def test_verdict_reports_the_share_of_the_machines_ceiling(study, monkeypatch, capsys):
+    bench, results = study
+    curve = [(15.0, 30.0, 30.0), (30.0, 46.0, 46.0), (45.0, 50.0, 51.5)]
+    with results.open("a") as out:
+        for seed in (0, 1):  # 84 samples/s measured with both workers running apart: 1.75x single's 48
+            record = {**_record(bench, "1:2", "independent", seed, curve), "samples_per_s": 84.0}
+            out.write(json.dumps(record) + "\n")
+    monkeypatch.setattr(sys, "argv", ["bench_scheduler.py", "--report-only", "--results", str(results), "--epochs", "3",
+                                      "--seeds", "2", "--scenarios", "1:2", "--strategies", "sync", "single",
+                                      "independent", "adaptive"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "| independent | 45.00 ± 0.00 |" in out and "| 84.00 ± 0.00 | 1.75 ± 0.00 |" in out
+    # adaptive's 120 and 90 samples/s: a mean of 105 over independent's 84
+    verdict = next(line for line in out.splitlines() if line.startswith("1:2: "))
+    assert verdict.endswith("; samples/s 1.25 of the machine's ceiling (independent runs: 1.75x single)")
