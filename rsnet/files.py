@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     :class:`DiskFullError` naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = _create_beside(path)
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
@@ -45,6 +46,18 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         if isinstance(error, OSError) and error.errno == errno.ENOSPC and not isinstance(error, DiskFullError):
             raise DiskFullError(path) from error
         raise
+
+
+def _create_beside(path: Path) -> tuple[int, str]:
+    """A new, uniquely named temporary file in ``path``'s folder, open for writing, with the mode an ordinary file
+    gets (0o666 less the user's umask; ``tempfile.mkstemp`` would make it 0o600, unreadable to colleagues)."""
+    for _ in range(100):
+        tmp_name = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp_name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
 
 
 def check_writable_dir(folder: str | os.PathLike, setting: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import pickle
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 from rsnet.cli import user_errors
 from rsnet.trained_model import load_checkpoint, save_checkpoint
-from rsnet.files import DiskFullError, check_writable_dir
+from rsnet.files import DiskFullError, atomic_write, check_writable_dir
 
 PAYLOAD = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],
            "image_size": 64, "mean": [0.0] * 3, "std": [1.0] * 3, "epoch": 1}
@@ -46,3 +47,18 @@ def test_writable_dir_check_names_the_setting(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"^out=.*file/run cannot be written \(Not a directory\)"):
         check_writable_dir(tmp_path / "file" / "run", "out")
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_follow_the_users_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    """Was: every file rsnet wrote was -rw------- (tempfile.mkstemp), unreadable to colleagues on a shared server."""
+    previous = os.umask(umask)
+    try:
+        with atomic_write(tmp_path / "metrics.json", "w") as handle:
+            handle.write("{}")
+        checkpoint = save_checkpoint(tmp_path / "checkpoints" / "last.pt", PAYLOAD)
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == mode
+    assert checkpoint.stat().st_mode & 0o777 == mode
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints", "metrics.json"]  # no temp file left
