@@ -39,9 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from line_plot import line_plot
-
 from rsnet.parallel import sim
+from rsnet.viz.line_plot import line_plot
 
 REPO = Path(__file__).resolve().parents[1]
 AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"

@@ -19,6 +19,11 @@ from rsnet.files import DiskFullError, check_writable_dir
 USER_ERRORS = (ValueError, FileNotFoundError, CorruptImageError)
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun`` in the right number: "1 epoch", "12 epochs" (``noun`` is the singular)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn errors caused by the user's input into one clear line and exit status 2 (no traceback); a full

@@ -4,6 +4,7 @@ Ctrl-C, export/predict/evaluate/aggregate on a trained run)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO, run_train
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.trained_model import load_checkpoint
@@ -77,7 +79,8 @@ def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_train_writes_every_output(tmp_path: Path, model: str, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
     result = train(capfd, run_dir, f"model={model}", "epochs=1")
-    assert "test accuracy" in result.stdout
+    assert "test accuracy" in result.stdout and ", 1 epoch, " in result.stdout  # was "1 epochs"
+    assert f"tensorboard --logdir {run_dir / 'tensorboard'}" in result.stdout
     metrics = check_run_outputs(run_dir, epochs=1)
     assert not (run_dir / "checkpoints" / "best.pt").exists()  # without validation nothing is selected on test
     assert metrics["protocol"]["selection"] == "last epoch" and "selected_epoch" not in metrics
@@ -97,6 +100,12 @@ def check_run_outputs(run_dir: Path, epochs: int) -> dict:
     assert "attention/cam_main" in tags and "attention/gradcam_main" in tags, tags
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == epochs and len(checkpoint["class_names"]) == 21
+    with (run_dir / "history.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(row["epoch"]) for row in rows] == list(range(1, epochs + 1))
+    assert [float(row["test_accuracy"]) for row in rows] == [h["test_accuracy"] for h in metrics["history"]]
+    assert float(rows[-1]["oa/main"]) == metrics["history"][-1]["oa"]["main"]
+    assert Image.open(run_dir / "curves.png").size == (900, 2 * 580)  # accuracy, then the training loss
     return metrics
 
 
@@ -304,6 +313,8 @@ def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: 
     assert last_lines[0].startswith(f"interrupted: {run_dir / 'checkpoints' / 'last.pt'} holds epoch"), stderr
     command = shlex.split(last_lines[1])
     assert command[-2:] == [f"hydra.run.dir={run_dir}", "resume=true"]
+    # the interpreter that ran it (was: "python", not the venv's after `make demo`), relative to the folder run in
+    assert (REPO / command[0]).resolve() == Path(sys.executable).resolve(), command
     if devices == "[cpu]":
         epoch = load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"]
         result = subprocess.run([sys.executable, *command[1:], f"epochs={epoch + 1}"], cwd=REPO,

@@ -19,7 +19,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig
 
-from rsnet.cli import check_no_bare_words, user_errors
+from rsnet.cli import check_no_bare_words, counted, user_errors
 from rsnet.commands import hydra_config_path
 
 
@@ -51,9 +51,10 @@ def collect(folders: list[Path]) -> dict[Group, list[dict[str, Any]]]:
 
 
 def mean_std(values: list[float], digits: int = 2) -> str:
-    """``mean ± std`` (sample std; 0 for a single run)."""
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
+    """``mean ± std`` (sample std); a single run's value alone (it has no spread to show)."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
@@ -84,7 +85,9 @@ def papers_table(groups: dict[Group, list[dict[str, Any]]]) -> str:
         header = [f"train {train:.0%}" + (f" (val {val:.0%} of it)" if val else "") if isinstance(train, float)
                   else f"train {train}" for train, val in ratios]
         size, weights, epochs = rest
-        lines = [f"{dataset}, {size} px, {weights}, {epochs} epochs: overall accuracy (%), mean ± std over seeds",
+        trained = counted(epochs, "epoch") if isinstance(epochs, int) else f"{epochs} epochs"
+        lines = [f"{dataset}, {size} px, {weights}, {trained}: overall accuracy (%), mean ± std over seeds "
+                 "(one seed: its value)",
                  "", f"| method | {' | '.join(header)} |", "|---" * (len(header) + 1) + "|"]
         methods = sorted({(model, backbone) for _, _, model, backbone in chosen})
         for model, backbone in methods:

@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rsnet.cli import USER_ERRORS, user_errors
+from rsnet.cli import USER_ERRORS, counted, user_errors
 from rsnet.commands import conf_folder, config_groups, hydra_config_path
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
@@ -55,7 +55,10 @@ def main(cfg: DictConfig) -> float | None:
                 if "selected_epoch" in summary else "")
     print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
           f"(main branch {summary['oa']['main']:.2f} %, {selected}"
-          f"{summary['epochs']} epochs, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
+          f"{counted(summary['epochs'], 'epoch')}, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
+    run_dir = Path(config["run_dir"])
+    print(f"curves: {run_dir / 'curves.png'} (table: history.csv); every figure and the attention maps: "
+          f"tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
     return float(summary["accuracy"])
 
 
@@ -89,8 +92,15 @@ def resume_command(argv: list[str], run_dir: str) -> str:
     """The command line that continues this run: the same overrides, in the same run dir, with resume."""
     replaced = ("resume=", "overwrite=", "hydra.run.dir=")
     kept = [arg for arg in argv[1:] if not arg.lstrip("+~").startswith(replaced)]
-    command = ["python", argv[0]] if argv[0].endswith(".py") else [argv[0]]  # a script, or the rsnet-train command
+    command = [interpreter(), argv[0]] if argv[0].endswith(".py") else [argv[0]]  # a script, or rsnet-train
     return shlex.join([*command, *kept, f"hydra.run.dir={run_dir}", "resume=true"])
+
+
+def interpreter() -> str:
+    """The Python running this command, written so that it works when pasted: relative to the current folder where
+    it lies below it (``.venv/bin/python`` after ``make demo``, whose venv need not be activated), else in full."""
+    executable = Path(sys.executable)
+    return str(executable.relative_to(Path.cwd())) if executable.is_relative_to(Path.cwd()) else str(executable)
 
 
 def record_config(cfg: DictConfig, run_dir: Path) -> None:

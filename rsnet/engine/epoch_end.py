@@ -1,6 +1,6 @@
 """What happens after every epoch: every worker evaluates its shard of the test (and validation) split (every
-``eval_every`` epochs and at the last); the primary selects the model on validation, logs, writes checkpoints and
-metrics.json.
+``eval_every`` epochs and at the last); the primary selects the model on validation, logs, writes checkpoints,
+metrics.json and the history (history.csv, curves.png).
 
 Selection: with a validation part (``dataset.val_ratio`` > 0) ``best.pt`` is the epoch with the highest
 validation accuracy and the headline figure is that epoch's test accuracy; without one nothing is selected
@@ -21,6 +21,7 @@ import torch
 
 from rsnet.data import DataBundle, augments_on_device
 from rsnet.engine.acceleration import use_channels_last
+from rsnet.engine.run_history import write_history
 from rsnet.engine.sharded_eval import sharded_evaluate
 from rsnet.evaluation import compute_metrics
 from rsnet.files import atomic_write
@@ -93,6 +94,7 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
         return None
     summary = run_summary(config, data, state, strategy.report())
     write_json(Path(config["run_dir"]) / "metrics.json", summary)
+    write_history(Path(config["run_dir"]), state["history"])
     if epoch == config["epochs"]:
         tb.hparams(config, hparam_metrics(summary), epoch)
     return summary

@@ -1,5 +1,5 @@
 """A small line plot drawn with Pillow (matplotlib is not a dependency): curves of (x, y) points, axes with
-ticks, one colour per series and a legend. Used by bench_scheduler.py for validation accuracy vs wall time."""
+ticks, one colour per series and a legend. Used for a run's curves.png and by bench_scheduler.py."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def _ticks(low: float, high: float, count: int = 6) -> list[float]:
     return [i * step for i in range(first, max(last, first + 1) + 1)]
 
 
-def line_plot(series: Mapping[str, Sequence[Sequence[tuple[float, float]]]], path: Path, title: str, xlabel: str,
-              ylabel: str) -> Path:
-    """Draw every curve of every series (one colour per series, its name in the legend) into PNG ``path``."""
+def draw_line_plot(series: Mapping[str, Sequence[Sequence[tuple[float, float]]]], title: str, xlabel: str,
+                   ylabel: str) -> Image.Image:
+    """Every curve of every series (one colour per series, its name in the legend), as an image."""
     points = [p for curves in series.values() for curve in curves for p in curve]
     if not points:
         raise ValueError("line_plot: no points to draw")
@@ -62,6 +62,12 @@ def line_plot(series: Mapping[str, Sequence[Sequence[tuple[float, float]]]], pat
         legend_y = top + 10 + 20 * index
         draw.line([(left + width + 15, legend_y + 6), (left + width + 40, legend_y + 6)], fill=colour, width=3)
         draw.text((left + width + 46, legend_y), name, fill="black")
+    return image
+
+
+def line_plot(series: Mapping[str, Sequence[Sequence[tuple[float, float]]]], path: Path, title: str, xlabel: str,
+              ylabel: str) -> Path:
+    """:func:`draw_line_plot` saved as PNG ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path)
+    draw_line_plot(series, title, xlabel, ylabel).save(path)
     return path
