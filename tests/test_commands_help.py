@@ -99,3 +99,16 @@ def test_a_group_left_out_is_none_for_train_and_the_runs_own_for_evaluate() -> N
     assert "experiment: cpu_aid_dev, paper_aid, paper_nwpu_resisc45, paper_recipe, paper_ucmerced  (default: none)" \
         in command_help("config")
     assert "(default: the run's own)" in command_help("evaluate") and "(default: none)" not in command_help("evaluate")
+
+
+def test_help_shows_the_keys_of_the_chosen_groups_with_their_comments() -> None:
+    """Was: only top-level keys; dataset.root, dataset.image_size, model.loss.* were in the README only."""
+    text = command_help("config")  # the defaults
+    assert "dataset (ucmerced_mini): dataset.<key>=value\n  name: ucmerced_mini\n  root: null" in text
+    assert "\n    alpha: 1.0              # weight of T^2 * KL(teacher || main)" in text  # model.loss.alpha
+    assert "trainer (adaptive): trainer.<key>=value\n  devices: auto" in text  # from the included launcher base
+    result = _script("train.py", "dataset=aid", "trainer=sync", "experiment=paper_aid", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "dataset (aid): dataset.<key>=value\n  name: aid\n  root: null                # REQUIRED" in result.stdout
+    assert "trainer (sync): trainer.<key>=value" in result.stdout and "  interval_steps: 16" in result.stdout
+    assert "experiment (paper_aid): a preset of top-level keys, it sets\n" in result.stdout

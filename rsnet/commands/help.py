@@ -8,6 +8,8 @@ keys it reads (rsnet-evaluate does not list the training groups it ignores) and 
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import OmegaConf
 
 from rsnet.commands import conf_folder, config_groups
@@ -54,14 +56,47 @@ def _groups(config_name: str) -> list[str]:
     return lines
 
 
-def command_help(config_name: str) -> str:
-    """The help text of the command whose config is ``conf/<config_name>.yaml``."""
+def _option_settings(path: str) -> list[str]:
+    """The settings of ``conf/<path>.yaml`` with their comments, after those of the files its defaults list
+    includes (``/_base/launcher@_here_``, or another option of the same group)."""
+    text = conf_folder().joinpath(f"{path}.yaml").read_text()
+    defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []
+    group = path.rsplit("/", 1)[0]
+    included = [entry.removesuffix("@_here_") for entry in defaults if isinstance(entry, str) and entry != "_self_"]
+    lines = [line for base in included
+             for line in _option_settings(base[1:] if base.startswith("/") else f"{group}/{base}")]
+    return lines + _settings(text.splitlines())
+
+
+def _chosen_groups(config_name: str, choices: dict[str, str | None]) -> list[str]:
+    """Every chosen group option's settings, indented under ``group (option):``."""
+    blocks = []
+    for group in config_groups(config_name):
+        option = choices.get(group)
+        if option:
+            settings = "\n".join(f"  {line}" for line in _option_settings(f"{group}/{option}"))
+            preset = conf_folder().joinpath(f"{group}/{option}.yaml").read_text().startswith("# @package _global_")
+            blocks.append(f"{group} ({option}): " + ("a preset of top-level keys, it sets" if preset
+                                                      else f"{group}.<key>=value") + f"\n{settings}")
+    return blocks
+
+
+def command_help(config_name: str, *, _root_: Any = None) -> str:
+    """The help text of the command whose config is ``conf/<config_name>.yaml``: what it does, its config groups,
+    the settings of the groups' chosen options (the defaults, or those on the command line: OmegaConf passes the
+    composed config as ``_root_`` when Hydra renders the template) and its own settings."""
     text = conf_folder().joinpath(f"{config_name}.yaml").read_text()
     lines = text.splitlines()
     sections = ["\n".join(_header(lines))]
     groups = _groups(config_name)
     if groups:
         sections.append("== Config groups (group=option; a group's keys: group.key=value) ==\n" + "\n".join(groups))
+        choices = (dict(OmegaConf.to_container(_root_.hydra.runtime.choices)) if _root_ is not None
+                   else config_groups(config_name))
+        chosen = _chosen_groups(config_name, choices)
+        if chosen:
+            sections.append("== Settings of the chosen groups (another option, e.g. dataset=aid --help, shows "
+                            "its own) ==\n" + "\n\n".join(chosen))
     sections.append("== Settings (key=value) ==\n" + "\n".join(_settings(lines)))
     sections.append(FOOTER)
     # Hydra fills the template with string.Template: a literal "$" (as in ${...} values) must be doubled
