@@ -3,7 +3,7 @@
 The same as the ``rsnet-evaluate`` command (the code is rsnet/commands/evaluate.py; the settings conf/evaluate.yaml).
 """
 
-from rsnet.commands.evaluate import main
+from rsnet.commands.evaluate import run
 
 if __name__ == "__main__":
-    main()
+    run()

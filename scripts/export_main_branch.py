@@ -3,7 +3,7 @@
 The same as the ``rsnet-export`` command (the code, and every option, is in rsnet/commands/export.py).
 """
 
-from rsnet.commands.export import main
+from rsnet.commands.export import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -112,3 +112,41 @@ def test_help_shows_the_keys_of_the_chosen_groups_with_their_comments() -> None:
     assert "dataset (aid): dataset.<key>=value\n  name: aid\n  root: null                # REQUIRED" in result.stdout
     assert "trainer (sync): trainer.<key>=value" in result.stdout and "  interval_steps: 16" in result.stdout
     assert "experiment (paper_aid): a preset of top-level keys, it sets\n" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["epoch=3"], "epoch=3: there is no setting 'epoch' (did you mean 'epochs'?); train.py --help lists every setting"),
+    (["dataset=aid", "dataset.rot=/data"],
+     "dataset.rot=/data: there is no setting 'rot' in dataset (did you mean 'dataset.root'?); train.py --help lists"),
+    (["model.loss.alhpa=2"], "model.loss.alhpa=2: there is no setting 'alhpa' in model.loss (did you mean "
+                             "'model.loss.alpha'?)"),
+    (["model=foo"], "model=foo: there is no such model; choose one of baseline, esd_mbenet, mgml_fenet"),
+    (["trainer=synk"], "trainer=synk: there is no such trainer; choose one of adaptive, local_sgd, static, sync"),
+    (["epochs=[3"], "cannot read the override 'epochs=[3': "),
+])
+def test_a_mistyped_override_names_the_closest_key_or_the_choices(argv: list[str], message: str) -> None:
+    from rsnet.commands.overrides import check_overrides
+
+    with pytest.raises(ValueError) as refused:
+        check_overrides("config", argv, "scripts/train.py")
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_valid_overrides_and_hydras_own_modes_pass_the_check() -> None:
+    from rsnet.commands.overrides import check_overrides
+
+    check_overrides("config", ["dataset=aid", "dataset.root=/x", "experiment=paper_aid", "+extra=1",
+                               "hydra.run.dir=/tmp/r", "--help"], "train.py")
+    check_overrides("config", ["-m", "epoch=1,2"], "train.py")  # a sweep: Hydra composes it job by job
+    check_overrides("evaluate", ["checkpoint=run", "tta=flips"], "evaluate.py")
+
+
+def test_a_typo_is_one_line_and_exit_2_in_every_command() -> None:
+    """Was: Hydra's "Could not override 'epoch'. To append to your config use +epoch=3", exit 1; for model=foo a
+    multi-line "Could not find 'model/foo'" with the config search path."""
+    result = _script("train.py", "epoch=3")
+    assert result.returncode == 2 and result.stderr == (
+        "error: epoch=3: there is no setting 'epoch' (did you mean 'epochs'?); train.py --help lists every setting\n")
+    result = _script("evaluate.py", "checkpoint=run", "batchsize=8")
+    assert result.returncode == 2 and result.stderr.startswith(
+        "error: batchsize=8: there is no setting 'batchsize' (did you mean 'batch_size'?)"), result.stderr

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig
 
 from rsnet.cli import check_no_bare_words, counted, user_errors
 from rsnet.commands import hydra_config_path
+from rsnet.commands.overrides import check_overrides
 
 
 PROTOCOL_KEYS = ("train_ratio", "val_ratio", "image_size", "pretrained", "epochs")
@@ -143,6 +144,7 @@ def run() -> None:
     """The ``rsnet-aggregate`` command (and scripts/aggregate.py)."""
     with user_errors():
         check_no_bare_words(sys.argv[1:], "folders")
+        check_overrides("aggregate", sys.argv[1:], sys.argv[0])
     main()
 
 

@@ -14,6 +14,7 @@ before evaluating.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
+from rsnet.commands.overrides import check_overrides
 from rsnet.data import CorruptImageError, build_datasets_from_config
 from rsnet.evaluation import (
     TTAModel,
@@ -121,5 +123,13 @@ def main(cfg: DictConfig) -> None:
         write_outputs(out, metrics, class_names)
 
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """The ``rsnet-evaluate`` command (and its script in a checkout): :func:`main` after the command line's check."""
+    with user_errors():
+        check_overrides("evaluate", sys.argv[1:], sys.argv[0])
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -15,13 +15,17 @@ between the exported model's logits and the full model's main-branch (or ensembl
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
+from rsnet.commands.overrides import check_overrides
 from rsnet.export import export_checkpoint
 from rsnet.settings import int_setting
+
 
 @hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
@@ -43,5 +47,13 @@ def main(cfg: DictConfig) -> None:
             print(f"max abs logit difference vs the full model's {meta['head']} logits: {result.max_abs_diff:.3g}")
 
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """The ``rsnet-export`` command (and its script in a checkout): :func:`main` after the command line's check."""
+    with user_errors():
+        check_overrides("export", sys.argv[1:], sys.argv[0])
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from rsnet.cli import check_renamed_setting, user_errors
 from rsnet.commands import hydra_config_path
+from rsnet.commands.overrides import check_overrides
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image, describe_rescaled
 from rsnet.data.errors import CorruptImageError
 from rsnet.data.normalize import to_float_chw
@@ -253,6 +254,7 @@ def run() -> None:
     """The ``rsnet-predict`` command (and scripts/predict.py)."""
     with user_errors():
         check_renamed_setting(sys.argv[1:], "model", "checkpoint")
+        check_overrides("predict", sys.argv[1:], sys.argv[0])
     main()
 
 

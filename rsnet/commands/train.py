@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import USER_ERRORS, counted, user_errors
 from rsnet.commands import conf_folder, config_groups, hydra_config_path
+from rsnet.commands.overrides import check_overrides
 from rsnet.engine.config_checks import check_top_level_keys
 from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
@@ -136,6 +137,8 @@ def argv_for_this_rank(argv: list[str]) -> list[str]:
 
 def run() -> None:
     """The ``rsnet-train`` command (and scripts/train.py): :func:`main` with this rank's command line."""
+    with user_errors():
+        check_overrides("config", sys.argv[1:], sys.argv[0])
     sys.argv = argv_for_this_rank(sys.argv)
     main()
 
