@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
@@ -105,7 +106,7 @@ def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
 
 @torch.no_grad()
 def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoader | Iterable,
-             device: str | torch.device = "cpu", batch_size: int = 64) -> EvalResult:
+             device: str | torch.device = "cpu", batch_size: int = 64, progress: str | None = None) -> EvalResult:
     """Predict every sample of ``data`` with every head of ``model``.
 
     Args:
@@ -113,6 +114,7 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
         data: a dataset (``ds[i] -> (image, label)``), a ``DataLoader`` or an iterable of batches.
         device: where the forward passes run.
         batch_size: batch size when ``data`` is a dataset.
+        progress: a progress bar on stderr with this description (images done, every head at once); None: none.
 
     The model runs in eval mode under ``no_grad``; its previous train/eval mode is restored.
     """
@@ -123,15 +125,20 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
     probs: dict[str, list[np.ndarray]] = {}
     targets: list[np.ndarray] = []
     reported = "main"
+    loader = _loader(data, batch_size)
+    total = len(loader.dataset) if isinstance(loader, DataLoader) and hasattr(loader.dataset, "__len__") else None
+    bar = tqdm(total=total, unit="img", desc=progress, disable=progress is None, leave=False, dynamic_ncols=True)
     try:
-        for images, labels in _loader(data, batch_size):
+        for images, labels in loader:
             output = _as_output(model(images.to(device)))
+            bar.update(len(labels))
             if not probs:
                 reported = output.ensemble or output.main
             for head, logits in output.logits.items():
                 probs.setdefault(head, []).append(torch.softmax(logits.float(), dim=1).cpu().numpy())
             targets.append(torch.as_tensor(labels).cpu().numpy().astype(np.int64))
     finally:
+        bar.close()
         for module, training in modes:  # restore every module's own mode (e.g. frozen BatchNorm)
             module.training = training
     if not targets:

@@ -67,7 +67,8 @@ def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
     assert predict_mod.read_image(sample, 48).shape == (48, 48, 3)
 
 
-def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch) -> None:
+def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
+                                          capsys) -> None:
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
@@ -92,6 +93,12 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
         [[PREDICT_CLASSES[i] for i in pair] for pair in top_i.tolist()]
     written = sorted(p.name for p in attn.iterdir())
     assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1", "gradcam_main"))
+    shown = capsys.readouterr()
+    assert "classifying" in shown.err and "/3 " in shown.err  # the progress bar, on stderr
+    assert shown.out.splitlines() == [f"{r['file']}\t{r['class']}\t{r['probability']:.4f}\t[{r['top_k']}]"
+                                      for r in rows]  # stdout: the predictions only
+    predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "progress_bar=false"]))
+    assert "classifying" not in capsys.readouterr().err
     assert np.asarray(Image.open(attn / "a_gradcam_main.png")).shape == (32, 32, 3)
     # head=main scores the main branch
     rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))

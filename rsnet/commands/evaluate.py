@@ -34,7 +34,7 @@ from rsnet.evaluation import (
     write_confusion_png,
 )
 from rsnet.files import atomic_write
-from rsnet.settings import check_writable, int_setting, resolve_device
+from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device
 from rsnet.trained_model import ModelSource, load_model
 
 SCORES = ("precision", "recall", "f1")
@@ -115,7 +115,9 @@ def main(cfg: DictConfig) -> None:
                              f"({', '.join(class_names[:4])}, ...) which differ from dataset "
                              f"{dataset['name']!r} ({len(data.class_names)} classes); pass the matching dataset=")
         model = TTAModel(loaded.model) if tta == "d4" else loaded.model
-        metrics = compute_metrics(evaluate(model, data.test, device, batch_size=batch_size), data.class_names)
+        progress = f"evaluating {dataset['name']} test" if bool_setting("progress_bar", cfg.progress_bar) else None
+        result = evaluate(model, data.test, device, batch_size=batch_size, progress=progress)
+        metrics = compute_metrics(result, data.class_names)
         metrics.update(checkpoint=str(loaded.source.path), dataset=dataset["name"],
                        train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
         print(summary(metrics))

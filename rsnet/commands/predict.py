@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 from omegaconf import DictConfig
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from rsnet.cli import check_renamed_setting, user_errors
 from rsnet.commands import hydra_config_path
@@ -195,26 +196,26 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
     k = min(topk, len(predictor.class_names))
     rows: list[dict[str, Any]] = []
     skip_corrupt, bad, report = bool_setting("skip_corrupt", args["skip_corrupt"]), [], DecodeReport()
-    for start in range(0, len(paths), batch_size):
-        batch_paths, decoded = _decode(paths[start:start + batch_size], predictor, bad, report)
-        if bad and not skip_corrupt:
-            _decode(paths[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
-            raise ValueError(f"{len(bad)} unreadable image(s): {_listing(bad)}; fix or remove them, or pass "
-                             f"skip_corrupt=true to skip them ({bad[0]})")
-        if not batch_paths:
-            continue
-        images = np.stack(decoded)
-        inputs = to_float_chw(images, predictor.mean, predictor.std).to(device)
-        with torch.no_grad():
-            probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
-        top_p, top_i = probs.topk(k, dim=1)
-        for path, p_row, i_row in zip(batch_paths, top_p.tolist(), top_i.tolist()):
-            names = [predictor.class_names[i] for i in i_row]
-            rows.append({"file": str(path), "class": names[0], "probability": p_row[0],
-                         "top_k": "; ".join(f"{n} {p:.4f}" for n, p in zip(names, p_row))})
-            print(f"{path}\t{names[0]}\t{p_row[0]:.4f}\t[{rows[-1]['top_k']}]")
-        if attention_dir is not None:
-            _save_attention(predictor.full_model, images, inputs, batch_paths, Path(args["images"]), attention_dir)
+    bar = tqdm(total=len(paths), unit="img", desc="classifying", leave=False, dynamic_ncols=True,
+               disable=not bool_setting("progress_bar", args["progress_bar"]))
+    with bar:
+        for start in range(0, len(paths), batch_size):
+            batch_paths, decoded = _decode(paths[start:start + batch_size], predictor, bad, report)
+            if bad and not skip_corrupt:
+                _decode(paths[start + batch_size:], predictor, bad, report)  # to list every unreadable image at once
+                raise ValueError(f"{len(bad)} unreadable image(s): {_listing(bad)}; fix or remove them, or pass "
+                                 f"skip_corrupt=true to skip them ({bad[0]})")
+            bar.update(min(batch_size, len(paths) - start))
+            if not batch_paths:
+                continue
+            images = np.stack(decoded)
+            inputs = to_float_chw(images, predictor.mean, predictor.std).to(device)
+            for row in _classify(predictor, inputs, batch_paths, k):
+                rows.append(row)
+                bar.write(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}\t[{row['top_k']}]", file=sys.stdout)
+            if attention_dir is not None:
+                _save_attention(predictor.full_model, images, inputs, batch_paths, Path(args["images"]),
+                                attention_dir)
     if bad:
         print(f"skipped {len(bad)} unreadable image(s) (skip_corrupt=true): {_listing(bad)}", file=sys.stderr)
     if report.rescaled:
@@ -227,6 +228,19 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
         print(f"wrote {out}", file=sys.stderr)
     if attention_dir is not None:
         print(f"wrote attention maps to {attention_dir}", file=sys.stderr)
+    return rows
+
+
+def _classify(predictor: Predictor, inputs: Tensor, paths: list[Path], k: int) -> list[dict[str, Any]]:
+    """One batch's rows: file, top class, its probability and the top ``k`` as text."""
+    with torch.no_grad():
+        probs = torch.softmax(torch.as_tensor(predictor.forward(inputs)).float(), dim=1).cpu()
+    top_p, top_i = probs.topk(k, dim=1)
+    rows = []
+    for path, p_row, i_row in zip(paths, top_p.tolist(), top_i.tolist()):
+        names = [predictor.class_names[i] for i in i_row]
+        rows.append({"file": str(path), "class": names[0], "probability": p_row[0],
+                     "top_k": "; ".join(f"{n} {p:.4f}" for n, p in zip(names, p_row))})
     return rows
 
 
