@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
-from rsnet.viz.tensorboard import render_confusion_matrix
+from rsnet.viz.figures import render_confusion_matrix
 
 TTA_MODES = ("none", "d4")
 

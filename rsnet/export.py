@@ -2,7 +2,7 @@
 
     from rsnet.export import export_checkpoint
     from rsnet.trained_model import load_exported
-    result = export_checkpoint("run/checkpoints/last.pt", "exported/", format="torchscript", head="main")
+    result = export_checkpoint("run/checkpoints/last.pt", "exported/")  # format="auto": timm's, main branch
     model = load_exported("exported/")          # callable: images (B, 3, H, W) -> logits (B, N)
     model.class_names, model.image_size, model.mean, model.std
 
@@ -11,7 +11,9 @@ classifier; ``head="ensemble"`` writes the full multi-branch model returning its
 Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX through ``torch.export``, opset 18, dynamic
 batch), ``model.pt`` (a state dict) or, for ``format="timm"`` (main branch only), timm's own
 ``model.safetensors`` + ``config.json`` (``timm.create_model("local-dir:<folder>", pretrained=True)``
-rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...). Every export is
+rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...). ``format="auto"`` (the
+default) is timm's for the main branch and the state dict for the ensemble: neither is deprecated, unlike
+TorchScript (torch 2.14 warns on every trace and load), and neither needs a Python model trace. Every export is
 loaded back and its logits checked against the full model's. An export is never written where it would
 overwrite or shadow a training checkpoint.
 """
@@ -142,11 +144,13 @@ def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
     return path
 
 
-def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any], format: str = "torchscript",
+def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any], format: str = "auto",
                  head: str = "main", batch_size: int = 2, seed: int = 0) -> ExportResult:
     """Export ``model`` (an rsnet model) and check the exported logits against the full model's."""
+    if format == "auto":
+        format = "timm" if head == "main" else "state_dict"
     if format not in FORMATS:
-        raise ExportError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
+        raise ExportError(f"format must be auto or one of {sorted(FORMATS)}, got {format!r}")
     if head not in HEADS:
         raise ExportError(f"head must be one of {HEADS}, got {head!r}")
     if format == "timm" and head != "main":
@@ -195,7 +199,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     return ExportResult(path=path, metadata_path=metadata_path, max_abs_diff=diff, metadata=meta)
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str = "torchscript", head: str = "main",
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str = "auto", head: str = "main",
                       batch_size: int = 2, seed: int = 0) -> ExportResult:
     """Export a training checkpoint (a file, or a run folder: its best.pt, else last.pt) to ``out_dir``."""
     source = resolve_model_path(checkpoint)

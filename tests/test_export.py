@@ -115,6 +115,21 @@ def test_export_and_reload_emit_no_deprecation_from_rsnet(checkpoint: Path, tmp_
         assert torch_jit_notices() <= {str(w.message) for w in caught + reloaded}
 
 
+@pytest.mark.parametrize("head, files", [("main", ["config.json", "model.json", "model.safetensors"]),
+                                         ("ensemble", ["model.json", "model.pt"])])
+def test_the_default_format_is_not_deprecated(checkpoint: Path, tmp_path: Path, head: str, files: list[str]) -> None:
+    """Was: TorchScript by default, and four torch.jit deprecation warnings on every export and every predict."""
+    result, caught = export_recording(checkpoint, tmp_path, head=head)  # format="auto"
+    with warnings.catch_warnings(record=True) as reloaded:
+        warnings.simplefilter("always")
+        load_exported(tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == files
+    assert result.metadata["format"] == ("timm" if head == "main" else "state_dict")
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5  # checked against the full model
+    notices = [str(w.message) for w in caught + reloaded if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not [notice for notice in notices if "jit" in notice or "TorchScript" in notice], notices
+
+
 def test_onnx_export_emits_no_deprecation(onnx_main) -> None:
     _, caught = onnx_main
     assert deprecations_from_rsnet(caught) == []
@@ -149,7 +164,7 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "other.pt", other)
     with pytest.raises(ExportError, match="another model"):
         export_checkpoint(tmp_path / "other.pt", tmp_path / "c")
-    with pytest.raises(ExportError, match="format must be one of .*'timm'"):
+    with pytest.raises(ExportError, match="format must be auto or one of .*'timm'"):
         export_checkpoint(checkpoint, tmp_path / "d", format="tflite")
     with pytest.raises(ExportError, match=re.escape(f"{tmp_path}: no model.json found; pass a folder written by "
                                                     "scripts/export_main_branch.py")):

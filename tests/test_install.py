@@ -108,7 +108,8 @@ def test_installed_commands_train_export_predict_outside_the_checkout(venv, tmp_
 
     exported = tmp_path / "exported"
     out = _ok(_run([str(bin_dir / "rsnet-export"), f"checkpoint={run_dir}", f"out={exported}"], cwd=work, env=env))
-    assert "exported main head" in out and (exported / "model.ts").is_file()
+    assert "exported main head" in out and (exported / "model.safetensors").is_file()  # format=auto: timm's
+    assert "deprecated" not in out.lower()
 
     images = tmp_path / "images"
     shutil.copytree(Path(where[2]) / "Images" / "beach", images)

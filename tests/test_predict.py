@@ -92,14 +92,17 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     assert [[part.split(" ")[0] for part in r["top_k"].split("; ")] for r in rows] == \
         [[PREDICT_CLASSES[i] for i in pair] for pair in top_i.tolist()]
     written = sorted(p.name for p in attn.iterdir())
-    assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1", "gradcam_main"))
+    assert written == sorted(f"{s}_{t}.png" for s in "abc" for t in ("cam_main", "cam_aux1"))
     shown = capsys.readouterr()
     assert "classifying" in shown.err and "/3 " in shown.err  # the progress bar, on stderr
     assert shown.out.splitlines() == [f"{r['file']}\t{r['class']}\t{r['probability']:.4f}\t[{r['top_k']}]"
                                       for r in rows]  # stdout: the predictions only
     predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "progress_bar=false"]))
     assert "classifying" not in capsys.readouterr().err
-    assert np.asarray(Image.open(attn / "a_gradcam_main.png")).shape == (32, 32, 3)
+    # was a bare 32 x 32 overlay: now the image beside it, each enlarged to 112 px, a caption and a colour bar
+    picture = np.asarray(Image.open(attn / "a_cam_main.png").convert("RGB"))
+    assert picture.shape[0] >= 112 + 36 and picture.shape[1] > 2 * 112
+    assert (picture[22:22 + 112, 4:4 + 112] != 255).any()  # the enlarged image, below the title
     # head=main scores the main branch
     rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
     assert [r["class"] for r in rows_main] == [PREDICT_CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]
@@ -122,8 +125,7 @@ def test_predict_end_to_end_subprocess(image_dir: Path, tmp_path: Path) -> None:
     with out.open() as handle:
         assert [Path(r["file"]).name for r in csv.DictReader(handle)] == ["a.jpg", "b.png", "c.tif"]
     heads = model.cam_classifiers()
-    assert {p.name for p in attn.iterdir()} == {f"{s}_{t}.png" for s in "abc"
-                                                for t in [*(f"cam_{h}" for h in heads), "gradcam_main"]}
+    assert {p.name for p in attn.iterdir()} == {f"{s}_{t}.png" for s in "abc" for t in (f"cam_{h}" for h in heads)}
 
 
 
@@ -205,7 +207,7 @@ def test_an_export_predicts_like_the_main_branch_and_draws_its_attention(fmt, es
     assert [r["class"] for r in exported_rows] == [r["class"] for r in full_rows]
     for a, b in zip(exported_rows, full_rows):
         assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
-    assert {p.name for p in attn.iterdir()} == _image_names(attn, ["cam_main", "gradcam_main"])
+    assert {p.name for p in attn.iterdir()} == _image_names(attn, ["cam_main"])
     # the maps are the main branch's own: Grad-CAM of the rebuilt export == the full model's main-head Grad-CAM
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(grad_cam(attention_model(load_exported(tmp_path / "exported")), x),
@@ -221,7 +223,7 @@ def test_an_ensemble_export_draws_every_heads_attention(esd_checkpoint, image_di
     attn = tmp_path / "attn"
     predict_mod.predict(predict_command([f"checkpoint={tmp_path / 'exported'}", f"images={image_dir}",
                                          f"attention_dir={attn}"]))
-    tags = [*(f"cam_{head}" for head in model.cam_classifiers()), "gradcam_main"]
+    tags = [f"cam_{head}" for head in model.cam_classifiers()]
     assert {p.name for p in attn.iterdir()} == _image_names(attn, tags)
 
 

@@ -97,7 +97,8 @@ def check_run_outputs(run_dir: Path, epochs: int) -> dict:
     assert "main" in metrics["oa"] and len(metrics["per_class_accuracy"]) == 21
     assert sum(map(sum, metrics["confusion_matrix"])) == metrics["test_samples"]
     tags = image_tags(run_dir)
-    assert "attention/cam_main" in tags and "attention/gradcam_main" in tags, tags
+    assert "attention/cam_main" in tags and "attention/cam_main/page2" in tags, tags  # 21 classes: two pages
+    assert not any(tag.startswith("attention/gradcam") for tag in tags), tags  # it equalled cam_main
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == epochs and len(checkpoint["class_names"]) == 21
     with (run_dir / "history.csv").open() as handle:
@@ -117,7 +118,8 @@ def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
                                    "pretrained": "scratch", "epochs": 2, "eval_every": 1, "selection": "validation"}
     tags = image_tags(esd_run)
     cams = {tag for tag in tags if tag.startswith("attention/cam_")}  # the main and every auxiliary branch
-    assert cams == {f"attention/cam_{head}" for head in ("main", "aux1", "aux2", "feature_ensemble")}, tags
+    heads = ("main", "aux1", "aux2", "feature_ensemble")
+    assert cams == {f"attention/cam_{head}{page}" for head in heads for page in ("", "/page2")}, tags  # 21 classes
 
 
 def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
@@ -184,7 +186,7 @@ def test_export_predict_and_evaluate(esd_run: Path, images: Path, tmp_path: Path
                f"attention_dir={attention}")
     assert {path.name for path in attention.iterdir()} == {
         f"{stem}_{tag}.png" for stem in ("beach80", "forest81")
-        for tag in ("cam_main", "cam_aux1", "cam_aux2", "cam_feature_ensemble", "gradcam_main")}
+        for tag in ("cam_main", "cam_aux1", "cam_aux2", "cam_feature_ensemble")}
     out = tmp_path / "eval.json"
     run_script("evaluate.py", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"out={out}")
     full = json.loads(out.read_text())

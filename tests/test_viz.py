@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from helpers import PlainClassifier, StandInModel
 
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
-from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images, render_confusion_matrix
+from rsnet.viz.figures import captioned_pair, render_confusion_matrix
+from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 
 @pytest.fixture
@@ -86,14 +87,22 @@ def test_pick_attention_images() -> None:
     labels = [2, 0, 0, 1, 2, 1, 3]
     assert pick_attention_images(labels) == [1, 3, 0, 6]
     assert pick_attention_images(labels, max_images=2) == [1, 3]
-    assert pick_attention_images(np.arange(40) % 20) == list(range(16))
+    assert pick_attention_images(np.arange(40) % 20) == list(range(20))  # every class by default
+    assert pick_attention_images(np.arange(40) % 20, max_images=16) == list(range(16))
 
 
-def test_render_confusion_matrix() -> None:
+def test_render_confusion_matrix_stays_legible_at_45_classes() -> None:
+    """Was: names cut at 15 characters, column indices only, no axis titles or colour bar, no cell values at 30
+    classes."""
     img = render_confusion_matrix([[3, 1], [0, 4]], ["forest", "river"])
-    # 48 px cells under a 16 px title row; the width adds the longest row label
-    assert img.dtype == np.uint8 and img.shape == (16 + 2 * 48 + 4, 139, 3)
-    assert render_confusion_matrix(np.eye(21, dtype=int) * 5, None).shape == (16 + 21 * 30 + 4, 653, 3)
+    assert img.dtype == np.uint8 and img.ndim == 3
+    names = [f"class_with_a_long_name_{i:02d}" for i in range(45)]
+    big = render_confusion_matrix(np.eye(45, dtype=int) * 5, names)
+    label = big.shape[0] - 45 * 20 - 4  # 20 px cells (900 // 45) below the upright column names
+    assert label > 100  # room for the full names turned upright, not indices
+    diagonal = big[label + 5 * 20 + 10, :]  # a row of cells: the diagonal cell holds "100" in dark ink on yellow
+    assert (diagonal.sum(axis=1) < 150).any()
+    assert big.shape[1] > big.shape[0] - label + 100  # the row names at the left and the colour bar at the right
 
 
 def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInModel) -> None:
@@ -112,11 +121,11 @@ def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInMo
     tags = acc.Tags()
     assert set(tags["scalars"]) == {"train/loss", "test/oa_main"}
     assert acc.Scalars("train/loss")[0].value == pytest.approx(1.5)
-    assert {"test/confusion_matrix", "attention/cam_main", "attention/cam_aux1",
-            "attention/gradcam_main"} <= set(tags["images"])
+    assert {"test/confusion_matrix", "attention/cam_main", "attention/cam_aux1"} == set(tags["images"])
     event = acc.Images("attention/cam_main")[0]
     assert event.step == 2
-    assert event.width == 3 * (2 * 32 + 2) + 2 and event.height == 32 + 4  # 3 tiles, original | overlay
+    # 3 tiles in a row, each original | overlay enlarged to 112 px with a 36 px caption; a title row; a colour bar
+    assert event.width > 3 * (2 * 112 + 4) and event.height == 22 + 112 + 36 + 2 * 4
 
 
 def test_disabled_logger_writes_nothing(tmp_path, model: StandInModel) -> None:
@@ -148,4 +157,20 @@ def test_real_models_cam_gradcam_and_logger(arch: str, tmp_path) -> None:
     logger.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
     acc.Reload()
-    assert {f"attention/cam_{h}" for h in cams} | {"attention/gradcam_main"} == set(acc.Tags()["images"])
+    assert {f"attention/cam_{h}" for h in cams} == set(acc.Tags()["images"])  # Grad-CAM == CAM: no own panel
+
+
+def test_a_tile_says_the_true_class_and_whether_the_prediction_is_right() -> None:
+    image = np.full((32, 32, 3), 128, np.uint8)
+
+    def ink(tile: np.ndarray) -> tuple[bool, bool]:
+        caption = tile[112:].astype(int)  # below the pair, enlarged to 112 px
+        green = ((caption[..., 1] > 90) & (caption[..., 0] < 80) & (caption[..., 2] < 80)).any()
+        red = ((caption[..., 0] > 150) & (caption[..., 1] < 80) & (caption[..., 2] < 80)).any()
+        return bool(green), bool(red)
+
+    right = captioned_pair(image, image, "forest", "forest", 0.9)
+    wrong = captioned_pair(image, image, "forest", "river", 0.6)
+    assert right.shape == wrong.shape == (112 + 36, 224, 3)
+    assert ink(right) == (True, False) and ink(wrong) == (False, True)
+    assert not any(ink(captioned_pair(image, image, None, "river", 0.6)))  # no true class: plain ink

@@ -10,8 +10,9 @@ run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (i
 Images (.tif .tiff .jpg .jpeg .png .bmp, any case) are resized to the model's image size (as the datasets decode them)
 and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
 predicted class, its probability and the top-k classes. With ``attention_dir`` every image gets
-``<name>_cam_<head>.png`` for each CAM head and ``<name>_gradcam_main.png``; an export (main branch: its CAM and
-Grad-CAM) is rebuilt as a PyTorch model from its own weights for them, which an ONNX file does not allow.
+``<name>_cam_<head>.png`` for each CAM head (the image beside its overlay, the prediction, a colour bar); an export
+(main branch: its CAM) is rebuilt as a PyTorch model from its own weights for them, which an ONNX file does not
+allow.
 An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
 they are skipped and listed). ``out`` and ``attention_dir`` are checked writable before any image is classified;
 the CSV is written atomically. ``tta=d4`` classifies every image by the mean logits of its 8 flips and 90-degree
@@ -215,7 +216,7 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
                 bar.write(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}\t[{row['top_k']}]", file=sys.stdout)
             if attention_dir is not None:
                 _save_attention(predictor.full_model, images, inputs, batch_paths, Path(args["images"]),
-                                attention_dir)
+                                attention_dir, predictor.class_names)
     if bad:
         print(f"skipped {len(bad)} unreadable image(s) (skip_corrupt=true): {_listing(bad)}", file=sys.stderr)
     if report.rescaled:
@@ -245,16 +246,22 @@ def _classify(predictor: Predictor, inputs: Tensor, paths: list[Path], k: int) -
 
 
 def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths: list[Path], root: Path,
-                    attention_dir: Path) -> None:
-    from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+                    attention_dir: Path, class_names: Sequence[str]) -> None:
+    """One PNG per image and CAM head: the image beside its overlay (enlarged to a readable size), the head's
+    prediction and a colour bar. (Grad-CAM equals the CAM for every head: not written twice.)"""
+    from rsnet.viz.attention import class_activation_maps, eval_mode, overlay
+    from rsnet.viz.figures import attention_pages, captioned_pair
 
-    maps = {f"cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
-    maps["gradcam_main"] = grad_cam(model, inputs, head="main")
-    for tag, cams in maps.items():
-        for image, cam, path in zip(images, cams.cpu().numpy(), paths):
-            target = attention_dir / f"{_safe_name(path, root)}_{tag}.png"
-            with atomic_write(target) as handle:
-                Image.fromarray(overlay(image, cam)).save(handle, format="PNG")
+    with eval_mode(model), torch.no_grad():
+        logits = model(inputs).logits
+    for head, cams in class_activation_maps(model, inputs).items():
+        probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
+        for index, (image, cam, path) in enumerate(zip(images, cams.cpu().numpy(), paths)):
+            tile = captioned_pair(image, overlay(image, cam), None, class_names[int(predicted[index])],
+                                  float(probabilities[index]))
+            page = attention_pages([tile], f"{path.name}: CAM of head {head}")[0]
+            with atomic_write(attention_dir / f"{_safe_name(path, root)}_cam_{head}.png") as handle:
+                Image.fromarray(page).save(handle, format="PNG")
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="predict", version_base="1.3")

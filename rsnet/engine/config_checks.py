@@ -78,7 +78,7 @@ BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "lo
                     "resume", "overwrite",
                     "dataset.skip_corrupt", "trainer.log_intervals", "trainer.leave_out")
 _NULLABLE = {"max_grad_norm", "trainer.merge_rounds_max", "trainer.ref_batch", "trainer.cpu_threads",
-             "trainer.merge_cost_max", "trainer.share_min"}
+             "trainer.merge_cost_max", "trainer.share_min", "log.attention_images"}
 
 
 def check_setting_types(config: dict[str, Any]) -> None:

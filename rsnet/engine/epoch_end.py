@@ -151,7 +151,8 @@ def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: tor
     projector (the same class-balanced subset of at most ``log.embedding_images`` every time: the projector writes
     text, about 10 bytes a number, so a whole test set of VGG features would take gigabytes)."""
     images = np.stack([data.test.raw(index) for index in attention_ids])
-    tb.attention_maps(model, images, data.mean, data.std, epoch)
+    tb.attention_maps(model, images, data.mean, data.std, epoch, data.class_names,
+                      [int(data.test.labels[index]) for index in attention_ids])
     indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
     features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
     tb.embeddings(features, names, thumbnails, epoch)

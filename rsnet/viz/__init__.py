@@ -2,8 +2,8 @@
 
 from rsnet.viz.attention import attention_source, class_activation_maps, grad_cam, overlay
 from rsnet.viz.embedding import dataset_embedding, main_branch_features, pick_embedding_images
-from rsnet.viz.tensorboard import (TensorBoardLogger, flatten_config, hparam_metrics, pick_attention_images,
-                               render_confusion_matrix)
+from rsnet.viz.figures import render_confusion_matrix
+from rsnet.viz.tensorboard import TensorBoardLogger, flatten_config, hparam_metrics, pick_attention_images
 
 __all__ = [
     "TensorBoardLogger",

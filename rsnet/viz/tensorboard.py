@@ -2,7 +2,7 @@
 
 Tags (see docs/tensorboard.md): whatever the caller passes to ``scalars`` (``split/metric``, e.g.
 ``train/loss``, ``test/oa_main``), ``test/confusion_matrix``, ``attention/cam_<head>`` for every CAM
-head and ``attention/gradcam_main``, ``hparam/<metric>`` with the run config in the HParams tab, and
+head (``.../page<n>`` after 16 images), ``hparam/<metric>`` with the run config in the HParams tab, and
 projector embeddings (``<step>/<tag>/`` next to the event files). A logger built with
 ``enabled=False`` (non-primary ranks) does nothing and creates no files.
 """
@@ -13,88 +13,54 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
 from rsnet.files import atomic_write
-from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
+from rsnet.viz.attention import class_activation_maps, eval_mode, overlay
+from rsnet.viz.figures import attention_pages, captioned_pair, render_confusion_matrix
 
 
-def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int = 16) -> list[int]:
-    """Indices of a fixed set of images to draw attention maps for: the first image of each class
-    (classes in increasing order), at most ``max_images``. Deterministic."""
+def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | None = None) -> list[int]:
+    """Indices of a fixed set of images to draw attention maps for: the first image of each class (classes in
+    increasing order), every class or at most ``max_images``. Deterministic."""
     first: dict[int, int] = {}
     for index, label in enumerate(np.asarray(labels).tolist()):
         first.setdefault(int(label), index)
     return [first[label] for label in sorted(first)][:max_images]
 
 
-def tile_grid(tiles: Sequence[np.ndarray], columns: int = 4, pad: int = 2) -> np.ndarray:
-    """Arrange equally sized uint8 (H, W, 3) tiles in a grid with white padding."""
-    height, width = tiles[0].shape[:2]
-    columns = max(1, min(columns, len(tiles)))
-    rows = (len(tiles) + columns - 1) // columns
-    grid = np.full((rows * (height + pad) + pad, columns * (width + pad) + pad, 3), 255, dtype=np.uint8)
-    for index, tile in enumerate(tiles):
-        row, col = divmod(index, columns)
-        top, left = pad + row * (height + pad), pad + col * (width + pad)
-        grid[top:top + height, left:left + width] = tile
-    return grid
-
-
-def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
-                            cell: int | None = None) -> np.ndarray:
-    """Draw a row-normalised confusion matrix (rows = true class) as a uint8 (H, W, 3) RGB heat map.
-
-    Row labels are the class names (truncated), column labels the class indices; cells show the
-    row-normalised percentage when there is room.
-    """
-    cm = np.asarray(cm, dtype=np.float64)
-    n = cm.shape[0]
-    rows = cm.sum(axis=1, keepdims=True)
-    norm = np.divide(cm, rows, out=np.zeros_like(cm), where=rows > 0)
-    cell = cell or int(np.clip(640 // max(n, 1), 12, 48))
-    names = [f"{i} {name}"[:18] for i, name in enumerate(class_names)] if class_names else [str(i) for i in range(n)]
-    font, scale = cv2.FONT_HERSHEY_SIMPLEX, 0.35
-    label_width = max(cv2.getTextSize(name, font, scale, 1)[0][0] for name in names) + 8
-    top = 16
-    heat = cv2.applyColorMap(np.uint8(norm * 255.0 + 0.5), cv2.COLORMAP_VIRIDIS)
-    heat = cv2.resize(heat, (n * cell, n * cell), interpolation=cv2.INTER_NEAREST)
-    canvas = np.full((top + n * cell + 4, label_width + n * cell + 4, 3), 255, dtype=np.uint8)
-    canvas[top:top + n * cell, label_width:label_width + n * cell] = heat
-    for i, name in enumerate(names):
-        y = top + i * cell + cell // 2 + 4
-        cv2.putText(canvas, name, (2, y), font, scale, (0, 0, 0), 1, cv2.LINE_AA)
-        cv2.putText(canvas, str(i), (label_width + i * cell + 2, top - 4), font, scale, (0, 0, 0), 1, cv2.LINE_AA)
-    if cell >= 28:
-        for i in range(n):
-            for j in range(n):
-                if cm[i, j]:
-                    colour = (0, 0, 0) if norm[i, j] > 0.6 else (255, 255, 255)
-                    origin = (label_width + j * cell + 2, top + i * cell + cell // 2 + 4)
-                    cv2.putText(canvas, f"{norm[i, j] * 100:.0f}", origin, font, scale, colour, 1, cv2.LINE_AA)
-    return cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB)
-
-
-def attention_grids(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
-                    std: Sequence[float], columns: int = 4) -> dict[str, np.ndarray]:
-    """``{"attention/cam_<head>": grid, ..., "attention/gradcam_main": grid}``; each grid has one tile
-    per image: the original beside its overlay. Runs on the model's device."""
+def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
+                      std: Sequence[float], class_names: Sequence[str] | None = None,
+                      labels: Sequence[int] | None = None, title_suffix: str = "") -> dict[str, np.ndarray]:
+    """``{"attention/cam_<head>": page, ...}`` for every CAM head; pages after the first of 16 images are tagged
+    ``attention/cam_<head>/page<n>``. Every tile is the image beside its overlay at the head's predicted class,
+    captioned with the true class (``labels``) and the prediction, right or wrong. No Grad-CAM page: for every head
+    here (GAP -> linear, or VGG's main head, whose CAM is its Grad-CAM) it equals the CAM. Runs on the model's
+    device."""
     images = np.asarray(images_uint8)
     if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
     inputs = to_float_chw(images, mean, std).to(device)
-    maps = {f"attention/cam_{head}": cam for head, cam in class_activation_maps(model, inputs).items()}
-    maps["attention/gradcam_main"] = grad_cam(model, inputs, head="main")
-    grids = {}
-    for tag, cams in maps.items():
-        cams_np = cams.cpu().numpy()
-        tiles = [np.concatenate([image, overlay(image, cam)], axis=1) for image, cam in zip(images, cams_np)]
-        grids[tag] = tile_grid(tiles, columns=columns)
-    return grids
+    with eval_mode(model), torch.no_grad():
+        logits = model(inputs).logits
+    figures = {}
+    for head, cams in class_activation_maps(model, inputs).items():
+        probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
+        tiles = [captioned_pair(image, overlay(image, cam), _name(class_names, labels[i]) if labels is not None
+                                else None, _name(class_names, int(predicted[i])), float(probabilities[i]))
+                 for i, (image, cam) in enumerate(zip(images, cams.cpu().numpy()))]
+        pages = attention_pages(tiles, f"CAM of head {head} at its predicted class{title_suffix}")
+        for number, page in enumerate(pages, 1):
+            figures[f"attention/cam_{head}" + (f"/page{number}" if number > 1 else "")] = page
+    return figures
+
+
+def _name(class_names: Sequence[str] | None, index: int) -> str:
+    return str(class_names[index]) if class_names is not None else f"class {index}"
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
@@ -166,12 +132,14 @@ class TensorBoardLogger:
         self._writer.add_image(tag, render_confusion_matrix(cm, class_names), step, dataformats="HWC")
 
     def attention_maps(self, model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
-                       std: Sequence[float], step: int) -> None:
-        """Log ``attention/cam_<head>`` for every CAM head and ``attention/gradcam_main``."""
+                       std: Sequence[float], step: int, class_names: Sequence[str] | None = None,
+                       labels: Sequence[int] | None = None) -> None:
+        """Log ``attention/cam_<head>`` for every CAM head (:func:`attention_figures`)."""
         if self._writer is None:
             return
-        for tag, grid in attention_grids(model, images_uint8, mean, std).items():
-            self._writer.add_image(tag, grid, step, dataformats="HWC")
+        for tag, page in attention_figures(model, images_uint8, mean, std, class_names, labels,
+                                           f", epoch {step}").items():
+            self._writer.add_image(tag, page, step, dataformats="HWC")
 
     def hparams(self, config: Mapping[str, Any], metrics: Mapping[str, float], step: int = 0) -> None:
         """HParams tab: the flattened ``config`` (:func:`flatten_config`) and ``metrics`` as scalars
