@@ -138,6 +138,8 @@ def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Pa
     before = json.loads((run_dir / "metrics.json").read_text())
     result = train(capfd, run_dir, "model=esd_mbenet", "epochs=2", "resume=true")
     assert f"test accuracy (ensemble): {before['accuracy']:.2f} %" in result.stdout
+    # was: the figures alone, as if it had trained; now it says so (and launches no worker)
+    assert "has trained 2 of epochs=2, so nothing is left to train; its figures follow" in result.stdout + result.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 

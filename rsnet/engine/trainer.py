@@ -68,7 +68,13 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
         resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
         if resume_from:
             # the workers load the weights; here only the config is read (tensors mapped, not loaded)
-            check_resume_identity(config, load_checkpoint(resume_from, mmap=True)["config"], resume_from)
+            saved = load_checkpoint(resume_from, mmap=True)
+            check_resume_identity(config, saved["config"], resume_from)
+            if int(saved["epoch"]) >= int(config["epochs"]):
+                log.warning("resume=true: the run in %s has trained %d of epochs=%d, so nothing is left to train; "
+                            "its figures follow (pass a larger epochs= to train on)", resume_from, saved["epoch"],
+                            config["epochs"])
+                return json.loads((run_dir / "metrics.json").read_text()) if primary else None
         if primary and on_accepted is not None:
             on_accepted(run_dir)
         return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
@@ -166,9 +172,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
             log.info("%s", strategy.summary())
     finally:
         tb.close()
-    if ctx.is_primary and final is None:  # resumed a run that had already finished all its epochs
-        final = json.loads((run_dir / "metrics.json").read_text())
-    return final
+    return final  # the last epoch is always evaluated (a resume with no epoch left is refused before launch)
 
 
 def load_data(ctx: WorkerContext, config: dict[str, Any], run_dir: Path) -> DataBundle:
