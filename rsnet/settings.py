@@ -4,15 +4,18 @@ output files; and how the backbone's weights are named in run folders."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rsnet.files import check_writable_dir
+
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_device(name: str, setting: str = "device") -> torch.device:
     """``auto`` (CUDA when present, else the CPU), ``cpu`` or an existing ``cuda[:i]``; else an error naming it."""
+    import torch  # here, not at the top: the commands import this module before they know they will run
+
     count = torch.cuda.device_count()
     if name == "auto":
         return torch.device("cuda" if count else "cpu")

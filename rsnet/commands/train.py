@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from rsnet.cli import USER_ERRORS, counted, user_errors
 from rsnet.commands import conf_folder, config_groups, hydra_config_path
 from rsnet.commands.overrides import check_overrides
-from rsnet.engine.config_checks import check_top_level_keys
-from rsnet.engine.trainer import NonFiniteLossError, train
 from rsnet.files import DiskFullError, atomic_write
-from rsnet.parallel.launcher import WorkerError
-from rsnet.trained_model import last_checkpoint
+
+# torch, timm and the training code are imported where a run starts (main), not here: --help and a refused
+# override answer without them (a few seconds of imports on a busy machine)
+if TYPE_CHECKING:
+    from rsnet.parallel.launcher import WorkerError
 
 log = logging.getLogger("rsnet.train")
 CONF = conf_folder()  # the package rsnet.conf: the checkout's conf/ or its installed copy
@@ -38,6 +39,10 @@ def main(cfg: DictConfig) -> float | None:
 
     Under torchrun only rank 0 gets the figures; the other ranks return None without printing.
     """
+    from rsnet.engine.config_checks import check_top_level_keys
+    from rsnet.engine.trainer import NonFiniteLossError, train
+    from rsnet.parallel.launcher import WorkerError
+
     config = OmegaConf.to_container(cfg, resolve=True)
     with user_errors():
         check_top_level_keys(config, known_top_level_keys())
@@ -68,6 +73,8 @@ def report_worker_error(error: WorkerError) -> NoReturn:
     in one line too; anything else (a bug, a killed or stopped worker) with what the workers said."""
     if isinstance(error.cause, (*USER_ERRORS, DiskFullError)):
         raise error.cause from None
+    from rsnet.engine.trainer import NonFiniteLossError
+
     stop(error.cause if isinstance(error.cause, NonFiniteLossError) else error)
 
 
@@ -79,6 +86,8 @@ def stop(error: BaseException) -> NoReturn:
 def interrupted(config: dict) -> NoReturn:
     """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
     if os.environ.get("RANK", "0") == "0":
+        from rsnet.trained_model import last_checkpoint
+
         saved = last_checkpoint(config["run_dir"])
         if saved is not None:
             print(f"interrupted: {saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"

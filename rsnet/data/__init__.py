@@ -2,27 +2,42 @@
 decode-once caches, albumentations transforms, batched augmentation on the worker's device and the batch
 prefetcher. Entry point: :func:`build_datasets`."""
 
-from .cache import CACHE_MODES, build_store, default_cache_dir
-from .datasets import DataBundle, build_datasets, build_datasets_from_config
-from .decode import HIGH_BIT_DEPTH_MODES, DecodeReport, decode_image
-from .discovery import ScanResult, default_root, find_class_root, scan_dataset
-from .errors import (
-    CorruptImageError,
-    CorruptImageWarning,
-    DatasetCountWarning,
-    DatasetNotFoundError,
-    DatasetValidationError,
-    HighBitDepthWarning,
-    SplitMismatchError,
-)
-from .device_augment import DeviceAugment, augments_on_device, check_on_device
-from .loader import BatchPrefetcher, PreparedBatch, device_batches
-from .normalize import to_float_chw
-from .scene_dataset import SceneDataset
-from .specs import DATASETS, DatasetSpec, get_spec
-from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
-from .store import ImageStore
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> the submodule that defines it. Imported on first use (PEP 562), so that ``from rsnet.data.errors import
+# CorruptImageError`` (every command's error handling) does not import torch, OpenCV and albumentations.
+_EXPORTS = {
+    **dict.fromkeys(["CACHE_MODES", "build_store", "default_cache_dir"], "cache"),
+    **dict.fromkeys(["DataBundle", "build_datasets", "build_datasets_from_config"], "datasets"),
+    **dict.fromkeys(["HIGH_BIT_DEPTH_MODES", "DecodeReport", "decode_image"], "decode"),
+    **dict.fromkeys(["ScanResult", "default_root", "find_class_root", "scan_dataset"], "discovery"),
+    **dict.fromkeys(["CorruptImageError", "CorruptImageWarning", "DatasetCountWarning", "DatasetNotFoundError",
+                     "DatasetValidationError", "HighBitDepthWarning", "SplitMismatchError"], "errors"),
+    **dict.fromkeys(["DeviceAugment", "augments_on_device", "check_on_device"], "device_augment"),
+    **dict.fromkeys(["BatchPrefetcher", "PreparedBatch", "device_batches"], "loader"),
+    **dict.fromkeys(["to_float_chw"], "normalize"),
+    **dict.fromkeys(["SceneDataset"], "scene_dataset"),
+    **dict.fromkeys(["DATASETS", "DatasetSpec", "get_spec"], "specs"),
+    **dict.fromkeys(["Split", "SplitRows", "check_train_ratio", "check_val_ratio", "stratified_split"], "splits"),
+    **dict.fromkeys(["ImageStore"], "store"),
+    **dict.fromkeys(["IMAGENET_MEAN", "IMAGENET_STD", "eval_transform", "train_transform"], "transforms"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN", "IMAGENET_STD",

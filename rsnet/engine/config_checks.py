@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rsnet.trained_model import run_checkpoint_path
 
 
 class ConfigError(ValueError):
@@ -166,6 +165,8 @@ def _has(config: dict[str, Any], dotted: str) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
+    from rsnet.trained_model import run_checkpoint_path  # torch and timm: not for the commands' early checks
+
     last = run_checkpoint_path(run_dir)
     if resume and overwrite:
         raise ConfigError("resume=true and overwrite=true contradict each other: pass resume to "
