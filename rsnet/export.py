@@ -20,6 +20,8 @@ overwrite or shadow a training checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tempfile
 import warnings
@@ -95,9 +97,10 @@ def _save_torchscript(handle: IO[bytes], module: nn.Module, x: Tensor) -> None:
 def _onnx_bytes(module: nn.Module, x: Tensor) -> bytes:
     """``module`` as an ONNX model (dynamo exporter, dynamic batch), or an ExportError saying what to use instead."""
     batch = torch.export.Dim("batch", min=1)
-    try:
-        program = torch.onnx.export(module, (x,), dynamo=True, input_names=["images"], output_names=["logits"],
-                                    dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, verbose=False)
+    try:  # the exporter prints its passes ("[torch.onnx] Obtain model graph ... ✅", a page of them): kept quiet
+        with contextlib.redirect_stdout(io.StringIO()):
+            program = torch.onnx.export(module, (x,), dynamo=True, input_names=["images"], output_names=["logits"],
+                                        dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, verbose=False)
     except Exception as error:  # noqa: BLE001 - exporter failures come in many types
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         raise ExportError(f"ONNX (torch.export) cannot express this model at {x.shape[-1]} px "

@@ -5,6 +5,7 @@ The timm format (``save_for_hf`` / ``local-dir:``) is tested in test_export_timm
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -62,9 +63,14 @@ def test_roundtrip(checkpoint: Path, tmp_path: Path, fmt: str, head: str) -> Non
 
 @pytest.fixture(scope="module")
 def onnx_main(checkpoint: Path, tmp_path_factory) -> tuple[ExportResult, list[warnings.WarningMessage]]:
-    """The main branch exported once to ONNX (dynamo exporter), with the warnings the export emitted."""
+    """The main branch exported once to ONNX (dynamo exporter), with the warnings the export emitted; it prints
+    nothing (was: a page of the exporter's passes)."""
     pytest.importorskip("onnxscript", reason="ONNX export needs the onnx packages (pip install -e .[onnx])")
-    return export_recording(checkpoint, tmp_path_factory.mktemp("onnx"), format="onnx", head="main")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exported = export_recording(checkpoint, tmp_path_factory.mktemp("onnx"), format="onnx", head="main")
+    assert printed.getvalue() == ""
+    return exported
 
 
 def test_onnx_main_branch_has_a_dynamic_batch(onnx_main) -> None:
