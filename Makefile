@@ -16,6 +16,7 @@ install: $(VENV)/.installed
 
 demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU and print its accuracy
 	$(PY) scripts/train.py overwrite=true
+	@echo "next: source $(VENV)/bin/activate (rsnet is installed there), then README.md, 'Your first hour'"
 
 test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data)
 	$(PY) -m pytest -q
