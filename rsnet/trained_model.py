@@ -9,6 +9,7 @@ A file is that file (a checkpoint, or an export's model file / model.json); a fo
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,13 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     if fmt == "torchscript":
         return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
     if fmt == "timm":
-        model = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=True)
+        timm_log = logging.getLogger("timm")
+        level = timm_log.level
+        timm_log.setLevel(logging.WARNING)  # not three INFO lines ("Loading pretrained weights ...") every load
+        try:
+            model = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=True)
+        finally:
+            timm_log.setLevel(level)
         return ExportedModel(model.eval(), meta)
     if fmt == "onnx":
         try:
