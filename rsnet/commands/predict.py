@@ -249,16 +249,11 @@ def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths:
                     attention_dir: Path, class_names: Sequence[str]) -> None:
     """One PNG per image and CAM head: the image beside its overlay (enlarged to a readable size), the head's
     prediction and a colour bar. (Grad-CAM equals the CAM for every head: not written twice.)"""
-    from rsnet.viz.attention import class_activation_maps, eval_mode, overlay
-    from rsnet.viz.figures import attention_pages, captioned_pair
+    from rsnet.viz.attention import captioned_attention
+    from rsnet.viz.figures import attention_pages
 
-    with eval_mode(model), torch.no_grad():
-        logits = model(inputs).logits
-    for head, cams in class_activation_maps(model, inputs).items():
-        probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
-        for index, (image, cam, path) in enumerate(zip(images, cams.cpu().numpy(), paths)):
-            tile = captioned_pair(image, overlay(image, cam), None, class_names[int(predicted[index])],
-                                  float(probabilities[index]))
+    for head, tiles in captioned_attention(model, images, inputs, class_names).items():
+        for tile, path in zip(tiles, paths):
             page = attention_pages([tile], f"{path.name}: CAM of head {head}")[0]
             with atomic_write(attention_dir / f"{_safe_name(path, root)}_cam_{head}.png") as handle:
                 Image.fromarray(page).save(handle, format="PNG")

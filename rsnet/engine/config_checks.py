@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 class ConfigError(ValueError):
     """A setting that cannot work; the message names the setting and what to do."""
 

@@ -49,11 +49,13 @@ def curves_image(rows: Sequence[Mapping[str, Any]]) -> Image.Image:
     def curve(key: str) -> list[tuple[float, float]]:
         return [(float(row["epoch"]), float(row[key])) for row in rows if row.get(key) is not None]
 
-    accuracy = {name: [curve(key)] for key, name in ACCURACY_CURVES.items() if curve(key)}
+    curves = {name: curve(key) for key, name in ACCURACY_CURVES.items()}
+    accuracy = {name: [points] for name, points in curves.items() if points}
     panels = [draw_line_plot(accuracy, "accuracy per epoch", "epoch", "accuracy (%)")]
-    if curve(LOSS_CURVE):
-        panels.append(draw_line_plot({"training loss (all terms)": [curve(LOSS_CURVE)]}, "training loss per epoch",
-                                     "epoch", "loss"))
+    loss = curve(LOSS_CURVE)
+    if loss:
+        panels.append(draw_line_plot({"training loss (all terms)": [loss]}, "training loss per epoch", "epoch",
+                                     "loss"))
     image = Image.new("RGB", (panels[0].width, sum(panel.height for panel in panels)), "white")
     for index, panel in enumerate(panels):
         image.paste(panel, (0, index * panels[0].height))

@@ -12,7 +12,7 @@ reads S4 there, so its CAM takes Grad-CAM's channel weights (see :func:`attentio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import cv2
@@ -87,6 +87,12 @@ def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Ten
     Returns:
         head -> float Tensor (B, H, W) in [0, 1], on the images' device, detached.
     """
+    return _maps_and_logits(model, images, class_idx, size)[0]
+
+
+def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor | None,
+                     size: tuple[int, int] | None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`class_activation_maps` and the logits of the same forward pass (head -> (B, classes))."""
     size = tuple(images.shape[-2:]) if size is None else size
     heads = model.cam_classifiers()
     with eval_mode(model), torch.no_grad():
@@ -100,7 +106,29 @@ def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Ten
             weights = linear.weight[classes].to(features.dtype)  # (B, C)
             cam = torch.einsum("bc,bchw->bhw", weights, features)
             maps[head] = normalize_maps(cam, size)
-    return {head: maps[head] if head in maps else grad_cam(model, images, head, class_idx, size) for head in heads}
+    cams = {head: maps[head] if head in maps else grad_cam(model, images, head, class_idx, size) for head in heads}
+    return cams, output.logits
+
+
+def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
+                        labels: Sequence[int] | None = None) -> dict[str, list[np.ndarray]]:
+    """Per CAM head, one tile per image (:func:`rsnet.viz.figures.captioned_pair`): the uint8 image beside its
+    overlay at the head's predicted class, captioned with the prediction and its probability, and with the true
+    class (``labels``) when known; classes by name (``class <i>`` without names). One forward pass gives both the
+    maps and the predictions. ``inputs`` are the normalised ``images`` on the model's device."""
+    from rsnet.viz.figures import captioned_pair
+
+    def name(index: int) -> str:
+        return str(class_names[index]) if class_names is not None else f"class {index}"
+
+    cams, logits = _maps_and_logits(model, inputs, None, None)
+    tiles = {}
+    for head, maps in cams.items():
+        probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
+        tiles[head] = [captioned_pair(image, overlay(image, cam), name(labels[i]) if labels is not None else None,
+                                      name(int(predicted[i])), float(probabilities[i]))
+                       for i, (image, cam) in enumerate(zip(images, maps.cpu().numpy()))]
+    return tiles
 
 
 def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: int | Tensor | None = None,

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
 from rsnet.files import atomic_write
-from rsnet.viz.attention import class_activation_maps, eval_mode, overlay
-from rsnet.viz.figures import attention_pages, captioned_pair, render_confusion_matrix
+from rsnet.viz.attention import captioned_attention
+from rsnet.viz.figures import attention_pages, render_confusion_matrix
 
 
 def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | None = None) -> list[int]:
@@ -45,22 +44,12 @@ def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean:
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
     inputs = to_float_chw(images, mean, std).to(device)
-    with eval_mode(model), torch.no_grad():
-        logits = model(inputs).logits
     figures = {}
-    for head, cams in class_activation_maps(model, inputs).items():
-        probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
-        tiles = [captioned_pair(image, overlay(image, cam), _name(class_names, labels[i]) if labels is not None
-                                else None, _name(class_names, int(predicted[i])), float(probabilities[i]))
-                 for i, (image, cam) in enumerate(zip(images, cams.cpu().numpy()))]
+    for head, tiles in captioned_attention(model, images, inputs, class_names, labels).items():
         pages = attention_pages(tiles, f"CAM of head {head} at its predicted class{title_suffix}")
         for number, page in enumerate(pages, 1):
             figures[f"attention/cam_{head}" + (f"/page{number}" if number > 1 else "")] = page
     return figures
-
-
-def _name(class_names: Sequence[str] | None, index: int) -> str:
-    return str(class_names[index]) if class_names is not None else f"class {index}"
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
