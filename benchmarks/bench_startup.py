@@ -1,4 +1,4 @@
-"""How long a command takes to answer when it does no work: ``--help``, and an override it refuses (a typo).
+"""How long a command takes to answer when it does no work: ``--help`` of each command, and a setting it refuses.
 
 Each case is a fresh interpreter (``scripts/<command>.py`` as a user runs it), ``--repeats`` interleaved rounds;
 prints the median and range of the wall time per case, beside ``python -c "import torch"`` (what the training
@@ -26,6 +26,10 @@ CASES = {
     "train.py epoch=3 (refused)": [str(REPO / "scripts" / "train.py"), "epoch=3"],
     "train.py model=foo (refused)": [str(REPO / "scripts" / "train.py"), "model=foo"],
     "predict.py --help": [str(REPO / "scripts" / "predict.py"), "--help"],
+    "predict.py topk=0 images=. (refused)": [str(REPO / "scripts" / "predict.py"), "checkpoint=none", "images=.",
+                                               "topk=0"],
+    "evaluate.py --help": [str(REPO / "scripts" / "evaluate.py"), "--help"],
+    "export_main_branch.py --help": [str(REPO / "scripts" / "export_main_branch.py"), "--help"],
     "aggregate.py --help": [str(REPO / "scripts" / "aggregate.py"), "--help"],
 }
 

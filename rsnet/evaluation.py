@@ -24,8 +24,6 @@ from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
 from rsnet.viz.figures import render_confusion_matrix
 
-TTA_MODES = ("none", "d4")
-
 
 @dataclass
 class EvalResult:
@@ -55,14 +53,6 @@ def _as_output(raw: Any) -> MultiBranchOutput:
     if isinstance(raw, Tensor):
         return MultiBranchOutput(logits={"main": raw})
     raise TypeError(f"model returned {type(raw).__name__}; expected MultiBranchOutput or a logits Tensor")
-
-
-def tta_setting(value: Any, setting: str = "tta") -> str:
-    """``value`` if it names a test-time augmentation (``none`` or ``d4``); else one line naming ``setting``."""
-    if value not in TTA_MODES:
-        raise ValueError(f"{setting}={value!r}: must be none or d4 (d4 averages the logits of the 8 flips and "
-                         "90-degree rotations of each image)")
-    return str(value)
 
 
 def d4_views(x: Tensor) -> list[Tensor]:

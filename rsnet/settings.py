@@ -47,6 +47,14 @@ def int_setting(setting: str, value: Any, minimum: int | None = None) -> int:
     return number
 
 
+def tta_setting(value: Any, setting: str = "tta") -> str:
+    """``value`` if it names a test-time augmentation (``none`` or ``d4``); else one line naming ``setting``."""
+    if value not in ("none", "d4"):
+        raise ValueError(f"{setting}={value!r}: must be none or d4 (d4 averages the logits of the 8 flips and "
+                         "90-degree rotations of each image)")
+    return str(value)
+
+
 def bool_setting(setting: str, value: Any) -> bool:
     """``value`` as a bool (true/false, as Hydra parses them); else one line naming ``setting``."""
     if not isinstance(value, bool):

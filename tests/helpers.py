@@ -32,6 +32,8 @@ from PIL import Image
 from torch import nn
 
 import rsnet
+import rsnet.data
+import rsnet.trained_model
 from rsnet.data import DATASETS
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.models import build_model
@@ -251,8 +253,8 @@ def run_evaluate_script(model: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_p
     loaded = LoadedModel(model, ModelSource(tmp_path / "run" / "checkpoints" / "best.pt", "checkpoint"),
                          {"class_names": STAND_IN_CLASSES, "image_size": 16, "mean": [0.5] * 3, "std": [0.5] * 3},
                          {"dataset": {"name": "stand_in", "train_ratio": 0.5}, "seed": 0})
-    monkeypatch.setattr(script, "load_model", lambda path, device: loaded)
-    monkeypatch.setattr(script, "build_datasets_from_config", lambda *args, **kwargs: SimpleNamespace(
+    monkeypatch.setattr(rsnet.trained_model, "load_model", lambda path, device: loaded)
+    monkeypatch.setattr(rsnet.data, "build_datasets_from_config", lambda *args, **kwargs: SimpleNamespace(
         test=TensorDataset(n=8, size=16), class_names=STAND_IN_CLASSES))
     script.main(compose_command("evaluate", "checkpoint=stand_in", *overrides))
 

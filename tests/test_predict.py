@@ -15,6 +15,7 @@ from PIL import Image
 from helpers import PREDICT_CLASSES, REPO, StandInModel, checkpoint_payload, compose_command, load_predict_script
 
 import rsnet.export
+import rsnet.inference
 import rsnet.trained_model
 from rsnet.data import to_float_chw
 from rsnet.trained_model import save_checkpoint
@@ -56,15 +57,15 @@ def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match="no images .* found in .*empty"):
-        predict_mod.list_images(empty)
+        rsnet.inference.list_images(empty)
     with pytest.raises(FileNotFoundError, match=re.escape(f"image folder {tmp_path / 'missing'} does not exist")):
-        predict_mod.list_images(tmp_path / "missing")
+        rsnet.inference.list_images(tmp_path / "missing")
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg")
     with pytest.raises(ValueError, match="cannot read image .*broken.jpg"):
-        predict_mod.read_image(broken, 32)
+        rsnet.inference.read_image(broken, 32)
     sample = sorted((REPO / "data/ucmerced-mini/Images/forest").glob("*.jpg"))[0]
-    assert predict_mod.read_image(sample, 48).shape == (48, 48, 3)
+    assert rsnet.inference.read_image(sample, 48).shape == (48, 48, 3)
 
 
 def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
@@ -82,7 +83,7 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     with out.open() as handle:
         table = list(csv.DictReader(handle))
     assert table == [{**r, "probability": f"{r['probability']:.6f}"} for r in rows]  # the CSV holds the rows
-    images = np.stack([predict_mod.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
+    images = np.stack([rsnet.inference.read_image(image_dir / n, 32) for n in ("a.jpg", "b.png", "c.tif")])
     with torch.no_grad():
         expected = model(to_float_chw(images, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]))
     # by default the ensemble scores: its top 2 classes and their probabilities
@@ -142,7 +143,7 @@ def test_main_reports_bad_input_in_one_line(predict_mod, image_dir: Path, tmp_pa
             predict_mod.main(predict_command(argv))
         assert stop.value.code == 2 and needle in capsys.readouterr().err
     with pytest.raises(ValueError, match="zz_broken.png"):
-        predict_mod.read_image(image_dir / "zz_broken.png", 32)
+        rsnet.inference.read_image(image_dir / "zz_broken.png", 32)
 
 
 def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -282,5 +283,5 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
         return
     assert len(predict_mod.predict(args)) == 1
     assert "warning: 1 of 1 images have 16-bit or float pixels (I;16: 1) and were rescaled" in capsys.readouterr().err
-    pixels = predict_mod.read_image(folder / "dem.tif", 32)
+    pixels = rsnet.inference.read_image(folder / "dem.tif", 32)
     assert pixels.min() < 10 and pixels.max() > 245  # stretched (after resizing), not clipped to white

@@ -14,8 +14,10 @@ from helpers import (PREDICT_CLASSES, STAND_IN_CLASSES, PlainClassifier, StandIn
 from torch import nn
 
 from rsnet.data import to_float_chw
-from rsnet.evaluation import TTAModel, compute_metrics, d4_views, evaluate, tta_setting
+from rsnet.evaluation import TTAModel, compute_metrics, d4_views, evaluate
+from rsnet.inference import read_image
 from rsnet.models.output import MultiBranchOutput
+from rsnet.settings import tta_setting
 from rsnet.trained_model import save_checkpoint
 
 
@@ -130,7 +132,7 @@ def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(images / name)
     rows = predict_mod.predict(compose_command("predict", f"checkpoint={ckpt}", f"images={images}", "head=main",
                                                "tta=d4"))
-    pixels = np.stack([predict_mod.read_image(images / name, 32) for name in ("a.png", "b.png")])
+    pixels = np.stack([read_image(images / name, 32) for name in ("a.png", "b.png")])
     x = to_float_chw(pixels, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     with torch.no_grad():
         probs = torch.softmax(torch.stack([model(view).logits["main"] for view in _by_hand(x)]).mean(0), dim=1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -24,18 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
-from rsnet.data import CorruptImageError, build_datasets_from_config
-from rsnet.evaluation import (
-    TTAModel,
-    compute_metrics,
-    evaluate,
-    tta_setting,
-    write_confusion_csv,
-    write_confusion_png,
-)
+from rsnet.data.errors import CorruptImageError
 from rsnet.files import atomic_write
-from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device
-from rsnet.trained_model import ModelSource, load_model
+from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device, tta_setting
+
+# the model and data code (torch, timm) is imported where the evaluation starts (main), not here: --help and a
+# refused setting answer without it
+if TYPE_CHECKING:
+    from rsnet.trained_model import ModelSource
 
 SCORES = ("precision", "recall", "f1")
 
@@ -79,6 +75,8 @@ def class_table(metrics: dict[str, Any]) -> str:
 
 def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) -> None:
     """The metrics JSON at ``out``, the confusion matrix beside it as ``<stem>_confusion.csv`` and ``.png``."""
+    from rsnet.evaluation import write_confusion_csv, write_confusion_png
+
     with atomic_write(out, "w") as handle:
         handle.write(json.dumps(metrics, indent=2))
     print(f"metrics written to {out}")
@@ -91,6 +89,10 @@ def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) ->
 @hydra.main(config_path=hydra_config_path(), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Score the model, print the main figures and per-class table, then write the metrics and confusion."""
+    from rsnet.data import build_datasets_from_config
+    from rsnet.evaluation import TTAModel, compute_metrics, evaluate
+    from rsnet.trained_model import load_model
+
     with user_errors():
         device = resolve_device(str(cfg.device))
         batch_size = int_setting("batch_size", cfg.batch_size, 1)
@@ -123,7 +125,6 @@ def main(cfg: DictConfig) -> None:
         print(summary(metrics))
         print(class_table(metrics))
         write_outputs(out, metrics, class_names)
-
 
 
 def run() -> None:

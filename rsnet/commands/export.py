@@ -24,13 +24,14 @@ from omegaconf import DictConfig
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
-from rsnet.export import export_checkpoint
 from rsnet.settings import int_setting
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Export, then say what was written and how far its logits are from the full model's."""
+    from rsnet.export import export_checkpoint  # here, not at the top: --help answers without torch and timm
+
     with user_errors():
         batch_size, seed = int_setting("batch_size", cfg.batch_size, 1), int_setting("seed", cfg.seed)
         result = export_checkpoint(str(cfg.checkpoint), str(cfg.out), format=str(cfg.format), head=str(cfg.head),
@@ -46,7 +47,6 @@ def main(cfg: DictConfig) -> None:
             print("max abs logit difference: not measured (install onnxruntime to run the ONNX file)")
         else:
             print(f"max abs logit difference vs the full model's {meta['head']} logits: {result.max_abs_diff:.3g}")
-
 
 
 def run() -> None:

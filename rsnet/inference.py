@@ -1,0 +1,151 @@
+"""Classify images from Python with a trained model: a training checkpoint (every head, attention maps) or what
+``rsnet-export`` wrote. ``rsnet-predict`` is a command-line shell over this module.
+
+    from rsnet.inference import list_images, load_predictor
+
+    predictor = load_predictor("outputs/aid/esd_mbenet/resnet50/r0.5_224px_imagenet/seed0", device="auto")
+    paths = list_images("my_scenes/")
+    for path, top in zip(paths, predictor.top_k(predictor.read_images(paths), k=3)):
+        print(path.name, top)                                   # [("forest", 0.97), ("meadow", 0.02), ...]
+
+Images are decoded exactly as the datasets decode them (:func:`rsnet.data.decode_image`: RGB, resized to the model's
+image size, 16-bit and float pixels rescaled as in training) and normalised with the model's mean/std.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image
+from rsnet.data.errors import CorruptImageError
+from rsnet.data.normalize import to_float_chw
+from rsnet.data.specs import IMAGE_EXTENSIONS
+from rsnet.evaluation import TTAModel
+from rsnet.export import attention_model
+from rsnet.settings import resolve_device
+from rsnet.trained_model import load_model
+
+
+class UnreadableImageError(ValueError):
+    """An image that cannot be decoded; ``path`` names it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot read image {path}: {' '.join(reason.split())}")
+        self.path = path
+
+
+def read_image(path: str | Path, image_size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+               report: DecodeReport | None = None) -> np.ndarray:
+    """Decode to RGB uint8 (image_size, image_size, 3) exactly as the datasets do (rsnet.data.decode_image);
+    an unreadable or missing file raises :class:`UnreadableImageError`."""
+    try:
+        return decode_image(Path(path), image_size, high_bit_depth, report)
+    except CorruptImageError as error:  # undecodable and missing files; its own text hints at a training setting
+        raise UnreadableImageError(Path(path), error.reason or "cannot be decoded") from error
+
+
+def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
+    """Sorted image files of ``folder`` (or ``folder`` itself when it is one image)."""
+    folder = Path(folder)
+    if folder.is_file():
+        if folder.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
+        return [folder]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    pattern = folder.rglob("*") if recursive else folder.iterdir()
+    files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {folder}"
+                         + ("" if recursive else " (sub-folders are searched with recursive=true)"))
+    return files
+
+
+@dataclass
+class Predictor:
+    """A trained model with its preprocessing: uint8 RGB images in, class probabilities out."""
+
+    forward: Callable[[Tensor], Tensor]  # normalised images -> logits of the scored head
+    class_names: list[str]
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    device: torch.device
+    full_model: nn.Module | None  # checkpoints, and exports loaded with attention=True: for attention maps
+    description: str
+    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH  # how 16-bit/float images become 8 bit, as in training
+
+    def read_images(self, paths: Sequence[str | Path], report: DecodeReport | None = None) -> np.ndarray:
+        """The images at ``paths`` as one uint8 (N, image_size, image_size, 3) batch, decoded as in training."""
+        return np.stack([read_image(path, self.image_size, self.high_bit_depth, report) for path in paths])
+
+    def preprocess(self, images: np.ndarray) -> Tensor:
+        """uint8 (N, H, W, 3) at the model's image size -> normalised float (N, 3, H, W) on the model's device."""
+        return to_float_chw(images, self.mean, self.std).to(self.device)
+
+    def probabilities(self, inputs: np.ndarray | Tensor) -> Tensor:
+        """Class probabilities (N, classes) on the CPU of uint8 images (N, H, W, 3) or of :meth:`preprocess`'s
+        output."""
+        if isinstance(inputs, np.ndarray):
+            inputs = self.preprocess(inputs)
+        with torch.no_grad():
+            return torch.softmax(torch.as_tensor(self.forward(inputs)).float(), dim=1).cpu()
+
+    def top_k(self, inputs: np.ndarray | Tensor, k: int = 1) -> list[list[tuple[str, float]]]:
+        """Per image, its ``k`` most probable classes as (class name, probability), most probable first."""
+        top_p, top_i = self.probabilities(inputs).topk(min(k, len(self.class_names)), dim=1)
+        return [[(self.class_names[i], p) for i, p in zip(indices, probs)]
+                for indices, probs in zip(top_i.tolist(), top_p.tolist())]
+
+
+def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:
+        output = model(x)
+        if isinstance(output, Tensor):
+            return output
+        if head is None:
+            return output.prediction_logits
+        if head not in output.logits:
+            raise ValueError(f"the model has no head {head!r}; heads: {', '.join(output.logits)}")
+        return output.logits[head]
+
+    return forward
+
+
+def load_predictor(path: str | Path, device: str | torch.device = "auto", head: str | None = None,
+                   tta: str = "none", attention: bool = False) -> Predictor:
+    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.trained_model.load_model`
+    resolves ``path`` (a file, a run folder or an export folder), onto ``device`` (``auto``: CUDA when present).
+    ``head``: the scored head of a checkpoint (default: its ensemble, else main); ``tta="d4"``: average the logits
+    of the 8 dihedral views (:class:`rsnet.evaluation.TTAModel`); ``attention``: an export is also rebuilt as an
+    rsnet model for its attention maps (:func:`rsnet.export.attention_model`)."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    loaded = load_model(path, device, setting="checkpoint")
+    meta, model = loaded.metadata, loaded.model
+    scored = TTAModel(model) if tta == "d4" else model
+    settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
+                    mean=list(meta["mean"]), std=list(meta["std"]), device=device,
+                    high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))
+    if loaded.source.kind == "export":
+        if head is not None and head != meta.get("head", head):
+            raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
+        full_model = attention_model(model) if attention else None
+        return Predictor(forward=scored, full_model=full_model, **settings, description=f"{loaded.source}: "
+                         f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head, tta {tta})")
+    with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
+        size = settings["image_size"]
+        probe = model(torch.zeros(1, 3, size, size, device=device))
+    heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
+    if head is not None and head not in heads:
+        raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")
+    head_name = head or ("main" if isinstance(probe, Tensor) else probe.ensemble or probe.main)
+    epoch = "?" if loaded.epoch is None else loaded.epoch
+    return Predictor(forward=_head_logits(scored, head), full_model=model, **settings,
+                     description=f"{loaded.source}: {model.model_config.get('arch', '?')} "
+                                 f"({head_name} head, epoch {epoch}, tta {tta})")
