@@ -25,6 +25,7 @@ import io
 import json
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -147,9 +148,9 @@ def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
     return path
 
 
-def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any], format: str = "auto",
-                 head: str = "main", batch_size: int = 2, seed: int = 0) -> ExportResult:
-    """Export ``model`` (an rsnet model) and check the exported logits against the full model's."""
+def check_export_settings(format: str, head: str) -> str:
+    """The format to write (``auto`` resolved: timm for the main branch, state_dict for the ensemble); a format or
+    head rsnet cannot write, or whose packages are missing, is refused before any work."""
     if format == "auto":
         format = "timm" if head == "main" else "state_dict"
     if format not in FORMATS:
@@ -166,6 +167,22 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         except ImportError as error:
             raise ExportError(f"ONNX export needs the onnx packages ({error}); install them with "
                               "pip install -e .[onnx]") from error
+    return format
+
+
+def _no_report(stage: str) -> None:
+    """The default ``on_stage``: report nothing."""
+
+
+EXPORT_STAGES = 4  # load the checkpoint, write, reload, compare logits: the calls of ``on_stage`` in one export
+
+
+def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any], format: str = "auto",
+                 head: str = "main", batch_size: int = 2, seed: int = 0,
+                 on_stage: Callable[[str], None] = _no_report) -> ExportResult:
+    """Export ``model`` (an rsnet model) and check the exported logits against the full model's; ``on_stage`` is
+    called with the name of each stage as it begins (a progress bar)."""
+    format = check_export_settings(format, head)
     out_dir = Path(out_dir)
     check_export_dir(out_dir)
     model = model.eval()
@@ -173,6 +190,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     image_size = int(metadata["image_size"])
     x = _reference_batch(image_size, batch_size, seed)
     module = extract_main_branch(model) if head == "main" else EnsembleLogits(model).eval()
+    on_stage(f"writing {format}")
     with torch.no_grad():
         output = model(x)
         reference = output.main_logits if head == "main" else output.prediction_logits
@@ -187,6 +205,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     }
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
     diff = None
+    on_stage("reloading the export")
     try:
         exported = load_exported(out_dir)
     except ExportError:
@@ -194,6 +213,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         import onnx
 
         onnx.checker.check_model(onnx.load(str(path)))
+    on_stage("comparing logits")
     if exported is not None:
         with torch.no_grad():
             diff = float((exported(x) - reference).abs().max())
@@ -203,17 +223,20 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str = "auto", head: str = "main",
-                      batch_size: int = 2, seed: int = 0) -> ExportResult:
-    """Export a training checkpoint (a file, or a run folder: its best.pt, else last.pt) to ``out_dir``."""
+                      batch_size: int = 2, seed: int = 0, on_stage: Callable[[str], None] = _no_report) -> ExportResult:
+    """Export a training checkpoint (a file, or a run folder: its best.pt, else last.pt) to ``out_dir``;
+    ``on_stage`` as in :func:`export_model`."""
     source = resolve_model_path(checkpoint)
     if source.kind == "export":
         raise ExportError(f"checkpoint={checkpoint} is an exported model, not a training checkpoint; export reads "
                           "a run's checkpoints/best.pt (or the run folder)")
+    check_export_settings(format, head)
+    on_stage("loading the checkpoint")
     model, payload = model_from_training_checkpoint(source.path)
-    result = export_model(model, out_dir, payload, format=format, head=head, batch_size=batch_size, seed=seed)
+    result = export_model(model, out_dir, payload, format=format, head=head, batch_size=batch_size, seed=seed,
+                          on_stage=on_stage)
     result.source = source
     return result
-
 
 
 def attention_model(exported: ExportedModel) -> nn.Module:

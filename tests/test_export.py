@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 from helpers import (EXPORT_CLASSES, EXPORT_SIZE, REPO, compose_command, deprecations_from_rsnet, export_recording,
                      full_logits, load_export_script, write_checkpoint)
 
+import rsnet.export
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.trained_model import ExportError, load_exported, save_checkpoint
 from rsnet.models import build_model
@@ -245,12 +247,33 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(checkpoint: Path,
     monkeypatch.setattr(rsnet.export.torch, "save", full)
     with pytest.raises(SystemExit) as stop:
         load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=state_dict",
-                                              f"out={out}"))
+                                                  f"out={out}", "progress_bar=false"))
     err = capsys.readouterr().err
     assert stop.value.code == 1 and err.startswith(f"error: no space left on device while writing {out / 'model.pt'}")
     assert len(err.strip().splitlines()) == 1
     assert (out / "model.pt").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["model.json",
                                                                                                     "model.pt"]
+
+
+def test_export_reports_its_stages(checkpoint: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    stages: list[str] = []
+    export_checkpoint(checkpoint, tmp_path / "a", format="state_dict", on_stage=stages.append)
+    assert stages == ["loading the checkpoint", "writing state_dict", "reloading the export", "comparing logits"]
+    assert len(stages) == rsnet.export.EXPORT_STAGES
+    reload = rsnet.export.load_exported
+
+    def slow_reload(*args, **kwargs):  # an export that takes longer than the bar's half-second delay
+        time.sleep(0.6)
+        return reload(*args, **kwargs)
+
+    monkeypatch.setattr(rsnet.export, "load_exported", slow_reload)
+    load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", f"out={tmp_path / 'b'}"))
+    shown = capsys.readouterr().err.replace("\r", "\n")  # the progress bar, on stderr
+    assert "export: comparing logits: 3/4 stages done" in shown, shown  # after the delay, not before
+    load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", f"out={tmp_path / 'c'}",
+                                              "progress_bar=false"))
+    shown = capsys.readouterr()
+    assert "max abs logit difference" in shown.out and "stages done" not in shown.err
 
 
 def test_export_script_numbers_are_checked(checkpoint: Path, tmp_path: Path, capsys) -> None:

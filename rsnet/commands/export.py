@@ -20,22 +20,35 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
-from rsnet.settings import int_setting
+from rsnet.settings import bool_setting, int_setting
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Export, then say what was written and how far its logits are from the full model's."""
-    from rsnet.export import export_checkpoint  # here, not at the top: --help answers without torch and timm
-
     with user_errors():
+        checkpoint, out, format, head = str(cfg.checkpoint), str(cfg.out), str(cfg.format), str(cfg.head)
         batch_size, seed = int_setting("batch_size", cfg.batch_size, 1), int_setting("seed", cfg.seed)
-        result = export_checkpoint(str(cfg.checkpoint), str(cfg.out), format=str(cfg.format), head=str(cfg.head),
-                                   batch_size=batch_size, seed=seed)
+        progress = bool_setting("progress_bar", cfg.progress_bar)
+        from rsnet.export import EXPORT_STAGES, export_checkpoint  # here: --help answers without torch and timm
+
+        # shown once the export has taken half a second: a refused setting or file prints no bar
+        with tqdm(total=EXPORT_STAGES, desc="export", leave=False, dynamic_ncols=True, disable=not progress,
+                  delay=0.5, bar_format="{desc}{n_fmt}/{total_fmt} stages done [{elapsed}]") as bar:
+            def on_stage(name: str) -> None:  # called as each stage begins: the stages before it are done
+                bar.set_description(f"export: {name}", refresh=False)
+                bar.n = stages_begun[0]
+                bar.update(0)
+                stages_begun[0] += 1
+
+            stages_begun = [0]
+            result = export_checkpoint(checkpoint, out, format=format, head=head, batch_size=batch_size, seed=seed,
+                                       on_stage=on_stage)
         meta = result.metadata
         print(f"from {result.source}")
         print(f"exported {meta['head']} head of {meta['arch']}/{meta['backbone']} ({meta['num_classes']} classes, "
