@@ -37,13 +37,14 @@ from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
-from rsnet.trained_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportedModel, ExportError,
-                                 ModelSource, load_exported, model_from_training_checkpoint, names_export_file,
-                                 resolve_model_path)
+from rsnet.integrity import file_digest
+from rsnet.trained_model import (DIGEST_KEY, FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportedModel,
+                                 ExportError, ModelSource, export_files, load_exported, model_from_training_checkpoint,
+                                 names_export_file, resolve_model_path)
 
 ONNX_OPSET = 18
 HEADS = ("main", "ensemble")
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: model.json records the SHA-256 of each file and the output size
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
 
@@ -201,7 +202,8 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
         "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
         "backbone": config["backbone"], "num_classes": int(config["num_classes"]), "arch": config["arch"],
-        "model_config": {**config, "pretrained": False},
+        "model_config": {**config, "pretrained": False}, "output_size": int(reference.shape[-1]),
+        DIGEST_KEY: {name: file_digest(out_dir / name) for name in export_files({"format": format, "file": path.name})},
     }
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
     diff = None

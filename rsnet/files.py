@@ -43,9 +43,37 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         os.replace(tmp_name, path)
     except BaseException as error:
         Path(tmp_name).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC and not isinstance(error, DiskFullError):
+        if _disk_was_full(error) and not isinstance(error, DiskFullError):
             raise DiskFullError(path) from error
         raise
+
+
+@contextmanager
+def disk_full_named(path: str | os.PathLike) -> Iterator[None]:
+    """Inside, an error caused by a full disk (however a library wrapped it: TensorBoard's writer thread, torch's
+    serializer) becomes :class:`DiskFullError` naming ``path`` (e.g. the run folder)."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except BaseException as error:
+        if _disk_was_full(error):
+            raise DiskFullError(path) from error
+        raise
+
+
+def _disk_was_full(error: BaseException) -> bool:
+    """True when ``error`` or an error it was raised from or while handling is ENOSPC: torch.save reports a full
+    disk as ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos ...`` raised while handling
+    the file's ``OSError``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _create_beside(path: Path) -> tuple[int, str]:

@@ -20,22 +20,28 @@ from torch import Tensor, nn
 
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.files import atomic_write
+from rsnet.integrity import content_digest, file_digest, unreadable_reason
 from rsnet.models import build_model
 
 FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
            "timm": "model.safetensors"}  # timm: with its config.json
 TIMM_CONFIG = "config.json"  # beside model.safetensors in a timm export
 METADATA_FILE = "model.json"
+log = logging.getLogger(__name__)
 CHECKPOINT_NAMES = ("best.pt", "last.pt")  # a run's checkpoints, in order of preference
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: with the SHA-256 of its contents (DIGEST_KEY); 1: without (loaded, with a warning)
+DIGEST_KEY = "sha256"
 REQUIRED_KEYS = ("format_version", "model_config", "model_state", "class_names", "image_size", "mean", "std")
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` to ``path`` atomically (temp file in the same folder, then rename); a full disk raises
     :class:`rsnet.files.DiskFullError` and leaves the previous file as it was."""
+    contents = {key: value for key, value in payload.items() if key != DIGEST_KEY}  # a loaded checkpoint's is stale
+    contents["format_version"] = CHECKPOINT_FORMAT
+    contents[DIGEST_KEY] = content_digest(contents)
     with atomic_write(path) as handle:
-        torch.save({"format_version": CHECKPOINT_FORMAT, **payload}, handle)
+        torch.save(contents, handle)
     return Path(path)
 
 
@@ -53,21 +59,46 @@ def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
     return last, load_checkpoint(last, mmap=True)["epoch"]
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """Load an rsnet checkpoint, with a clear error when the file is missing or not one of ours. ``mmap``: map the
-    tensors from the file instead of reading them (cheap when only the metadata, e.g. the config, is needed)."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
+                    verify: bool | None = None) -> dict[str, Any]:
+    """Load an rsnet checkpoint, with a clear error when the file is missing, damaged (its contents no longer match
+    the SHA-256 written with them) or not one of ours. ``mmap``: map the tensors from the file instead of reading
+    them (cheap when only the metadata, e.g. the config or epoch, is needed). ``verify``: check the SHA-256
+    (default: unless ``mmap``, which would read every tensor for it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise ValueError(f"{path} could not be read as an rsnet checkpoint ({error})") from error
+        raise ValueError(f"{path} cannot be read as an rsnet checkpoint: {unreadable_reason(path)}{_REPLACE}") \
+            from error
     if not isinstance(payload, dict) or any(key not in payload for key in REQUIRED_KEYS):
         missing = [key for key in REQUIRED_KEYS if not isinstance(payload, dict) or key not in payload]
         raise ValueError(f"{path} is not an rsnet training checkpoint (missing {missing}); "
                          "export and evaluation need a file written by scripts/train.py")
+    if (not mmap) if verify is None else verify:
+        _verify_digest(path, payload)
     return payload
+
+
+_REPLACE = ("; if it is a run's last.pt, resume from another copy or start the run again (overwrite=true); a best.pt "
+            "can be rebuilt only by training")
+
+
+def _verify_digest(path: Path, payload: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose contents differ from the digest written with them (a flipped bit, a damaged
+    copy); warn once for one written before checkpoints carried a digest."""
+    stored = payload.get(DIGEST_KEY)
+    if stored is None:
+        if payload["format_version"] >= 2:
+            raise ValueError(f"{path} has lost its content hash ({DIGEST_KEY}): the file was altered{_REPLACE}")
+        log.warning("%s was written by an rsnet without content hashes: its weights cannot be verified", path)
+        return
+    contents = {key: value for key, value in payload.items() if key != DIGEST_KEY}
+    if content_digest(contents) != stored:
+        raise ValueError(f"{path} is damaged: its contents do not match the SHA-256 written with them (a changed "
+                         f"bit on disk or in a copy){_REPLACE}")
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any], source: str | Path = "the checkpoint") -> nn.Module:
@@ -224,11 +255,53 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     if not isinstance(meta, dict) or "rsnet_export" not in meta or meta.get("format") not in FORMATS:
         raise ExportError(f"{metadata_path} is not the metadata of an rsnet export")
     file = metadata_path.parent / meta["file"]
-    own_files = (meta["file"], TIMM_CONFIG) if meta["format"] == "timm" else (meta["file"],)
+    own_files = export_files(meta)
     if path.is_file() and path != metadata_path and path.name not in own_files:
         raise ExportError(f"{path} is not an exported model ({metadata_path} describes {file})")
     if not file.is_file():
         raise FileNotFoundError(f"{file} (named by {metadata_path}) does not exist")
+    _verify_export_files(metadata_path, meta, own_files)
+    exported = _load_export_module(file, meta, map_location)
+    _check_output_size(exported, metadata_path)
+    return exported
+
+
+def export_files(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The files an export's model.json describes (timm: the weights and timm's config.json)."""
+    return (meta["file"], TIMM_CONFIG) if meta["format"] == "timm" else (meta["file"],)
+
+
+def _verify_export_files(metadata_path: Path, meta: dict[str, Any], files: tuple[str, ...]) -> None:
+    """Refuse an export whose files differ from the SHA-256 recorded in its model.json (damaged, or another
+    export's file put beside it); warn for an export written before model.json recorded them."""
+    recorded = meta.get(DIGEST_KEY)
+    if not isinstance(recorded, dict):
+        log.warning("%s records no SHA-256 of its files (an export of an older rsnet): they cannot be verified; "
+                    "export again to add them", metadata_path)
+        return
+    for name in files:
+        if recorded.get(name) != file_digest(metadata_path.parent / name):
+            raise ExportError(f"{metadata_path.parent / name} does not match the SHA-256 that {metadata_path} records "
+                              "for it: the file was damaged or replaced after the export (e.g. by another export's "
+                              "file); export the checkpoint again")
+
+
+def _check_output_size(exported: ExportedModel, metadata_path: Path) -> None:
+    """The model must score as many classes as model.json names (else every label it prints would be wrong)."""
+    meta = exported.metadata
+    size = int(meta["image_size"])
+    device = next(iter(exported.parameters()), torch.zeros(0)).device  # an ONNX session takes CPU tensors
+    with torch.no_grad():
+        outputs = int(exported(torch.zeros(1, 3, size, size, device=device)).shape[-1])
+    named = len(meta["class_names"])
+    if outputs != named or int(meta.get("num_classes", named)) != named or int(meta.get("output_size", outputs)) != outputs:
+        raise ExportError(f"{metadata_path} names {named} classes (num_classes={meta.get('num_classes')}) but "
+                          f"{meta['file']} scores {outputs}: the model file and its model.json do not belong "
+                          "together; export the checkpoint again")
+
+
+def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | torch.device) -> ExportedModel:
+    """The model in an export's ``file`` as an :class:`ExportedModel` (torchscript, timm, onnx or state_dict)."""
     fmt = meta["format"]
     if fmt == "torchscript":
         return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
@@ -253,7 +326,12 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     else:
         module = EnsembleLogits(build_model(**meta["model_config"]))
         state = {f"model.{k}": v for k, v in state.items()}
-    module.load_state_dict(state)
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as error:  # weights of another model beside this model.json
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"the weights in {file} do not fit the model its model.json describes ({reason}); "
+                          "export the checkpoint again") from error
     return ExportedModel(module.eval(), meta)
 
 

@@ -128,7 +128,8 @@ def _checkpoint_payload() -> dict:
 def test_checkpoint_write_is_atomic_and_validated(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path / "ck" / "last.pt", _checkpoint_payload())
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp file left behind
-    assert load_checkpoint(path)["format_version"] == 1
+    loaded = load_checkpoint(path)
+    assert loaded["format_version"] == 2 and len(loaded["sha256"]) == 64
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not an rsnet training checkpoint"):
         load_checkpoint(tmp_path / "other.pt")

@@ -144,6 +144,24 @@ def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Pa
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 
+def test_resuming_from_a_damaged_checkpoint_is_refused_before_training(esd_run: Path, tmp_path: Path,
+                                                                      capfd: pytest.CaptureFixture) -> None:
+    """Was: 200 random bytes in last.pt were loaded, trained on until the loss became NaN, and the advice named
+    the damaged file "the last good checkpoint"."""
+    run_dir = shutil.copytree(esd_run, tmp_path / "run")
+    last = run_dir / "checkpoints" / "last.pt"
+    data = bytearray(last.read_bytes())
+    weight = max(load_checkpoint(last)["model_state"].values(), key=torch.Tensor.numel)
+    start = bytes(data).find(weight.numpy().tobytes())
+    data[start:start + 200] = bytes(range(200))
+    last.write_bytes(bytes(data))
+    result = train(capfd, run_dir, "model=esd_mbenet", "epochs=3", "resume=true", expect_ok=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: {last} is damaged: its contents do not match the SHA-256 written with them"), result.stderr
+    assert "epoch 3/3" not in result.stdout + result.stderr and "launched" not in result.stderr
+
+
 def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest.CaptureFixture) -> None:
     """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
     result = train(capfd, esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",

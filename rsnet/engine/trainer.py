@@ -34,6 +34,7 @@ from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir
 from rsnet.engine.step_timer import StepTimer
+from rsnet.files import disk_full_named
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
@@ -67,8 +68,8 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     with hold_run_dir(run_dir) if primary else nullcontext():
         resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
         if resume_from:
-            # the workers load the weights; here only the config is read (tensors mapped, not loaded)
-            saved = load_checkpoint(resume_from, mmap=True)
+            # checked here, before any worker starts (a damaged file is refused, not trained on): its SHA-256
+            saved = load_checkpoint(resume_from, mmap=True, verify=True)
             check_resume_identity(config, saved["config"], resume_from)
             if int(saved["epoch"]) >= int(config["epochs"]):
                 log.warning("resume=true: the run in %s has trained %d of epochs=%d, so nothing is left to train; "
@@ -156,7 +157,7 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
-    try:
+    with disk_full_named(run_dir), tb:  # TensorBoard's writer thread reports a full disk as a bare OSError
         for epoch in range(state["epoch"], config["epochs"]):
             started = time.perf_counter()
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
@@ -170,8 +171,6 @@ def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | No
                 dist.barrier()  # no worker claims the next epoch's samples while the primary logs and saves
         if ctx.is_primary and ctx.world_size > 1:
             log.info("%s", strategy.summary())
-    finally:
-        tb.close()
     return final  # the last epoch is always evaluated (a resume with no epoch left is refused before launch)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import pickle
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +32,8 @@ import timm
 import torch
 from timm.data import resolve_model_data_config
 from torch import Tensor, nn
+
+from rsnet.integrity import unreadable_reason
 
 # children of timm models that belong to forward_head, not forward_features
 HEAD_MODULE_NAMES = ("global_pool", "head_drop", "fc", "classifier", "head", "pre_logits", "fc_norm", "flatten")
@@ -171,11 +174,18 @@ def _create_from_file(name: str, num_classes: int, path: Path, **kwargs: Any) ->
     if not path.is_file():
         raise BackboneError(f"backbone.pretrained={path} does not exist; set false, true or the path of a weights "
                             f"file for backbone.name={name!r}")
-    net = _create(name, f"backbone.pretrained={path} does not load into backbone.name={name!r}",
-                  f"expected a state dict (.pth or .safetensors) of timm.create_model({name!r}) or of torchvision's "
-                  f"model of that name, with the class count of its pretrained config (1000 for ImageNet; for "
-                  f"another, save the model with timm.models.save_for_hf and use backbone.name=local-dir:<folder>)",
-                  pretrained=True, pretrained_cfg_overlay={"file": str(path), "source": "file"}, **kwargs)
+    hint = (f"expected a state dict (.pth or .safetensors) of timm.create_model({name!r}) or of torchvision's model "
+            f"of that name, with the class count of its pretrained config (1000 for ImageNet; for another, save the "
+            f"model with timm.models.save_for_hf and use backbone.name=local-dir:<folder>)")
+    try:
+        net = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path), "source": "file"},
+                                **kwargs)
+    except Exception as error:  # noqa: BLE001 - file, unpickling and state-dict errors come in many types
+        # torch's unpickling errors advise weights_only=False (running code from the file): say what is wrong instead
+        unreadable = isinstance(error, (pickle.UnpicklingError, EOFError)) or "weights_only" in str(error)
+        reason = unreadable_reason(path) if unreadable and path.suffix != ".safetensors" else _one_line(error)
+        raise BackboneError(f"backbone.pretrained={path} does not load into backbone.name={name!r} ({reason}); "
+                            f"{hint}") from error
     if net.num_classes != num_classes:
         net.reset_classifier(num_classes)
     return net

@@ -9,6 +9,8 @@ projector embeddings (``<step>/<tag>/`` next to the event files). A logger built
 
 from __future__ import annotations
 
+import errno
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,21 @@ def _keep_projector_entries(config_path: Path, earlier: str) -> None:
         handle.write(text_format.MessageToString(merged))
 
 
+def _quiet_full_disk_in_writer_thread() -> None:
+    """TensorBoard's writer thread dies on a full disk, printing a traceback, and its error is raised again in the
+    thread that logs next (where rsnet reports it in one line): that thread's traceback is not printed."""
+    previous = threading.excepthook
+    if getattr(previous, "rsnet_quiet_full_disk", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and args.exc_value.errno == errno.ENOSPC):
+            previous(args)
+
+    hook.rsnet_quiet_full_disk = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class TensorBoardLogger:
     """Thin wrapper over ``SummaryWriter`` with rsnet's figures. ``enabled=False`` makes every call a no-op."""
 
@@ -101,6 +118,7 @@ class TensorBoardLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_full_disk_in_writer_thread()
             self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:

@@ -1,0 +1,70 @@
+"""Is a file on disk what rsnet wrote? Content hashes (SHA-256) of checkpoints and exports, checked on every load,
+and one plain reason when torch cannot read a weights file at all.
+
+A checkpoint carries the digest of its own contents (:func:`content_digest`: every tensor's dtype, shape and bytes
+and every plain value, in a fixed order), so one file stays one atomic write. An export's model.json records the
+SHA-256 of each file it describes (:func:`file_digest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_CHUNK = 1 << 20
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of the file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def content_digest(obj: Any) -> str:
+    """SHA-256 of nested dicts / lists / tuples of tensors and plain values, independent of where the tensors live
+    (CPU, GPU, memory-mapped) and of dict insertion order."""
+    digest = hashlib.sha256()
+    _feed(digest, obj)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach().to("cpu").contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(obj, Mapping):
+        digest.update(b"{")
+        for key in sorted(obj, key=repr):
+            digest.update(repr(key).encode() + b":")
+            _feed(digest, obj[key])
+        digest.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        digest.update(b"(" if isinstance(obj, tuple) else b"[")
+        for item in obj:
+            _feed(digest, item)
+            digest.update(b",")
+        digest.update(b")")
+    else:
+        digest.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def unreadable_reason(path: str | Path) -> str:
+    """Why torch.load could not read ``path``, in words a user can act on (torch's own text suggests
+    ``weights_only=False``, which would run code from the file and is never what rsnet does)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return f"the file ({size} bytes) is not in torch.save's format: damaged, cut short, or another kind of file"
+    return ("the file is damaged, or holds Python objects other than tensors and plain values (rsnet loads weights "
+            "only, never code from a file)")
