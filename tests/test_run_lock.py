@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from rsnet.engine.config_checks import ConfigError
-from rsnet.engine.run_lock import LOCK_NAME, hold_run_dir
+from rsnet.engine.run_lock import LOCK_NAME, hold_run_dir, share_run_dir
 
 HOLDER = """
 import sys, time
@@ -36,3 +39,67 @@ def test_a_live_run_holds_its_dir_and_a_killed_one_leaves_it_free(tmp_path: Path
     with hold_run_dir(tmp_path):  # the operating system released the dead holder's lock
         assert (tmp_path / LOCK_NAME).is_file()
     assert time.monotonic() - started < 1.0
+
+
+def test_a_new_run_waits_for_the_last_worker_of_an_earlier_one(tmp_path: Path) -> None:
+    with share_run_dir(tmp_path):  # a worker of a run whose launcher is gone
+        with pytest.raises(ConfigError, match="is still in use by workers of an earlier run that are ending"):
+            with hold_run_dir(tmp_path):
+                pass
+    with hold_run_dir(tmp_path):
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_with_a_killed_launcher_and_write_nothing_after(tmp_path: Path) -> None:
+    """Was: after kill -9 of the launcher, its orphaned workers wrote last.pt and metrics.json a second later,
+    when the run dir's lock was already free, or died at their next store access with ~22 lines of C++ frames
+    each."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), "backbone=test_resnet",
+                                 "dataset.image_size=32", "batch_size=32", "log.progress_bar=false", "model=baseline",
+                                 "epochs=200", "trainer.devices=[cpu,cpu]", f"hydra.run.dir={run_dir}"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "last.pt").exists() and launcher.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.2)
+    workers = [pid for pid in _children(launcher.pid) if "spawn" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) == 2, workers
+    launcher.kill()
+    launcher.wait(10)
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers):
+        with pytest.raises(ConfigError, match="in use"):  # refused for as long as a worker of the run lives
+            with hold_run_dir(run_dir):
+                pass
+        assert time.monotonic() < deadline, "the workers outlived their killed launcher by 20 s"
+        time.sleep(0.05)
+    with hold_run_dir(run_dir):
+        before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if path.is_file()}
+        time.sleep(2.0)
+        after = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if path.is_file()}
+    assert before == after  # nothing written once the run dir is free again
+    _, err = launcher.communicate(timeout=10)  # the workers' stderr too: closed once they are gone
+    assert "frame #" not in err and "Traceback" not in err, err[-3000:]

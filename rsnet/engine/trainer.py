@@ -32,7 +32,7 @@ from rsnet.engine.epoch_end import evaluate_epoch, finish_epoch, new_run_state
 from rsnet.engine.shared_decode import load_decoded_once
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
-from rsnet.engine.run_lock import hold_run_dir
+from rsnet.engine.run_lock import hold_run_dir, share_run_dir
 from rsnet.engine.step_timer import StepTimer
 from rsnet.files import disk_full_named
 from rsnet.losses import MultiBranchLoss
@@ -127,7 +127,14 @@ class EpochMeter:
 
 
 def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
-    """One worker's whole run: data, model, strategy, epochs; the primary evaluates and saves."""
+    """One worker's whole run (:func:`_train`), holding the run dir's workers' lock until it ends: a new run there
+    is refused until the last worker is gone, even when the launcher was killed before them."""
+    with share_run_dir(Path(config["run_dir"])):
+        return _train(ctx, config, resume_from)
+
+
+def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
+    """Data, model, strategy, epochs; the primary evaluates and saves."""
     run_dir = Path(config["run_dir"])
     seed = int(config["seed"])
     if ctx.world_size > 1:  # tqdm's default lock is a multiprocessing semaphore, leaked when a worker is stopped

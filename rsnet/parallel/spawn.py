@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rsnet.parallel.watch import Heartbeats, WorkerWatch, beat
+from rsnet.parallel.watch import Heartbeats, WorkerWatch, beat, die_with_parent
 from rsnet.parallel.worker import LaunchSettings, destroy_group, join_group, setup_device
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ def spawn_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, An
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(target=_child_main, name=f"rsnet-worker-{rank}",
                                       args=(rank, settings, store.port, worker_fn, args, kwargs, writer,
-                                            logging.getLogger().getEffectiveLevel(), clocks), daemon=False)
+                                            logging.getLogger().getEffectiveLevel(), clocks, os.getpid()),
+                                      daemon=False)
             with _ctrl_c_ignored():  # inherited: Ctrl-C reaches this process only, which stops the workers
                 process.start()
             writer.close()
@@ -55,9 +56,11 @@ def spawn_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, An
 
 
 def _child_main(rank: int, settings: LaunchSettings, port: int, worker_fn: Callable[..., Any], args: tuple,
-                kwargs: dict[str, Any], conn: Any, log_level: int, clocks: Any) -> None:
-    """Entry point of a spawned worker: beat, join the store and group, run, send the result or the error."""
-    threading.Thread(target=beat, args=(clocks, rank, os.getppid()), name="rsnet-heartbeat", daemon=True).start()
+                kwargs: dict[str, Any], conn: Any, log_level: int, clocks: Any, parent: int) -> None:
+    """Entry point of a spawned worker: die with the launcher, beat, join the store and group, run, send the result
+    or the error."""
+    die_with_parent(parent)
+    threading.Thread(target=beat, args=(clocks, rank, parent), name="rsnet-heartbeat", daemon=True).start()
     if not logging.getLogger().handlers:  # spawned: the parent's logging setup (e.g. Hydra's) is not inherited
         logging.basicConfig(level=log_level,
                             format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")

@@ -6,11 +6,13 @@ worker that stopped running (SIGSTOP, Ctrl-Z, a hang that holds the interpreter)
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,6 +25,23 @@ _STALE_S = 3.0  # a worker silent this long while another one failed is the one 
 _ROOT_CAUSE_GRACE_S = 1.0  # after the first failure, how long the others may still report theirs
 _COMM_ERROR_HINTS = ("DistBackendError", "Connection closed", "Connection reset", "timed out", "Timeout",
                      "Broken pipe", "DistNetworkError", "DistStoreError", "peer")
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker the moment its launching process ``parent`` ends, however it ends (``kill -9`` too): on
+    Linux the kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so an orphan never writes into a run that is
+    no longer locked; elsewhere :func:`beat` notices within ``HEARTBEAT_S``. A parent that ended before the signal
+    was armed is caught by the check that follows."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the heartbeat's watch remains
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def beat(clocks: Any, rank: int, parent: int | None = None) -> None:
