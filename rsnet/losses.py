@@ -63,6 +63,16 @@ def feature_distance(student: Tensor, teacher: Tensor, kind: str) -> Tensor:
     return F.mse_loss(student, teacher)
 
 
+def check_loss_heads(loss: MultiBranchLoss, heads: Sequence[str]) -> None:
+    """The loss's teacher and cross-entropy heads must be among the model's ``heads`` (ValueError naming the
+    setting)."""
+    if loss.teacher is not None and loss.teacher not in heads:
+        raise ValueError(f"teacher={loss.teacher!r}: not a head; the heads are {', '.join(heads)}")
+    missing = [head for head in loss.ce_heads or () if head not in heads]
+    if missing:
+        raise ValueError(f"ce_heads={loss.ce_heads!r}: {', '.join(missing)} not a head; the heads are {', '.join(heads)}")
+
+
 class MultiBranchLoss(nn.Module):
     """Cross-entropy on every head + logit and feature-map self-distillation with a ramp-up weight."""
 
@@ -71,9 +81,15 @@ class MultiBranchLoss(nn.Module):
                  label_smoothing: float = 0.0) -> None:
         super().__init__()
         if feature_loss not in FEATURE_LOSSES:
-            raise ValueError(f"feature_loss must be one of {FEATURE_LOSSES}, got {feature_loss!r}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise ValueError(f"feature_loss={feature_loss!r}: must be one of {', '.join(FEATURE_LOSSES)}")
+        checks = (("temperature", temperature, "a finite number > 0", lambda v: 0 < v < math.inf),
+                  ("alpha", alpha, "a finite number >= 0", lambda v: 0 <= v < math.inf),
+                  ("beta", beta, "a finite number >= 0", lambda v: 0 <= v < math.inf),
+                  ("rampup_epochs", rampup_epochs, "a finite number >= 0", lambda v: 0 <= v < math.inf),
+                  ("label_smoothing", label_smoothing, "in [0, 1)", lambda v: 0 <= v < 1))
+        for name, value, wanted, in_range in checks:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_range(value):
+                raise ValueError(f"{name}={value!r}: must be {wanted}")
         self.temperature = float(temperature)
         self.alpha = float(alpha)
         self.beta = float(beta)

@@ -254,3 +254,38 @@ def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: 
         assert "No checkpoint was written" in message and "last good" not in message
     else:
         assert f"last good checkpoint is {tmp_path / 'checkpoints' / 'last.pt'} (after epoch 3)" in message
+
+
+OUT_OF_RANGE = [  # setting(s) -> the start of the one-line refusal; every one trained (or crashed) after decoding before
+    ("optimizer.lr=nan", "optimizer.lr=nan: must be a finite number"),
+    ("optimizer.lr=-1", "optimizer.lr=-1: must be a finite number > 0"),
+    ("optimizer.momentum=1.5", "optimizer.momentum=1.5: must be in [0, 1)"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay=-0.1: must be a finite number >= 0"),
+    ("lr_schedule.warmup_epochs=-1", "lr_schedule.warmup_epochs=-1: must be a finite number >= 0"),
+    ("lr_schedule.gamma=inf", "lr_schedule.gamma=inf: must be a finite number"),
+    ("lr_schedule.min_lr_ratio=2", "lr_schedule.min_lr_ratio=2: must be in [0, 1]"),
+    ("max_grad_norm=-1", "max_grad_norm=-1: must be a finite number > 0, or null"),
+    ("model.loss.alpha=-1", "model.loss.alpha=-1: must be a finite number >= 0"),
+    ("model.loss.temperature=nan", "model.loss.temperature=nan: must be a finite number"),
+    ("model.loss.label_smoothing=1.5", "model.loss.label_smoothing=1.5: must be in [0, 1)"),
+    ("model.loss.teacher=nohead", "model.loss.teacher='nohead': not a head; the heads are main, aux1, aux2"),
+    ("model.options.num_branches=0", "model.options (esd_mbenet on test_resnet): num_branches must be an int >= 2"),
+    ("model.options.drop_rate=2", "model.options (esd_mbenet on test_resnet): dropout probability has to be between"),
+    ("model=mgml_fenet model.options.grids=[0]", "model.options (mgml_fenet on test_resnet): grids must be positive"),
+    ("log.attention_every=0", "log.attention_every=0: must be >= 1"),
+    ("trainer.timeout_s=nan", "trainer.timeout_s=nan: must be a finite number"),
+    ("trainer=local_sgd trainer.average_every=0", "trainer.average_every must be >= 1"),
+    ("trainer=sync trainer.interval_steps=0", "trainer.interval_steps must be >= 1"),
+    ("augment.color_jitter=nan", "augment.color_jitter must be a number in [0, 1)"),
+    ("seed=-1", "seed=-1: must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("overrides, refusal", OUT_OF_RANGE, ids=[case for case, _ in OUT_OF_RANGE])
+def test_out_of_range_and_non_finite_settings_are_refused_before_any_work(overrides: str, refusal: str) -> None:
+    """Was: optimizer.lr=nan trained until the NaN guard stopped it; optimizer.lr=-1 was refused only after the
+    dataset was decoded, without naming the setting; model.loss.* and model.options.* had no up-front check."""
+    config = training_config("backbone=test_resnet", *overrides.split())
+    with pytest.raises(ConfigError) as refused:
+        check_training_config(config, num_workers=1)
+    assert str(refused.value).startswith(refusal), str(refused.value)

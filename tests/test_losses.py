@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import math
 
 import pytest
@@ -68,7 +69,12 @@ def test_single_head_is_cross_entropy_only() -> None:
 
 
 def test_bad_options() -> None:
-    with pytest.raises(ValueError, match=r"^feature_loss must be one of \('attention', 'mse', 'none'\), got 'cosine'$"):
+    with pytest.raises(ValueError, match=r"^feature_loss='cosine': must be one of attention, mse, none$"):
         MultiBranchLoss(feature_loss="cosine")
+    for setting, value, wanted in [("temperature", 0.0, "a finite number > 0"), ("alpha", -1.0, "a finite number >= 0"),
+                                   ("beta", float("inf"), "a finite number >= 0"),
+                                   ("label_smoothing", 1.0, "in [0, 1)"), ("rampup_epochs", "5", "a finite number >= 0")]:
+        with pytest.raises(ValueError, match=re.escape(f"{setting}={value!r}: must be {wanted}")):
+            MultiBranchLoss(**{setting: value})
     with pytest.raises(KeyError, match="teacher"):
         MultiBranchLoss(teacher="nope")(output(), torch.tensor([0, 1, 2, 0]))

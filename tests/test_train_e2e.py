@@ -162,6 +162,15 @@ def test_resuming_from_a_damaged_checkpoint_is_refused_before_training(esd_run: 
     assert "epoch 3/3" not in result.stdout + result.stderr and "launched" not in result.stderr
 
 
+def test_a_non_finite_learning_rate_is_refused_before_the_data_is_decoded(tmp_path: Path,
+                                                                         capfd: pytest.CaptureFixture) -> None:
+    """Was: optimizer.lr=nan trained until the NaN guard stopped it (exit 1)."""
+    result = train(capfd, tmp_path / "run", "model=baseline", "epochs=1", "optimizer.lr=nan", expect_ok=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: optimizer.lr=nan: must be a finite number"
+    assert "decoded" not in result.stdout + result.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest.CaptureFixture) -> None:
     """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
     result = train(capfd, esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",

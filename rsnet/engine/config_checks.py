@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,50 +12,58 @@ class ConfigError(ValueError):
 
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
-    """Raise :class:`ConfigError` for settings that would fail later, before any training starts."""
-    from rsnet.data import check_on_device, check_train_ratio, check_val_ratio
-    from rsnet.engine.acceleration import check_amp
-    from rsnet.engine.lr_schedule import check_schedule_name
-    from rsnet.engine.optim import check_optimizer_name
-    from rsnet.models import check_arch, validate_image_size
-    from rsnet.parallel.batching import check_batch_per_worker
-    from rsnet.parallel.strategies.adaptive import check_settings
+    """Raise :class:`ConfigError` for settings that would fail later, before any training starts: types and
+    finiteness here, ranges by the code that uses each setting, and the model and loss built as training will."""
+    from rsnet.models import validate_image_size
 
     check_setting_types(config)
-    for key in ("epochs", "batch_size", "eval_batch_size"):
+    for key in ("epochs", "batch_size", "eval_batch_size", "eval_every"):
         value = config[key]
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}={value!r}: must be a positive integer")
-    eval_every = config["eval_every"]
-    if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
-        raise ConfigError(f"eval_every={eval_every!r}: must be a positive integer (epochs between evaluations; "
-                          "the last epoch is always evaluated)")
-    owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
-              ("model.arch", check_arch), ("amp", check_amp), ("optimizer.name", check_optimizer_name),
-              ("lr_schedule.name", check_schedule_name), ("augment.on_device", check_on_device))
-    for key, check in owners:  # each setting is checked by the code that uses it, with its message
-        if _has(config, key):
-            try:
-                check(_lookup(config, key))
-            except ValueError as error:
-                raise ConfigError(str(error)) from error
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{key}={value!r}: must be a positive integer"
+                              + (" (epochs between evaluations; the last epoch is always evaluated)"
+                                 if key == "eval_every" else ""))
+    if config["seed"] < 0:
+        raise ConfigError(f"seed={config['seed']}: must be >= 0 (numpy's generators take no negative seed)")
+    _check_by_owners(config, num_workers)
     dataset = config["dataset"]
     try:
         validate_image_size(config["backbone"]["name"], dataset["image_size"])  # 32.5 is refused, not cut to 32
     except ValueError as error:
         raise ConfigError(f"dataset.image_size={dataset['image_size']} / backbone.name="
                           f"{config['backbone']['name']!r}: {error}") from error
+    _check_launch_settings(config["trainer"], num_workers)
+    _check_run_settings(config)
+    check_model_and_loss(config)
+
+
+def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
+    """Each setting checked by the code that uses it, with its message."""
+    from rsnet.data import check_on_device, check_train_ratio, check_val_ratio
+    from rsnet.data.transforms import augmentation_options
+    from rsnet.engine.acceleration import check_amp
+    from rsnet.engine.lr_schedule import check_schedule_settings
+    from rsnet.engine.optim import check_optimizer_settings
+    from rsnet.models import check_arch
+    from rsnet.parallel.batching import check_batch_per_worker
+    from rsnet.parallel.strategies import STRATEGIES
+
+    owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
+              ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device))
     trainer = config["trainer"]
     try:
+        for key, check in owners:
+            if _has(config, key):
+                check(_lookup(config, key))
         check_batch_per_worker(config["batch_size"], num_workers)
+        check_optimizer_settings(config["optimizer"])
+        check_schedule_settings(config["lr_schedule"])
+        augmentation_options(config.get("augment"), int(config["dataset"]["image_size"]))
+        if trainer["name"] not in STRATEGIES:
+            raise ValueError(f"trainer.name={trainer['name']!r}: use one of {', '.join(STRATEGIES)}")
+        STRATEGIES[trainer["name"]].check_config(trainer, config["batch_size"], num_workers)
     except ValueError as error:
         raise ConfigError(str(error)) from error
-    _check_launch_settings(trainer, num_workers)
-    if trainer["name"] == "adaptive":
-        try:
-            check_settings(trainer, config["batch_size"], num_workers)
-        except ValueError as error:
-            raise ConfigError(str(error)) from error
 
 
 # Settings whose value must be a number (or a boolean); Hydra passes ``optimizer.lr=abc`` on as the string "abc",
@@ -90,10 +99,63 @@ def check_setting_types(config: dict[str, Any]) -> None:
         if not is_number or (kind is int and not isinstance(value, int)):
             wanted = "a whole number" if kind is int else "a number"
             raise ConfigError(f"{key}={value!r}: must be {wanted}" + (" or null" if key in _NULLABLE else ""))
+        if not math.isfinite(value):  # nan and inf pass every comparison a range check makes (or fail all)
+            raise ConfigError(f"{key}={value!r}: must be a finite number")
+    for key in ("model.loss", "model.options"):
+        for leaf, value in _numbers(_lookup(config, key), key):
+            if not math.isfinite(value):
+                raise ConfigError(f"{leaf}={value!r}: must be a finite number")
     for key in BOOLEAN_SETTINGS:
         value = _lookup(config, key)
         if _has(config, key) and not isinstance(value, bool):
             raise ConfigError(f"{key}={value!r}: must be true or false")
+
+
+def check_model_and_loss(config: dict[str, Any]) -> None:
+    """Build the model (on the meta device: no memory, no weights) and its loss as training will, so that
+    ``model.options.*`` and ``model.loss.*`` are checked by the code that uses them before any data is decoded;
+    the loss's teacher and cross-entropy heads must be heads of that model."""
+    import torch
+
+    from rsnet.losses import MultiBranchLoss, check_loss_heads
+    from rsnet.models import BackboneError, build_model
+
+    model_settings, size = config["model"], int(config["dataset"]["image_size"])
+    try:
+        loss = MultiBranchLoss(**model_settings["loss"])
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"model.loss.{error}" if "=" in str(error).split(":")[0] else f"model.loss: {error}") \
+            from error
+    arch, backbone = model_settings["arch"], config["backbone"]["name"]
+    try:
+        with torch.device("meta"):
+            model = build_model(arch, backbone, 2, pretrained=False, **model_settings["options"]).eval()
+            output = model(torch.zeros(2, 3, size, size))
+    except BackboneError as error:
+        raise ConfigError(str(error)) from error
+    except (TypeError, ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"model.options ({arch} on {backbone}): {reason}") from error
+    heads = ["main"] if isinstance(output, torch.Tensor) else list(output.logits)
+    try:
+        check_loss_heads(loss, heads)
+    except ValueError as error:
+        raise ConfigError(f"model.loss.{error} of model.arch={arch}") from error
+
+
+def _check_run_settings(config: dict[str, Any]) -> None:
+    """Gradient clipping and the logging cadence in range (a 0 would divide by zero in the last epoch)."""
+    clip = config["max_grad_norm"]
+    if clip is not None and not 0 < clip < math.inf:
+        raise ConfigError(f"max_grad_norm={clip!r}: must be a finite number > 0, or null (no clipping)")
+    log_settings = config["log"]
+    if log_settings["attention_every"] < 1:
+        raise ConfigError(f"log.attention_every={log_settings['attention_every']}: must be >= 1 (epochs between "
+                          "attention maps; the last epoch always has them)")
+    for key in ("attention_images", "embedding_images"):
+        value = log_settings[key]
+        if value is not None and value < 0:
+            raise ConfigError(f"log.{key}={value}: must be >= 0" + (" or null" if key == "attention_images" else ""))
 
 
 def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
@@ -147,6 +209,15 @@ def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpo
             raise ConfigError(f"resume=true: {key}={now!r} but the run in {checkpoint} has {key}={before!r}; "
                               f"resuming keeps {', '.join(RUN_IDENTITY)} — pass the run's value, or start a new run "
                               "elsewhere (hydra.run.dir=...)")
+
+
+def _numbers(value: Any, key: str) -> list[tuple[str, float]]:
+    """Every float under ``value`` (nested dicts and lists), with its dotted key."""
+    if isinstance(value, dict):
+        return [pair for name, item in value.items() for pair in _numbers(item, f"{key}.{name}")]
+    if isinstance(value, list):
+        return [pair for index, item in enumerate(value) for pair in _numbers(item, f"{key}[{index}]")]
+    return [(key, value)] if isinstance(value, float) else []
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:

@@ -15,6 +15,23 @@ def check_schedule_name(name: str) -> str:
     return name
 
 
+def check_schedule_settings(lr_schedule: dict) -> None:
+    """The ``lr_schedule.*`` settings in range (ValueError naming the setting)."""
+    check_schedule_name(lr_schedule["name"])
+    warmup, gamma, floor = lr_schedule["warmup_epochs"], lr_schedule["gamma"], lr_schedule["min_lr_ratio"]
+    if not 0 <= warmup < math.inf:
+        raise ValueError(f"lr_schedule.warmup_epochs={warmup!r}: must be a finite number >= 0 (0: no warm-up)")
+    if not 0 < gamma < math.inf:
+        raise ValueError(f"lr_schedule.gamma={gamma!r}: must be a finite number > 0 (the lr factor at each milestone)")
+    if not 0 <= floor <= 1:
+        raise ValueError(f"lr_schedule.min_lr_ratio={floor!r}: must be in [0, 1] (the cosine floor as a fraction of lr)")
+    milestones = lr_schedule["milestones"]
+    if not isinstance(milestones, (list, tuple)) or not all(
+            isinstance(m, (int, float)) and not isinstance(m, bool) and 0 < m <= 1 for m in milestones):
+        raise ValueError(f"lr_schedule.milestones={milestones!r}: must be a list of fractions of training in (0, 1], "
+                         "e.g. [0.5, 0.75]")
+
+
 def learning_rate(
     epoch: float,
     *,

@@ -36,5 +36,6 @@ def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_s
     name = str(trainer_cfg["name"])
     if name not in STRATEGIES:
         raise ValueError(f"unknown trainer.name {name!r}; valid: {', '.join(STRATEGIES)}")
+    STRATEGIES[name].check_config(trainer_cfg, batch_size, ctx.world_size)
     STRATEGIES[name].check_setup(ctx, model, batch_size)
     return STRATEGIES[name](trainer_cfg, ctx, model, num_samples, batch_size, seed)

@@ -55,6 +55,11 @@ class AdaptiveStrategy(Strategy):
 
     name = "adaptive"
 
+    @classmethod
+    def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:
+        super().check_config(trainer, batch_size, workers)
+        check_settings(trainer, batch_size, workers)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.cfg

@@ -60,6 +60,16 @@ class Strategy:
         self._reset_counters()
 
     @classmethod
+    def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:
+        """Refuse this strategy's out-of-range ``trainer.*`` settings (ValueError naming the setting); runs before
+        any worker starts and again before the strategy is built."""
+        if int(trainer["batch_min"]) < 1:
+            raise ValueError(f"trainer.batch_min={trainer['batch_min']}: must be >= 1")
+        ref_batch = trainer.get("ref_batch")
+        if ref_batch is not None and not ref_batch > 0:
+            raise ValueError(f"trainer.ref_batch={ref_batch}: must be > 0 (or null: the batch of an equal split)")
+
+    @classmethod
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
         """Refuse (or warn about) a setup this strategy cannot train; runs before the strategy is built."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -22,13 +23,17 @@ class LocalSGDStrategy(StaticStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.steps_per_interval = int(self.cfg["average_every"])
-        if self.steps_per_interval < 1:
-            raise ValueError(f"trainer.average_every must be >= 1, got {self.steps_per_interval}")
         # Decided for the whole group (a GPU worker among CPU workers stages everything through host memory):
         # the two ways issue different collectives.
         self.use_torch_averager = not self.ctx.stage_through_host and bool(self.cfg["torch_averager"])
         self._merge_s = 0.0
         self._averages = 0
+
+    @classmethod
+    def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:
+        super().check_config(trainer, batch_size, workers)
+        if int(trainer["average_every"]) < 1:
+            raise ValueError(f"trainer.average_every must be >= 1, got {trainer['average_every']}")
 
     def lr_scale(self, batch_size: int) -> float:
         """batch_size / ref_batch: 1.0 for the static batch B/W by default (ref_batch = B/W). Averaging W replicas

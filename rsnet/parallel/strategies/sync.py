@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -36,8 +37,6 @@ class SyncStrategy(StaticStrategy):
         super().__init__(*args, **kwargs)
         ctx = self.ctx
         self.steps_per_interval = int(self.cfg["interval_steps"])
-        if self.steps_per_interval < 1:
-            raise ValueError(f"trainer.interval_steps must be >= 1, got {self.steps_per_interval}")
         device_ids = [ctx.device] if ctx.device.type == "cuda" else None
         staged = ctx.stage_through_host  # a GPU worker among CPU workers: all workers choose the same collectives
         if staged:
@@ -57,6 +56,12 @@ class SyncStrategy(StaticStrategy):
         self._forward_wait = _ForwardWaitTimer()
         self.model.register_forward_pre_hook(self._forward_wait.called)
         self.model.module.register_forward_pre_hook(self._forward_wait.started)
+
+    @classmethod
+    def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:
+        super().check_config(trainer, batch_size, workers)
+        if int(trainer["interval_steps"]) < 1:
+            raise ValueError(f"trainer.interval_steps must be >= 1, got {trainer['interval_steps']}")
 
     @classmethod
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
