@@ -34,7 +34,8 @@ def die_with_parent(parent: int) -> None:
     """End this worker the moment its launching process ``parent`` ends, however it ends (``kill -9`` too): on
     Linux the kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so an orphan never writes into a run that is
     no longer locked; elsewhere :func:`beat` notices within ``HEARTBEAT_S``. A parent that ended before the signal
-    was armed is caught by the check that follows."""
+    was armed is caught by the check that follows. (The kernel sends it when the parent *thread* that started the
+    worker ends: :func:`rsnet.parallel.launch` blocks in that thread for the whole run.)"""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
