@@ -1,7 +1,8 @@
 """GPU check: one epoch of every trainer x model on the visible GPUs, as a Markdown pass/fail table.
 
 Runs ``scripts/train.py`` in a subprocess, as a user would, for each device configuration x trainer
-(adaptive, sync, local_sgd) x model (baseline, esd_mbenet, mgml_fenet): one epoch of the bundled
+(every registered strategy: adaptive, local_sgd, sync, static) x model (every registered model: baseline,
+esd_mbenet, mgml_fenet): one epoch of the bundled
 data/ucmerced-mini, ResNet-18 from scratch. Device configurations:
 
 * ``1gpu``: ``[cuda:0]``;
@@ -14,7 +15,7 @@ from the run's metrics.json, and from its ``scheduler`` entry (n/a where absent)
 slowest worker and the number of merges. Exit status 1 if any run failed, else 0 (also when no GPU is
 visible: nothing to check).
 
-    python benchmarks/gpu_check.py                                  # every visible GPU, 27 runs at most
+    python benchmarks/gpu_check.py                                  # every visible GPU, 36 runs at most
     python benchmarks/gpu_check.py --configs 1gpu --models baseline --out gpu_check.md
     python benchmarks/gpu_check.py --cpu-stand-in --backbone test_resnet --image-size 32   # test this script on a CPU
 """
@@ -35,11 +36,13 @@ from pathlib import Path
 
 import torch
 
+from rsnet.models import MODELS as MODEL_REGISTRY
 from rsnet.parallel.launcher import choose_backend
+from rsnet.parallel.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINERS = ("adaptive", "sync", "local_sgd")
-MODELS = ("baseline", "esd_mbenet", "mgml_fenet")
+TRAINERS = tuple(STRATEGIES)  # the registries: a newly registered strategy or model is checked too
+MODELS = tuple(sorted(MODEL_REGISTRY))
 CONFIGS = {"1gpu": ["cuda:0"], "2gpu": ["cuda:0", "cuda:1"], "gpu+cpu": ["cuda:0", "cpu"]}
 TAIL_LINES = 20
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception)|error):|^timed out|^killed by signal|metrics\.json")

@@ -589,7 +589,7 @@ def test_strategy_state_round_trip() -> None:
     left = build_strategy(trainer_config("adaptive"), _offline_context(), model, 100, 48, 0)
     left.load_state_dict({**state, "active": [True, False], "batch_sizes": [48, 0]})
     assert left.schedule.active == [True, False] and left.schedule.total_batch == 48 and left.lr_scale(48) == 1.0
-    with pytest.raises(ValueError, match="unknown trainer.name"):
+    with pytest.raises(ValueError, match="trainer.name='nope' is not known; valid: adaptive, local_sgd, static, sync"):
         build_strategy({**trainer_config("adaptive"), "name": "nope"}, _offline_context(), model, 100, 48, 0)
 
 

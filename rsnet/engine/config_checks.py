@@ -59,9 +59,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
         check_optimizer_settings(config["optimizer"])
         check_schedule_settings(config["lr_schedule"])
         augmentation_options(config.get("augment"), int(config["dataset"]["image_size"]))
-        if trainer["name"] not in STRATEGIES:
-            raise ValueError(f"trainer.name={trainer['name']!r}: use one of {', '.join(STRATEGIES)}")
-        STRATEGIES[trainer["name"]].check_config(trainer, config["batch_size"], num_workers)
+        STRATEGIES[STRATEGIES.check(trainer["name"])].check_config(trainer, config["batch_size"], num_workers)
     except ValueError as error:
         raise ConfigError(str(error)) from error
 

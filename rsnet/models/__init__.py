@@ -3,40 +3,29 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
 from rsnet.models.backbones import (BackboneError, TimmBackbone, backbone_data_config, backbone_layout,
                                     validate_image_size)
-from rsnet.models.base import RSNetModel
+from rsnet.models.base import MODELS, RSNetModel, register_model
 from rsnet.models.baseline import Baseline
 from rsnet.models.esd_mbenet import ESDMBENet
 from rsnet.models.mgml_fenet import MGMLFENet
 from rsnet.models.output import MultiBranchOutput
 from rsnet.models.main_branch import extract_main_branch
 
-MODELS: dict[str, Callable[..., RSNetModel]] = {
-    "baseline": Baseline,
-    "esd_mbenet": ESDMBENet,
-    "mgml_fenet": MGMLFENet,
-}
-
 
 def check_arch(arch: str, setting: str = "model.arch") -> str:
-    """Return ``arch``; ValueError naming ``setting`` unless it is one of :data:`MODELS`."""
-    if arch not in MODELS:
-        raise ValueError(f"{setting}={arch!r} is not known; valid: {', '.join(sorted(MODELS))}")
-    return arch
+    """Return ``arch``; ValueError naming ``setting`` unless a model registered it (:data:`MODELS`)."""
+    return MODELS.check(arch, setting)
 
 
 def model_options(arch: str) -> list[str]:
-    """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained."""
-    cls = MODELS[arch]
+    """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained (its ``__init__``'s)."""
     skip = {"self", "backbone", "num_classes", "pretrained", "options"}
-    if cls is Baseline:
-        return ["drop_rate"]
-    return [name for name in inspect.signature(cls.__init__).parameters if name not in skip]
+    return [name for name in inspect.signature(MODELS[arch].__init__).parameters if name not in skip]
 
 
 def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | str = False,
@@ -50,5 +39,5 @@ def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | s
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
-           "TimmBackbone", "backbone_data_config", "backbone_layout", "build_model", "check_arch", "extract_main_branch", "model_options",
-           "validate_image_size"]
+           "TimmBackbone", "backbone_data_config", "backbone_layout", "build_model", "check_arch",
+           "extract_main_branch", "model_options", "register_model", "validate_image_size"]

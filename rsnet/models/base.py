@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from torch import Tensor, nn
 
 from rsnet.models.backbones import TimmBackbone
+from rsnet.registry import Registry
 
 
 class MainBranch(NamedTuple):
@@ -15,6 +16,9 @@ class MainBranch(NamedTuple):
     stage4: Tensor
     head_map: Tensor
     logits: Tensor
+
+
+MODELS: Registry[type[RSNetModel]] = Registry("model.arch", key="arch")  # filled by @register_model
 
 
 class RSNetModel(nn.Module):
@@ -45,3 +49,6 @@ class RSNetModel(nn.Module):
 
     def cam_classifiers(self) -> dict[str, nn.Linear]:
         return {"main": self.backbone.classifier}
+
+
+register_model = MODELS.register  # class decorator: a model registers itself under its ``arch``

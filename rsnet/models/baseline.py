@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from rsnet.models.base import RSNetModel
+from rsnet.models.base import RSNetModel, register_model
 from rsnet.models.output import MultiBranchOutput
 
 
+@register_model
 class Baseline(RSNetModel):
     """The bare backbone classifier as an rsnet model with one head."""
 

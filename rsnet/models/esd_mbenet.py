@@ -14,13 +14,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rsnet.models.base import RSNetModel
+from rsnet.models.base import RSNetModel, register_model
 from rsnet.models.branches import FeatureAugmentation, GapLinear, gap
 from rsnet.models.output import MultiBranchOutput
 
 AUX_BRANCHES = ("dilated", "copy")
 
 
+@register_model
 class ESDMBENet(RSNetModel):
     arch = "esd_mbenet"
 

@@ -14,11 +14,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rsnet.models.base import RSNetModel
+from rsnet.models.base import RSNetModel, register_model
 from rsnet.models.branches import FullChannelGenerator, FusionBranch
 from rsnet.models.output import MultiBranchOutput
 
 
+@register_model
 class MGMLFENet(RSNetModel):
     arch = "mgml_fenet"
 

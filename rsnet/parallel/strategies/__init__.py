@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from rsnet.parallel.strategies.adaptive import AdaptiveStrategy
-from rsnet.parallel.strategies.base import Claim, Strategy
+from rsnet.parallel.strategies.base import STRATEGIES, Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.local_sgd import LocalSGDStrategy
 from rsnet.parallel.strategies.reports import format_row, scheduler_report, summarize
 from rsnet.parallel.strategies.static_split import StaticSplitStrategy
@@ -23,19 +23,13 @@ from rsnet.parallel.strategies.sync import SyncStrategy
 from rsnet.parallel.worker import WorkerContext
 
 __all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "StaticSplitStrategy", "Strategy",
-           "SyncStrategy", "build_strategy", "format_row", "scheduler_report", "summarize"]
-
-# The registry: trainer.name -> strategy class.
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (AdaptiveStrategy, SyncStrategy, LocalSGDStrategy,
-                                                                    StaticSplitStrategy)}
+           "SyncStrategy", "build_strategy", "format_row", "register_strategy", "scheduler_report", "summarize"]
 
 
 def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                    seed: int) -> Strategy:
-    """The strategy named by ``trainer_cfg.name`` (a key of :data:`STRATEGIES`; default adaptive)."""
-    name = str(trainer_cfg["name"])
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown trainer.name {name!r}; valid: {', '.join(STRATEGIES)}")
+    """The strategy named by ``trainer_cfg.name`` (registered in :data:`STRATEGIES` by ``@register_strategy``)."""
+    name = STRATEGIES.check(str(trainer_cfg["name"]))
     STRATEGIES[name].check_config(trainer_cfg, batch_size, ctx.world_size)
     STRATEGIES[name].check_setup(ctx, model, batch_size)
     return STRATEGIES[name](trainer_cfg, ctx, model, num_samples, batch_size, seed)

@@ -21,7 +21,7 @@ from rsnet.parallel.batching import (
 )
 from rsnet.parallel.merge import MergeResult, normalized_merge
 from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, claimed_span, next_interval
-from rsnet.parallel.strategies.base import Claim, Strategy
+from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,13 @@ def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) ->
     return settings
 
 
+@register_strategy
 class AdaptiveStrategy(Strategy):
     """Dynamic scheduling + adaptive batch sizes + normalized merging (docs/scheduler.md); what the workers agree
     on after every merge (who trains, B, the sizes, the cadence) is a :class:`~rsnet.parallel.schedule.Schedule`."""
 
     name = "adaptive"
+    rows_are_merges = True
 
     @classmethod
     def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from rsnet.parallel.batching import check_batch_per_worker, static_batches, static_partition
 from rsnet.parallel.strategies.reports import scheduler_report, slowdown_note, summarize
 from rsnet.parallel.worker import WorkerContext
+from rsnet.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Strategy:
     """
 
     name = "base"
+    rows_are_merges = False  # each stats row is one merge (adaptive); else rows count averages in ``averages/0``
 
     def __init__(self, trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                  seed: int) -> None:
@@ -144,7 +146,7 @@ class Strategy:
     def report(self) -> dict[str, Any]:
         """The run's scheduling figures per worker, for metrics.json (see :func:`scheduler_report`)."""
         return scheduler_report(self._complete_rows(), self.world, self.name, [str(d) for d in self.ctx.devices],
-                                self._slowdowns())
+                                self._slowdowns(), self.rows_are_merges)
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "epoch": self.epoch, "world_size": self.world}
@@ -207,3 +209,7 @@ class StaticStrategy(Strategy):
             row[f"p/{rank}"] = r["n"] / total
         self._rows.append(row)
         self._reset_counters()
+
+
+STRATEGIES: Registry[type[Strategy]] = Registry("trainer.name", key="name")  # filled by @register_strategy
+register_strategy = STRATEGIES.register  # class decorator: a strategy registers itself under its ``name``

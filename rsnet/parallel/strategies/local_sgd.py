@@ -10,9 +10,10 @@ import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from rsnet.parallel.merge import average_buffers, normalized_merge
-from rsnet.parallel.strategies.base import StaticStrategy
+from rsnet.parallel.strategies.base import StaticStrategy, register_strategy
 
 
+@register_strategy
 class LocalSGDStrategy(StaticStrategy):
     """Static equal partition; uniform model averaging every H = ``average_every`` local steps (parallel
     restarted SGD), BatchNorm statistics included: an interval is H steps and ends with the average (the

@@ -10,11 +10,13 @@ import torch.distributed as dist
 
 from rsnet.parallel import batching
 from rsnet.parallel.schedule import resolve_multiple
+from rsnet.parallel.strategies.base import register_strategy
 from rsnet.parallel.strategies.sync import SyncStrategy
 
 log = logging.getLogger(__name__)
 
 
+@register_strategy
 class StaticSplitStrategy(SyncStrategy):
     """The static speed-proportional split, an ablation of adaptive: the first epoch trains as ``sync`` does
     (the equal split of B) and measures each worker's own speed (samples per second of its own compute, the

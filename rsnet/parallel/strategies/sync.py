@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rsnet.parallel.strategies.base import StaticStrategy
+from rsnet.parallel.strategies.base import StaticStrategy, register_strategy
 from rsnet.parallel.worker import WorkerContext
 
 
@@ -22,6 +22,7 @@ _BUFFER_SYNC_ARGUMENT = ("forward_sync_buffers"
                          else "broadcast_buffers")
 
 
+@register_strategy
 class SyncStrategy(StaticStrategy):
     """DistributedDataParallel: equal static batches B/world, gradient all-reduce every step (inside backward).
     Its intervals (``interval_steps`` batches) only set how often the loop syncs with the host."""
