@@ -130,13 +130,10 @@ def test_bad_cache_mode(mini_root):
 
 
 def test_hydra_dataset_configs():
-    from pathlib import Path
+    from helpers import compose_command
 
-    from omegaconf import OmegaConf
-
-    conf = Path(__file__).resolve().parents[1] / "conf" / "dataset"
     for name in DATASETS:
-        cfg = OmegaConf.load(conf / f"{name}.yaml")
+        cfg = compose_command("config", f"dataset={name}").dataset  # with the shared conf/_base/dataset.yaml
         assert cfg.name == name
         assert set(cfg) >= {"name", "root", "train_ratio", "image_size", "cache", "cache_dir", "skip_corrupt",
                             "high_bit_depth"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, run_train
+from helpers import REPO, compose_command, run_train
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -88,7 +88,7 @@ def test_build_gives_a_stratified_split_with_the_folder_classes(tmp_path: Path) 
 
 def test_build_from_the_shipped_config_with_a_user_root(tmp_path: Path) -> None:
     root = write_scenes(tmp_path / "scenes")
-    config = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "dataset" / "image_folder.yaml"))
+    config = OmegaConf.to_container(compose_command("config", "dataset=image_folder").dataset)  # with its base
     config["root"] = str(root)
     bundle = build_datasets_from_config(config, seed=0, image_size=32)
     assert bundle.image_size == 32 and bundle.train.raw(0).shape == (32, 32, 3)
@@ -97,8 +97,8 @@ def test_build_from_the_shipped_config_with_a_user_root(tmp_path: Path) -> None:
 
 
 def test_the_config_has_the_keys_of_the_other_dataset_configs() -> None:
-    mine = OmegaConf.load(REPO / "conf" / "dataset" / "image_folder.yaml")
-    mini = OmegaConf.load(REPO / "conf" / "dataset" / "ucmerced_mini.yaml")
+    mine = compose_command("config", "dataset=image_folder").dataset
+    mini = compose_command("config", "dataset=ucmerced_mini").dataset
     assert set(mine) == set(mini) and mine.name == "image_folder" and mine.root is None
     assert 0 < mine.train_ratio < 1 and mine.cache in ("memory", "disk", "none")
 

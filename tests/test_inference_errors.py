@@ -39,7 +39,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     classes = list(DATASETS["ucmerced_mini"].classes)
     torch.manual_seed(0)
     model = build_model("esd_mbenet", "test_resnet", len(classes))
-    dataset = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "dataset" / "ucmerced_mini.yaml")),
+    dataset = {**OmegaConf.to_container(compose_command("config", "dataset=ucmerced_mini").dataset),
                "image_size": SIZE}
     best = save_checkpoint(run / "checkpoints" / "best.pt", {
         "model_config": model.model_config, "model_state": model.state_dict(), "class_names": classes,

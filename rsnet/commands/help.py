@@ -58,14 +58,24 @@ def _groups(config_name: str) -> list[str]:
 
 def _option_settings(path: str) -> list[str]:
     """The settings of ``conf/<path>.yaml`` with their comments, after those of the files its defaults list
-    includes (``/_base/launcher@_here_``, or another option of the same group)."""
+    includes (``/_base/launcher@_here_``, or another option of the same group); a key the file sets again shows
+    its own line, in the inherited key's place."""
     text = conf_folder().joinpath(f"{path}.yaml").read_text()
     defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []
     group = path.rsplit("/", 1)[0]
     included = [entry.removesuffix("@_here_") for entry in defaults if isinstance(entry, str) and entry != "_self_"]
-    lines = [line for base in included
-             for line in _option_settings(base[1:] if base.startswith("/") else f"{group}/{base}")]
-    return lines + _settings(text.splitlines())
+    inherited = [line for base in included
+                 for line in _option_settings(base[1:] if base.startswith("/") else f"{group}/{base}")]
+    own = _settings(text.splitlines())
+    replaced = {_top_level_key(line): line for line in own if _top_level_key(line)}
+    merged = [replaced.get(_top_level_key(line), line) for line in inherited]  # a key set again: its own line
+    return merged + [line for line in own if _top_level_key(line) not in
+                     {_top_level_key(old) for old in inherited} - {None}]
+
+
+def _top_level_key(line: str) -> str | None:
+    """The key a flat ``key: value`` line sets (None for nested or continuation lines)."""
+    return line.split(":", 1)[0] if line and not line[0].isspace() and ":" in line else None
 
 
 def _chosen_groups(config_name: str, choices: dict[str, str | None]) -> list[str]:
