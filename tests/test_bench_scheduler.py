@@ -89,10 +89,10 @@ def test_simulator_validates_against_the_study(study, monkeypatch, capsys):
     assert f"### Validation: the time-to-accuracy study ({results})" in out
     # measured samples/s: 720 x 3 / 30 s = 72 for sync at 1:2; adaptive's mean of 120 and 90; static 720 x 3 / 36
     assert "| 1:2 | sync | 72.0 |" in out and "| 1:2 | adaptive | 105.0 |" in out
-    assert "| 1:1:2 | local_sgd |" not in out  # the simulator has no model of local SGD
+    assert "| 1:1:2 | local_sgd | 720.0 |" in out  # simulated too (sim.simulate_local_sgd): 720 x 3 / 3 s
     assert "| 1:1:2 | static | 60.0 |" in out and "| n/a (no sync run) |" in out  # nothing to divide by
     study_part = out[out.index("the time-to-accuracy study"):]
-    assert "of 5 runs as logged" in study_part and "of 5 runs calibrated" in study_part
+    assert "of 6 runs as logged" in study_part and "of 6 runs calibrated" in study_part  # local_sgd included
     assert "measured 1440 / 720; updates simulated" in out
 
 

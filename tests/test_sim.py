@@ -1,4 +1,4 @@
-"""The scheduler simulator (rsnet/parallel/sim.py): cost models, and the strategies it drives through the real
+"""The scheduler simulator (rsnet/parallel/sim/): cost models, and the strategies it drives through the real
 scheduling functions of rsnet.parallel.batching."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from helpers import CONF, REPO, trainer_config, training_config
@@ -230,3 +231,23 @@ def test_cli_prints_the_tables(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.count("| scenario | W | B | rounds | limit Σs/s_max | single /s |") == 3
     assert "| 8 x A100 (identical) | 8 | 2048 |" in out
+
+
+def test_local_sgd_waits_for_the_slowest_every_h_steps_and_merges_then():
+    """trainer=local_sgd: sync's equal shards, but one merge per H local steps (and at each epoch's end) instead of a
+    gradient all-reduce every step; an interval lasts as long as the slowest worker's H steps."""
+    settings = sim.SimSettings.from_configs(trainer_config("adaptive"), trainer_config("sync"),
+                                            trainer_config("static"), 32, trainer_config("local_sgd", average_every=4))
+    assert settings.local_average_every == 4
+    even = replace(pair(1.0), settings=settings)
+    local, sync = sim.simulate_local_sgd(even), sim.simulate_sync(even)
+    assert local.samples_per_s == pytest.approx(sync.samples_per_s)  # no communication cost, equal devices
+    assert local.updates == sync.updates and local.worker_samples == sync.worker_samples
+    link = sim.Link("slow", 1e8, 1e-3)
+    costly = replace(pair(2.0, link=link), settings=settings)
+    local = sim.simulate_local_sgd(costly)
+    steps = len(batching.static_batches(torch.arange(-(-costly.samples // 2)), 16, 8))
+    merges = costly.epochs * -(-steps // 4)
+    assert local.comm_s == pytest.approx(merges * sim.merge_seconds(costly.model, 2, link))
+    assert local.idle[0] > 0.4 and local.idle[1] == pytest.approx(0.0, abs=1e-9)  # the fast worker waits
+    assert sim.simulate_sync(costly).comm_s > local.comm_s  # one merge per 4 steps vs an all-reduce per step

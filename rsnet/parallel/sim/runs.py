@@ -1,0 +1,265 @@
+"""The strategies simulated on a :class:`~rsnet.parallel.sim.scenario.Scenario`: adaptive through the scheduler's
+own code, sync and the static split as lockstep steps, the fastest device alone; and their comparison."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rsnet.parallel import batching
+from rsnet.parallel.schedule import Schedule, claimed_span, next_interval, resolve_multiple
+from rsnet.parallel.sim.costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
+from rsnet.parallel.sim.scenario import RunResult, Scenario, SimStore
+
+
+@dataclass
+class _Interval:
+    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge; ``warmup``: the
+    samples and seconds of the worker's first step of the run if it fell in this interval (not a measure of its
+    speed, as in AdaptiveStrategy)."""
+
+    samples: list[int]
+    updates: list[int]
+    compute: list[float]
+    finish: list[float]
+    warmup: list[tuple[int, float]]
+    end: int = 0  # the end of the last claim (the positions the interval used)
+
+    def measured(self, rank: int) -> tuple[float, float]:
+        """Samples and seconds that measure worker ``rank``'s speed: the interval's, less its first step."""
+        return self.samples[rank] - self.warmup[rank][0], self.compute[rank] - self.warmup[rank][1]
+
+
+def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
+                  size: int, start: float, warmed: list[bool], probers: int = 0) -> _Interval:
+    """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
+    prefetcher: the next claim is made when a batch starts), in the order of the claims' times. ``warmed``: which
+    workers have trained their first step (updated); ``probers``: the workers of unknown speed (a probe interval
+    ends for everyone once each of them has timed a step)."""
+    world, minimum = scenario.world, scenario.settings.schedule.batch_min
+    claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
+    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world, [(0, 0.0)] * world)
+    probed: dict[int, float] = {}  # prober -> when its first timed step ends
+    events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
+    while events:
+        now, rank = heapq.heappop(events)
+        if probers and len(probed) >= probers and max(probed.values()) <= now:
+            tally.finish[rank] = max(tally.finish[rank], now)
+            continue  # every prober has its measure: the probe interval ends
+        calls = store.calls
+        free = now >= tally.finish[rank]
+        if free and speeds[rank] > 0 and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
+            continue  # the others train the rest sooner
+        size = sizes[rank]
+        if speeds[rank] <= 0 and sum(1 for b in sizes if b > 0) > 1:  # unknown speed: a probe, then paced claims
+            claimer = claimers[rank]
+            timed_n, timed_s = tally.measured(rank)
+            size = min(minimum, size) if not tally.updates[rank] else batching.paced_claim_size(
+                size, minimum, claimer.remaining(), timed_n / timed_s if timed_s > 0 else 0.0,
+                (claimer.seen - tally.samples[rank]) / max(now - start, 1e-12))
+        span = claimers[rank].claim(size) if size else None
+        ready = now + scenario.store_rtt * (store.calls - calls)
+        if span is None:
+            tally.finish[rank] = max(tally.finish[rank], ready)
+            continue
+        count, tally.end = span[1] - span[0], max(tally.end, span[1])
+        begin = max(ready, tally.finish[rank])
+        device = scenario.devices[rank]
+        seconds = device.step_seconds(count) + (0.0 if warmed[rank] else device.first_step)
+        tally.finish[rank] = begin + seconds
+        tally.samples[rank] += count
+        tally.updates[rank] += 1
+        tally.compute[rank] += seconds
+        if not warmed[rank]:
+            tally.warmup[rank], warmed[rank] = (count, seconds), True
+        elif probers and speeds[rank] <= 0 and rank not in probed:
+            probed[rank] = tally.finish[rank]
+        ahead = scenario.prefetch and batching.may_claim(claimers[rank], rank, sizes, speeds, computing=True)
+        heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
+    return tally
+
+
+def cosine_lr_ratio(progress: float) -> float:
+    """The default lr schedule over its peak at ``progress`` (0..1) of the run: cosine to 1 % (warm-up left out);
+    the simulated cadence follows it as the trainer's does (``merge_rounds_max``)."""
+    return 0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+def simulate_adaptive(scenario: Scenario) -> RunResult:
+    """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end (only the small
+    table once a single worker trains, and the model handed over at the end of every epoch then), and the real
+    :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
+    world = scenario.world
+    schedule = Schedule(scenario.settings.schedule, world)
+    schedule.follow_lr(lambda position: cosine_lr_ratio(position / scenario.epochs), scenario.epochs)
+    speeds, comm, warmed = [0.0] * world, 0.0, [False] * world
+    store = SimStore()
+    result = RunResult("adaptive", scenario.samples * scenario.epochs)
+    for epoch in range(scenario.epochs):
+        start, index = 0, 0
+        while start < scenario.samples:
+            size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start)
+            low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
+            tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
+                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.probers)
+            start = low + claimed_span(low, high, tally.end)
+            index += 1
+            merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
+            result.wall_s = max(tally.finish) + merge_s
+            result.comm_s += merge_s
+            result.add_steps(tally.compute, tally.samples, tally.updates)
+            result.interval_updates.append(tally.updates)
+            result.sizes.append(list(schedule.sizes))
+            speeds = [batching.updated_speed(speed, *tally.measured(rank), scenario.settings.speed_ema)
+                      for rank, speed in enumerate(speeds)]
+            table = {"n": tally.samples, "s": speeds, "b": list(schedule.sizes), "updates": tally.updates,
+                     "compute": tally.compute, "batch_max": list(schedule.batch_maxes), "comm": [comm] * world}
+            if schedule.workers > 1:
+                comm = merge_s
+            result.notes += schedule.update(table)
+        if schedule.workers == 1 and world > 1:  # the trained replica reaches the workers left out
+            handover = merge_seconds(scenario.model, world, scenario.link)
+            result.wall_s += handover
+            result.comm_s += handover
+    result.active, result.rounds, result.round_batch = list(schedule.active), schedule.rounds, schedule.total_batch
+    return result
+
+
+def simulate_single(scenario: Scenario) -> RunResult:
+    """The fastest device alone, training every sample in batches of the run's batch_size (no communication)."""
+    fastest = min(range(scenario.world), key=lambda r: scenario.devices[r].step_seconds(scenario.total_batch))
+    full, rest = divmod(scenario.samples, scenario.total_batch)
+    steps = ([scenario.total_batch] * full + ([rest] if rest else [])) * scenario.epochs
+    result = RunResult("single", scenario.samples * scenario.epochs)
+    seconds = [scenario.devices[fastest].step_seconds(b) for b in steps]
+    seconds[0] += scenario.devices[fastest].first_step
+    result.wall_s = sum(seconds)
+    result.add_steps([sum(seconds) if r == fastest else 0.0 for r in range(scenario.world)],
+                     [sum(steps) if r == fastest else 0 for r in range(scenario.world)],
+                     [len(steps) if r == fastest else 0 for r in range(scenario.world)])
+    return result
+
+
+def physical_limit(scenario: Scenario) -> float:
+    """Σ s_i / max s_i: the most the devices together can train over the fastest alone (speeds at the equal
+    share of the run's batch_size)."""
+    share = scenario.total_batch / scenario.world
+    speeds = [device.speed(share) for device in scenario.devices]
+    return sum(speeds) / max(speeds)
+
+
+def _lockstep(name: str, scenario: Scenario, steps: Sequence[Sequence[float]], comm_s: float) -> RunResult:
+    """Synchronous steps (one batch size per worker each): a step lasts as long as its slowest worker, plus the
+    gradient all-reduce."""
+    result = RunResult(name, scenario.samples * scenario.epochs)
+    for index, batches in enumerate(steps):
+        seconds = [device.step_seconds(b) + (device.first_step if index == 0 else 0.0)
+                   for device, b in zip(scenario.devices, batches)]
+        result.wall_s += max(seconds) + comm_s
+        result.comm_s += comm_s
+        result.add_steps(seconds, batches, [1 if b > 0 else 0 for b in batches])
+    return result
+
+
+def _equal_shard_batches(scenario: Scenario, batch_min: int) -> tuple[int, list[int]]:
+    """The static equal split: B/W a step and the batch sizes of one worker's shard of an epoch (static_batches cuts
+    it, as the DistributedSampler shard of sync and local_sgd)."""
+    batch = max(1, scenario.total_batch // scenario.world)
+    shard = torch.arange(math.ceil(scenario.samples / scenario.world))
+    return batch, [len(b) for b in batching.static_batches(shard, batch, min(batch_min, batch))]
+
+
+def simulate_sync(scenario: Scenario) -> RunResult:
+    """DDP: every worker trains B/W samples a step on its DistributedSampler shard (static_batches cuts it)."""
+    world = scenario.world
+    batch, sizes = _equal_shard_batches(scenario, scenario.settings.sync_batch_min)
+    comm = gradient_allreduce_seconds(scenario.model, world, scenario.link)
+    result = _lockstep("sync", scenario, [[b] * world for b in sizes] * scenario.epochs, comm)
+    result.sizes = [[batch] * world]
+    return result
+
+
+def simulate_local_sgd(scenario: Scenario) -> RunResult:
+    """Local SGD (trainer=local_sgd): the equal static shards of sync, but every worker steps on its own and all
+    average the replicas (a merge) every H = ``local_average_every`` steps and at the end of every epoch; an
+    interval lasts as long as its slowest worker's H steps."""
+    world, every = scenario.world, scenario.settings.local_average_every
+    batch, sizes = _equal_shard_batches(scenario, scenario.settings.local_batch_min)
+    merge = merge_seconds(scenario.model, world, scenario.link)
+    result = RunResult("local_sgd", scenario.samples * scenario.epochs)
+    first = True
+    for _ in range(scenario.epochs):
+        for start in range(0, len(sizes), every):
+            steps = sizes[start:start + every]
+            compute = [sum(device.step_seconds(b) for b in steps) + (device.first_step if first else 0.0)
+                       for device in scenario.devices]
+            first = False
+            result.wall_s += max(compute) + merge
+            result.comm_s += merge
+            result.add_steps(compute, [sum(steps)] * world, [len(steps)] * world)
+    result.sizes = [[batch] * world]
+    return result
+
+
+def static_split(scenario: Scenario) -> list[int]:
+    """Batch sizes fixed once, in proportion to each device's speed at the equal split (what a short measurement
+    before training would give): proportional_targets, then fit_total to multiples that add up to B."""
+    s = scenario.settings
+    speeds = [device.speed(b) for device, b in zip(scenario.devices, scenario.equal_split)]
+    multiple = resolve_multiple(s.static_multiple, scenario.total_batch, scenario.world)
+    return batching.speed_proportional_sizes(speeds, scenario.total_batch, s.static_batch_min, s.schedule.batch_max,
+                                             multiple)
+
+
+def simulate_static(scenario: Scenario, measuring_epochs: int = 0) -> RunResult:
+    """Speed-proportional fixed batches, no claiming: every step all workers train their b_i, then all-reduce the
+    gradients; an epoch's remainder is one last step at the same proportions. The first ``measuring_epochs``
+    train at the equal split, as ``trainer=static`` does while it measures the speeds (0: a short measurement
+    before training, as the scale tables assume)."""
+    sizes = static_split(scenario)
+
+    def epoch(split: list[int]) -> list[list[float]]:
+        full, rest = divmod(scenario.samples, sum(split))
+        return [split] * full + ([[b * rest / sum(split) for b in split]] if rest else [])
+
+    measuring = min(measuring_epochs, scenario.epochs)
+    steps = epoch(scenario.equal_split) * measuring + epoch(sizes) * (scenario.epochs - measuring)
+    comm = gradient_allreduce_seconds(scenario.model, scenario.world, scenario.link)
+    result = _lockstep("static", scenario, steps, comm)
+    result.sizes = [sizes]
+    return result
+
+
+@dataclass
+class Comparison:
+    """The strategies on one scenario (and the fastest device alone), and the merge interval above which merges
+    cost < 5 % of the time."""
+
+    scenario: Scenario
+    adaptive: RunResult
+    sync: RunResult
+    static: RunResult
+    single: RunResult
+    threshold: int
+
+    @property
+    def ideal(self) -> float:
+        """Samples/s of the devices at adaptive's last batch sizes with no waiting and no communication."""
+        return sum(d.speed(b) for d, b in zip(self.scenario.devices, self.adaptive.sizes[-1]) if b > 0)
+
+    @property
+    def limit(self) -> float:
+        """The physical limit over the fastest device alone (:func:`physical_limit`)."""
+        return physical_limit(self.scenario)
+
+
+def compare(scenario: Scenario) -> Comparison:
+    adaptive = simulate_adaptive(scenario)
+    rate = adaptive.samples / (adaptive.wall_s - adaptive.comm_s)
+    threshold = comm_threshold_interval(merge_seconds(scenario.model, scenario.world, scenario.link), rate)
+    return Comparison(scenario, adaptive, simulate_sync(scenario), simulate_static(scenario),
+                      simulate_single(scenario), threshold)
