@@ -289,3 +289,14 @@ def test_out_of_range_and_non_finite_settings_are_refused_before_any_work(overri
     with pytest.raises(ConfigError) as refused:
         check_training_config(config, num_workers=1)
     assert str(refused.value).startswith(refusal), str(refused.value)
+
+
+def test_the_run_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    from rsnet.engine.epoch_end import RunState
+
+    state = RunState(epoch=3, history=[{"epoch": 3, "test_accuracy": 50.0}], wall_time_s=12.5,
+                     last_metrics={"accuracy": 50.0}, selected=None)
+    path = save_checkpoint(tmp_path / "last.pt", {**_checkpoint_payload(), **state.as_payload()})
+    assert RunState.from_checkpoint(load_checkpoint(path)) == state
+    assert RunState.from_checkpoint({"epoch": 2}) == RunState(epoch=2)  # a key a checkpoint lacks keeps its default
+    assert set(state.as_payload()) == {"epoch", "history", "wall_time_s", "last_metrics", "selected"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,26 @@ from rsnet.viz.tensorboard import TensorBoardLogger, hparam_metrics
 
 log = logging.getLogger(__name__)
 
-def new_run_state() -> dict[str, Any]:
-    """The run's progress as checkpoints carry it: epochs done, the last evaluation, the selected epoch."""
-    return {"epoch": 0, "history": [], "wall_time_s": 0.0, "last_metrics": None, "selected": None}
+@dataclass
+class RunState:
+    """The run's progress, as checkpoints carry it (top-level keys of the payload): epochs done, the wall time spent
+    training, one history row per evaluated epoch, the last evaluation's metrics and the epoch selected on
+    validation."""
+
+    epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    last_metrics: dict[str, Any] | None = None
+    selected: dict[str, Any] | None = None
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> RunState:
+        """The state a checkpoint saved (a key it lacks keeps its fresh value)."""
+        return cls(**{item.name: checkpoint[item.name] for item in fields(cls) if item.name in checkpoint})
+
+    def as_payload(self) -> dict[str, Any]:
+        """The checkpoint keys of this state."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
 def evaluates_after(epoch: int, config: dict[str, Any]) -> bool:
@@ -71,11 +88,11 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
 
 
 def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 strategy: Strategy, train_scalars: dict[str, float], state: dict[str, Any], tb: TensorBoardLogger,
+                 strategy: Strategy, train_scalars: dict[str, float], state: RunState, tb: TensorBoardLogger,
                  attention_ids: list[int], evaluation: EpochEvaluation | None) -> dict[str, Any] | None:
-    """Primary only, after ``state["epoch"]`` was advanced and :func:`evaluate_epoch`: select, log, save; the
+    """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: select, log, save; the
     metrics.json document when this epoch was evaluated (else None)."""
-    epoch = state["epoch"]
+    epoch = state.epoch
     tb.scalars(train_scalars, epoch)
     for row in strategy.stats():
         tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
@@ -87,42 +104,42 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
         if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
             log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
     else:
-        state["history"].append({"epoch": epoch, "wall_time_s": round(state["wall_time_s"], 3),
+        state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3),
                                  **_rounded(train_scalars)})
     _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
     if not evaluated:
         return None
     summary = run_summary(config, data, state, strategy.report())
     write_json(Path(config["run_dir"]) / "metrics.json", summary)
-    write_history(Path(config["run_dir"]), state["history"])
+    write_history(Path(config["run_dir"]), state.history)
     if epoch == config["epochs"]:
         tb.hparams(config, hparam_metrics(summary), epoch)
     return summary
 
 
-def _select(evaluation: EpochEvaluation, state: dict[str, Any], tb: TensorBoardLogger,
+def _select(evaluation: EpochEvaluation, state: RunState, tb: TensorBoardLogger,
             train_scalars: dict[str, float], class_names: list[str], epochs: int) -> bool:
     """This epoch's metrics into the state and TensorBoard; True if validation improved."""
-    epoch = state["epoch"]
+    epoch = state.epoch
     metrics = evaluation.test
-    state["last_metrics"] = metrics
+    state.last_metrics = metrics
     scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
     scalars["test/kappa"] = metrics["kappa"]
-    record = {"epoch": epoch, "wall_time_s": round(state["wall_time_s"], 3), "test_accuracy": metrics["accuracy"],
+    record = {"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), "test_accuracy": metrics["accuracy"],
               "oa": metrics["oa"], **_rounded(train_scalars)}
     improved = False
     if evaluation.val is not None:
         val = evaluation.val
         scalars.update({f"val/oa/{head}": value for head, value in val["oa"].items()})
         record["val_accuracy"] = val["accuracy"]
-        selected = state["selected"]
+        selected = state.selected
         improved = selected is None or val["accuracy"] > selected["val_accuracy"]
         if improved:
-            state["selected"] = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
+            state.selected = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
     tb.scalars(scalars, epoch)
     tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), class_names, epoch)
-    state["history"].append(record)
-    chosen = state["selected"]
+    state.history.append(record)
+    chosen = state.selected
     picked = f", validation {record['val_accuracy']:.2f} % (selected: epoch {chosen['epoch']})" if chosen else ""
     log.info("epoch %d/%d: test accuracy %.2f %%%s, %s", epoch, epochs, metrics["accuracy"], picked,
              ", ".join(f"{head} {value:.2f}" for head, value in metrics["oa"].items()))
@@ -130,7 +147,7 @@ def _select(evaluation: EpochEvaluation, state: dict[str, Any], tb: TensorBoardL
 
 
 def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer, strategy: Strategy, state: dict[str, Any],
+                      optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState,
                       improved: bool) -> None:
     """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
     payload = {
@@ -138,7 +155,7 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
         "class_names": data.class_names, "image_size": data.image_size,
         "mean": list(data.mean), "std": list(data.std),
         "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
-        "config": config, **state,  # state: epochs done, history, the last evaluation, the selected epoch
+        "config": config, **state.as_payload(),
     }
     save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
     if improved:
@@ -171,14 +188,14 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
     }
 
 
-def run_summary(config: dict[str, Any], data: DataBundle, state: dict[str, Any],
+def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
                 scheduler: dict[str, Any]) -> dict[str, Any]:
     """The metrics.json document: the headline test metrics (of the selected epoch, else of the last evaluated
     one), the protocol, the run's facts and its scheduling figures."""
-    epochs_done = state["epoch"]
-    wall = state["wall_time_s"]
-    selected = state["selected"]
-    headline = selected["metrics"] if selected else state["last_metrics"]
+    epochs_done = state.epoch
+    wall = state.wall_time_s
+    selected = state.selected
+    headline = selected["metrics"] if selected else state.last_metrics
     summary = {
         "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
         "trainer": config["trainer"]["name"], "seed": config["seed"], "protocol": protocol(config, data),
@@ -189,11 +206,11 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: dict[str, Any],
         **headline,
     }
     if selected:
-        last = state["last_metrics"]
+        last = state.last_metrics
         summary["selected_epoch"] = selected["epoch"]
         summary["val_accuracy"] = selected["val_accuracy"]
         summary["last_epoch_test"] = {"accuracy": last["accuracy"], "oa": last["oa"]}
-    return {**summary, "scheduler": scheduler, "history": state["history"]}
+    return {**summary, "scheduler": scheduler, "history": state.history}
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

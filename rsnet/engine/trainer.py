@@ -28,7 +28,7 @@ from rsnet.engine.acceleration import (
     use_channels_last,
 )
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.epoch_end import evaluate_epoch, finish_epoch, new_run_state
+from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
 from rsnet.engine.shared_decode import load_decoded_once
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
@@ -152,25 +152,25 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
     strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
-    state = new_run_state()
+    state = RunState()
     if resume_from:
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device)
         model.load_state_dict(checkpoint["model_state"])
         optimizer.load_state_dict(checkpoint["optimizer_state"])
         strategy.load_state_dict(checkpoint["strategy_state"])
-        state = {key: checkpoint.get(key, state[key]) for key in state}
-        log.info("resumed from %s after epoch %d", resume_from, state["epoch"])
-    _seed_augmentation(data, seed, ctx.rank, state["epoch"])
+        state = RunState.from_checkpoint(checkpoint)
+        log.info("resumed from %s after epoch %d", resume_from, state.epoch)
+    _seed_augmentation(data, seed, ctx.rank, state.epoch)
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
     with disk_full_named(run_dir), tb:  # TensorBoard's writer thread reports a full disk as a bare OSError
-        for epoch in range(state["epoch"], config["epochs"]):
+        for epoch in range(state.epoch, config["epochs"]):
             started = time.perf_counter()
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
-            state["wall_time_s"] += time.perf_counter() - started
-            state["epoch"] = epoch + 1
-            evaluation = evaluate_epoch(ctx, config, data, model, state["epoch"])  # every worker: its shard
+            state.wall_time_s += time.perf_counter() - started
+            state.epoch = epoch + 1
+            evaluation = evaluate_epoch(ctx, config, data, model, state.epoch)  # every worker: its shard
             if ctx.is_primary:
                 final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
                                      attention_ids, evaluation) or final
