@@ -36,15 +36,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = _create_beside(path)
     try:
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException as error:
+        with disk_full_named(path):
+            with os.fdopen(fd, mode) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, path)
+    except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
-        if _disk_was_full(error) and not isinstance(error, DiskFullError):
-            raise DiskFullError(path) from error
         raise
 
 
