@@ -154,7 +154,9 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
     state = RunState()
     if resume_from:
-        checkpoint = load_checkpoint(resume_from, map_location=ctx.device)
+        # its SHA-256 was checked by train() before any worker started (in the launcher; under torchrun in every
+        # rank's own process), under the run dir's lock: not read and hashed once more per worker
+        checkpoint = load_checkpoint(resume_from, map_location=ctx.device, verify=False)
         model.load_state_dict(checkpoint["model_state"])
         optimizer.load_state_dict(checkpoint["optimizer_state"])
         strategy.load_state_dict(checkpoint["strategy_state"])
