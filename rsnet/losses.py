@@ -70,7 +70,8 @@ def check_loss_heads(loss: MultiBranchLoss, heads: Sequence[str]) -> None:
         raise ValueError(f"teacher={loss.teacher!r}: not a head; the heads are {', '.join(heads)}")
     missing = [head for head in loss.ce_heads or () if head not in heads]
     if missing:
-        raise ValueError(f"ce_heads={loss.ce_heads!r}: {', '.join(missing)} not a head; the heads are {', '.join(heads)}")
+        raise ValueError(f"ce_heads={loss.ce_heads!r}: {', '.join(missing)} not a head; the heads are "
+                         f"{', '.join(heads)}")
 
 
 class MultiBranchLoss(nn.Module):

@@ -23,11 +23,12 @@ from rsnet.files import atomic_write
 from rsnet.integrity import content_digest, file_digest, unreadable_reason
 from rsnet.models import build_model
 
+log = logging.getLogger(__name__)
+
 FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
            "timm": "model.safetensors"}  # timm: with its config.json
 TIMM_CONFIG = "config.json"  # beside model.safetensors in a timm export
 METADATA_FILE = "model.json"
-log = logging.getLogger(__name__)
 CHECKPOINT_NAMES = ("best.pt", "last.pt")  # a run's checkpoints, in order of preference
 CHECKPOINT_FORMAT = 2  # 2: with the SHA-256 of its contents (DIGEST_KEY); 1: without (loaded, with a warning)
 DIGEST_KEY = "sha256"
@@ -294,7 +295,8 @@ def _check_output_size(exported: ExportedModel, metadata_path: Path) -> None:
     with torch.no_grad():
         outputs = int(exported(torch.zeros(1, 3, size, size, device=device)).shape[-1])
     named = len(meta["class_names"])
-    if outputs != named or int(meta.get("num_classes", named)) != named or int(meta.get("output_size", outputs)) != outputs:
+    recorded = (int(meta.get("num_classes", named)), int(meta.get("output_size", outputs)))
+    if outputs != named or recorded != (named, outputs):
         raise ExportError(f"{metadata_path} names {named} classes (num_classes={meta.get('num_classes')}) but "
                           f"{meta['file']} scores {outputs}: the model file and its model.json do not belong "
                           "together; export the checkpoint again")

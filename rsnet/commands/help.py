@@ -69,8 +69,8 @@ def _option_settings(path: str) -> list[str]:
     own = _settings(text.splitlines())
     replaced = {_top_level_key(line): line for line in own if _top_level_key(line)}
     merged = [replaced.get(_top_level_key(line), line) for line in inherited]  # a key set again: its own line
-    return merged + [line for line in own if _top_level_key(line) not in
-                     {_top_level_key(old) for old in inherited} - {None}]
+    inherited_keys = {_top_level_key(line) for line in inherited} - {None}
+    return merged + [line for line in own if _top_level_key(line) not in inherited_keys]
 
 
 def _top_level_key(line: str) -> str | None:

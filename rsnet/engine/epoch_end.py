@@ -105,7 +105,7 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
             log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
     else:
         state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3),
-                                 **_rounded(train_scalars)})
+                              **_rounded(train_scalars)})
     _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
     if not evaluated:
         return None

@@ -24,7 +24,8 @@ def check_schedule_settings(lr_schedule: dict) -> None:
     if not 0 < gamma < math.inf:
         raise ValueError(f"lr_schedule.gamma={gamma!r}: must be a finite number > 0 (the lr factor at each milestone)")
     if not 0 <= floor <= 1:
-        raise ValueError(f"lr_schedule.min_lr_ratio={floor!r}: must be in [0, 1] (the cosine floor as a fraction of lr)")
+        raise ValueError(f"lr_schedule.min_lr_ratio={floor!r}: must be in [0, 1] (the cosine floor as a fraction "
+                         "of lr)")
     milestones = lr_schedule["milestones"]
     if not isinstance(milestones, (list, tuple)) or not all(
             isinstance(m, (int, float)) and not isinstance(m, bool) and 0 < m <= 1 for m in milestones):
