@@ -62,11 +62,19 @@ def _children(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a thread of process ``pid`` still runs: a killed process's main thread shows "Z" while its other
+    threads are still ending, and its files (and their locks) are closed only when the last has ended."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return False
-    return state != "Z"
+    states = []
+    for task in tasks:
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return any(state not in ("Z", "X") for state in states)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
