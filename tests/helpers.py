@@ -61,6 +61,9 @@ def compose_command(config_name: str, *overrides: str, return_hydra_config: bool
     ``hydra`` section too."""
     from hydra import compose, initialize_config_dir
 
+    from rsnet.config_schema import register_schemas
+
+    register_schemas()  # as importing rsnet.commands does
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
@@ -69,6 +72,11 @@ def training_config(*overrides: str) -> dict:
     """rsnet-train's settings as a plain dict (conf/config.yaml and its groups, every value from the yaml files),
     for the code that takes the resolved config; ``run_dir`` stays unresolved (no Hydra run here)."""
     return OmegaConf.to_container(compose_command("config", *overrides))
+
+
+def dataset_config(name: str, **overrides: object) -> dict:
+    """conf/dataset/<name>.yaml as a run composes it (with conf/_base/dataset.yaml), plus ``overrides``."""
+    return {**training_config(f"dataset={name}")["dataset"], **overrides}
 
 
 def trainer_config(name: str, **overrides: object) -> dict:

@@ -140,7 +140,8 @@ def test_valid_overrides_and_hydras_own_modes_pass_the_check() -> None:
 
     check_overrides("config", ["dataset=aid", "dataset.root=/x", "experiment=paper_aid", "+extra=1",
                                "hydra.run.dir=/tmp/r", "--help"], "train.py")
-    check_overrides("config", ["-m", "epoch=1,2"], "train.py")  # a sweep: Hydra composes it job by job
+    check_overrides("config", ["-m", "epochs=1,2", "model=baseline,esd_mbenet"], "train.py")  # a sweep, each value
+    check_overrides("config", ["-cn", "mine", "epoch=1"], "train.py")  # another primary config: left to Hydra
     check_overrides("evaluate", ["checkpoint=run", "tta=flips"], "evaluate.py")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from helpers import make_fake_archive
+from helpers import dataset_config, make_fake_archive
 from PIL import Image
 
 from rsnet.data import CorruptImageError, DecodeReport, HighBitDepthWarning, build_datasets, decode_image
@@ -159,7 +159,6 @@ def test_config_key_reaches_the_decoder(tmp_path):
 
     top = make_fake_archive(tmp_path / "a", "ucmerced", per_class=2, size=W)
     _write_gray(top / "Images" / "beach" / "beach00.tif", "I;16")
-    config = {"name": "ucmerced", "root": str(top), "train_ratio": 0.5, "image_size": 16,
-              "high_bit_depth": "refuse"}
+    config = dataset_config("ucmerced", root=str(top), image_size=16, high_bit_depth="refuse")
     with pytest.raises(CorruptImageError, match=r"beach00\.tif.*dataset\.high_bit_depth=refuse"):
         build_datasets_from_config(config, seed=0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import label_value, truncate_file
+from helpers import dataset_config, label_value, truncate_file
 
 from rsnet.data import (
     DATASETS,
@@ -212,7 +212,7 @@ def test_prefers_the_archive_folder_when_two_datasets_share_class_names(fake_arc
 def test_build_from_a_dataset_config_honours_its_settings_and_the_size_override() -> None:
     from rsnet.data import build_datasets_from_config
 
-    config = {"name": "ucmerced_mini", "root": None, "train_ratio": 0.25, "image_size": 64, "cache": "memory"}
+    config = dataset_config("ucmerced_mini", train_ratio=0.25, image_size=64, cache="memory")
     bundle = build_datasets_from_config(config, seed=3, image_size=32)
     assert bundle.image_size == 32 and bundle.train.raw(0).shape == (32, 32, 3)
     assert len(bundle.class_names) == 21 and len(bundle.train) == 21 * 5

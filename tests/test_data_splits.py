@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-from helpers import label_value
+from helpers import dataset_config, label_value
 
 from rsnet.data import (
     DATASETS,
@@ -238,8 +238,8 @@ def test_split_file_val_is_used_and_val_ratio_ignored(fake_archive, tmp_path):
 
 def test_build_from_config_reads_val_ratio(fake_archive):
     top = fake_archive("ucmerced_mini", per_class=20, size=8)  # the official count: no DatasetCountWarning
-    config = {"name": "ucmerced_mini", "root": str(top), "train_ratio": 0.5, "image_size": 8}
-    assert build_datasets_from_config(config, seed=0).val is None
+    config = dataset_config("ucmerced_mini", root=str(top), train_ratio=0.5, image_size=8)
+    assert config["val_ratio"] == 0.0 and build_datasets_from_config(config, seed=0).val is None
     bundle = build_datasets_from_config({**config, "val_ratio": 0.5}, seed=0)
     assert len(bundle.val) == 5 * DATASETS["ucmerced_mini"].num_classes  # half of the 10 train images a class
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import STAND_IN_CLASSES, PlainClassifier, StandInModel, TensorDataset, run_evaluate_script
+from helpers import (CONF, STAND_IN_CLASSES, PlainClassifier, StandInModel, TensorDataset, compose_command,
+                     run_evaluate_script)
+from omegaconf import OmegaConf
 from PIL import Image
 
 from rsnet.evaluation import (
@@ -199,3 +201,15 @@ def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, t
     assert (f"stand_in test split (8 images): accuracy {metrics['accuracy']:.2f} % [ensemble], "
             f"kappa {metrics['kappa']:.4f}; per head: {heads}; tta none") in printed.splitlines()
     assert f"macro average        8  {metrics['macro_precision']:>9.2f}" in printed
+
+
+def test_an_older_runs_dataset_settings_are_completed_with_the_shared_defaults() -> None:
+    """A run saved before dataset.val_ratio / high_bit_depth existed is scored with their defaults
+    (conf/_base/dataset.yaml, the one place they are written), its own values kept."""
+    from rsnet.commands.evaluate import dataset_settings
+
+    older = {"dataset": {"name": "ucmerced_mini", "root": "/data/mini", "train_ratio": 0.8, "image_size": 64}}
+    settings, runs_own = dataset_settings(compose_command("evaluate", "checkpoint=run"), older)
+    shared = OmegaConf.to_container(OmegaConf.load(CONF / "_base" / "dataset.yaml"))
+    assert runs_own and settings == {**shared, **older["dataset"]}
+    assert settings["val_ratio"] == 0.0 and settings["high_bit_depth"] == "percentile"

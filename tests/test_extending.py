@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, run_train
+from helpers import REPO, compose_command, run_train
+from hydra.errors import ConfigCompositionException
 from PIL import Image
 from torch import Tensor, nn
 
+from rsnet.config_schema import TRAINER_SCHEMAS, LocalSgdSchema, register_schemas, type_error
 from rsnet.models import MODELS, RSNetModel, build_model, register_model
 from rsnet.models.output import MultiBranchOutput
 from rsnet.parallel.strategies import STRATEGIES, LocalSGDStrategy, register_strategy
@@ -51,10 +53,13 @@ class AverageEveryStep(LocalSGDStrategy):
 
 
 @pytest.fixture
-def registered() -> Iterator[None]:
-    """What a new module does when rsnet imports it: register its classes (undone after the test)."""
+def registered(monkeypatch) -> Iterator[None]:
+    """What a new module does when rsnet imports it: register its classes (undone after the test), and the
+    strategy's schema (the settings of local_sgd: the class it subclasses)."""
     register_model(TwoHeads)
     register_strategy(AverageEveryStep)
+    monkeypatch.setitem(TRAINER_SCHEMAS, AverageEveryStep.name, LocalSgdSchema)
+    register_schemas()
     yield
     del MODELS[TwoHeads.arch], STRATEGIES[AverageEveryStep.name]
 
@@ -66,7 +71,8 @@ def write_extension(conf: Path, images: Path) -> None:
         "model/two_heads.yaml": "arch: two_heads\noptions:\n  drop_rate: 0.0\n  second_scale: 0.5\nloss:\n"
                                 "  temperature: 3.0\n  alpha: 1.0\n  beta: 0.0\n  rampup_epochs: 1\n"
                                 "  feature_loss: none\n  teacher: null\n  ce_heads: null\n  label_smoothing: 0.1\n",
-        "trainer/average_every_step.yaml": "defaults:\n  - /_base/launcher@_here_\n  - _self_\nname: average_every_step\n"
+        "trainer/average_every_step.yaml": "defaults:\n  - average_every_step_schema\n  - /_base/launcher@_here_\n"
+                                           "  - _self_\nname: average_every_step\n"
                                            "average_every: 1\nref_batch: null\ntorch_averager: true\nbatch_min: 8\n",
         "dataset/my_scenes.yaml": f"defaults: [image_folder, _self_]\nroot: {images}\n",
     }.items():
@@ -113,5 +119,14 @@ def test_the_docs_name_the_files_this_test_touched() -> None:
     page = (REPO / "docs" / "extending.md").read_text()
     for named in ("@register_model", "rsnet/models/__init__.py", "conf/model/<arch>.yaml", "@register_strategy",
                   "rsnet/parallel/strategies/__init__.py", "conf/trainer/<name>.yaml", "conf/dataset/<name>.yaml",
-                  "rsnet/data/specs.py", "NUMBER_SETTINGS"):
+                  "rsnet/data/specs.py", "rsnet/config_schema.py", "TRAINER_SCHEMAS"):
         assert named in page, named
+
+
+def test_the_new_strategys_settings_are_typed_by_its_schema(registered, tmp_path: Path) -> None:
+    conf = tmp_path / "my_conf"
+    write_extension(conf, tmp_path / "scenes")
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_command("config", f"hydra.searchpath=[file://{conf}]", "trainer=average_every_step",
+                        "trainer.average_every=abc")
+    assert type_error(caught.value.__cause__) == "trainer.average_every='abc': must be a whole number"

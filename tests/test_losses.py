@@ -30,7 +30,7 @@ def test_rampup() -> None:
 def test_terms_and_total() -> None:
     out = output()
     target = torch.tensor([0, 1, 2, 0])
-    loss = MultiBranchLoss(temperature=3.0, alpha=1.0, beta=2.0, rampup_epochs=4)
+    loss = MultiBranchLoss(temperature=3.0, alpha=1.0, beta=2.0, rampup_epochs=4, label_smoothing=0.0)
     result = loss(out, target, epoch=2.0)
     ce = sum(F.cross_entropy(out.logits[k], target) for k in out.logits)
     kd = 9.0 * F.kl_div(F.log_softmax(out.logits["main"] / 3, 1), F.softmax(out.logits["ensemble"] / 3, 1),
@@ -63,7 +63,7 @@ def test_kl_zero_for_identical_logits_and_mse_option() -> None:
 
 def test_single_head_is_cross_entropy_only() -> None:
     z = torch.randn(4, 3, requires_grad=True)
-    result = MultiBranchLoss()(MultiBranchOutput(logits={"main": z}), torch.tensor([0, 1, 2, 0]))
+    result = MultiBranchLoss(label_smoothing=0.0)(MultiBranchOutput(logits={"main": z}), torch.tensor([0, 1, 2, 0]))
     assert set(result.terms) == {"ce/main", "ce", "total"}
     assert result.total.item() == pytest.approx(F.cross_entropy(z, torch.tensor([0, 1, 2, 0])).item())
 

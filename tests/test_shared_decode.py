@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from helpers import MINI_ROOT
+from helpers import MINI_ROOT, dataset_config
 
 from rsnet.data.datasets import build_datasets_from_config
 from rsnet.engine.shared_decode import load_decoded_once, shared_memory_folder
@@ -15,7 +15,7 @@ from rsnet.files import DiskFullError
 from rsnet.parallel import WorkerContext, launch
 
 BEFORE = set(shared_memory_folder().glob("rsnet-decode-*"))  # left by other processes, if any
-DATASET = {"name": "ucmerced_mini", "root": str(MINI_ROOT), "train_ratio": 0.5, "image_size": 32, "cache": "memory"}
+DATASET = dataset_config("ucmerced_mini", root=str(MINI_ROOT), train_ratio=0.5, image_size=32, cache="memory")
 
 
 def _decode_worker(ctx, dataset: dict):

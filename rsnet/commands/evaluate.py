@@ -22,7 +22,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rsnet.cli import user_errors
-from rsnet.commands import hydra_config_path
+from rsnet.commands import hydra_config_path, shared_dataset_settings
 from rsnet.commands.overrides import check_overrides
 from rsnet.data.errors import CorruptImageError
 from rsnet.files import atomic_write
@@ -38,13 +38,14 @@ SCORES = ("precision", "recall", "f1")
 
 def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
     """The dataset to score on and whether it is the run's own: ``dataset=<name>`` from the command line, else the
-    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``)."""
+    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``);
+    a key the run's config lacks (a run of an older rsnet) takes conf/_base/dataset.yaml's value."""
     given = OmegaConf.to_container(cfg.dataset, resolve=True) if cfg.get("dataset") is not None else {}
     if "name" in given:
         return given, False
     if train_config is None:
         raise ValueError("an exported model carries no dataset settings; pass dataset=<name> (and dataset.root=...)")
-    return {**train_config["dataset"], **given}, True
+    return {**shared_dataset_settings(), **train_config["dataset"], **given}, True
 
 
 def output_path(cfg: DictConfig, source: ModelSource, dataset: dict[str, Any]) -> Path:

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rsnet.commands import conf_folder, config_groups
+from rsnet.config_schema import SCHEMA_SUFFIX
 
 RESOLVER = "rsnet_help"
 SKIPPED_BLOCKS = ("defaults", "hydra")  # composition and Hydra's own settings: not the command's keys
@@ -63,7 +64,8 @@ def _option_settings(path: str) -> list[str]:
     text = conf_folder().joinpath(f"{path}.yaml").read_text()
     defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []
     group = path.rsplit("/", 1)[0]
-    included = [entry.removesuffix("@_here_") for entry in defaults if isinstance(entry, str) and entry != "_self_"]
+    included = [entry.removesuffix("@_here_") for entry in defaults
+                if isinstance(entry, str) and entry != "_self_" and not entry.endswith(SCHEMA_SUFFIX)]
     inherited = [line for base in included
                  for line in _option_settings(base[1:] if base.startswith("/") else f"{group}/{base}")]
     own = _settings(text.splitlines())

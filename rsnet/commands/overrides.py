@@ -13,34 +13,56 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import (ConfigCompositionException, HydraException, MissingConfigException,
                           OverrideParseException)
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from rsnet.commands import CHECKOUT_CONF, conf_folder, config_groups
+from rsnet.config_schema import SCHEMA_SUFFIX, type_error
 
-# Hydra's flags that change what is composed, or sweep: the command line is then left to Hydra
-HYDRA_MODE_FLAGS = ("-m", "--multirun", "-cn", "-cp", "-cd", "--config-name", "--config-path", "--config-dir")
+# Hydra's flags that change what is composed: the command line is then left to Hydra
+HYDRA_CONFIG_FLAGS = ("-cn", "-cp", "-cd", "--config-name", "--config-path", "--config-dir")
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None:
-    """Compose ``conf/<config_name>.yaml`` with the ``key=value`` arguments of ``argv`` as Hydra will, and turn a
-    composition error into one ValueError naming the override and what is valid (``command --help`` for more)."""
-    if any(arg.split("=", 1)[0] in HYDRA_MODE_FLAGS for arg in argv):
+    """Compose ``conf/<config_name>.yaml`` with the ``key=value`` arguments of ``argv`` as Hydra will (a sweep
+    ``-m key=a,b``: with each of its values), and turn a composition error into one ValueError naming the override
+    and what is valid (``command --help`` for more)."""
+    flags = {arg.split("=", 1)[0] for arg in argv}
+    if flags & set(HYDRA_CONFIG_FLAGS):
         return
-    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")
-                 and not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")  # Hydra's own settings left out,
+                 and (not arg.lstrip("+~").startswith(("hydra.", "hydra/")) or arg.startswith("hydra.searchpath="))]
     try:
-        _compose(config_name, overrides)
+        for composition in _sweep_jobs(overrides) if flags & set(MULTIRUN_FLAGS) else [overrides]:
+            _compose(config_name, composition)
     except MissingConfigException as error:
         group, _, option = str(error.missing_cfg_file or "").rpartition("/")
-        choices = ", ".join(sorted(error.options or []))
+        choices = ", ".join(sorted(option for option in error.options or [] if not option.endswith(SCHEMA_SUFFIX)))
         raise ValueError(f"{group}={option}: there is no such {group}; choose one of {choices}") from None
     except OverrideParseException as error:
         raise ValueError(f"cannot read the override {_parsed(error, overrides)!r}: {str(error).splitlines()[0]} "
                          "(key=value; a list: key=[a,b]; quote values with spaces)") from None
     except ConfigCompositionException as error:
+        if isinstance(error.__cause__, ValidationError):  # a value the schema's type refuses (rsnet/config_schema.py)
+            raise ValueError(type_error(error.__cause__)) from None
         if not isinstance(error.__cause__, (ConfigAttributeError, ConfigKeyError)):
             return  # Hydra reports what this does not recognise
         raise ValueError(_unknown_key(config_name, overrides, str(error.__cause__.full_key), command)) from None
+
+
+def _sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Overrides without sweeps that give every value of every swept key once (``seed=0,1 lr=0.1,abc``: the
+    jobs seed=0 lr=0.1, seed=1 lr=0.1, seed=0 lr=abc): a value a type refuses is found before any job runs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values = [list(item.sweep_string_iterator()) if item.is_sweep_override() else [item.input_line]
+              for item in parsed]
+    keyed = [[value if not item.is_sweep_override() else f"{item.get_key_element()}={value}" for value in choices]
+             for item, choices in zip(parsed, values)]
+    first = [choices[0] for choices in keyed]
+    return [first] + [first[:index] + [value] + first[index + 1:]
+                      for index, choices in enumerate(keyed) for value in choices[1:]]
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
@@ -57,7 +79,8 @@ def _unknown_key(config_name: str, overrides: list[str], full_key: str, command:
     """The message for an override of a key the config does not have: the closest keys at its level."""
     parent, _, key = full_key.rpartition(".")
     groups = config_groups(config_name)
-    chosen = [o for o in overrides if o.split("=", 1)[0] in groups]  # the group options: where the key lives
+    chosen = [o for o in overrides  # the group options (and where they are found): where the key lives
+              if o.split("=", 1)[0] in groups or o.startswith("hydra.searchpath=")]
     node = _compose(config_name, chosen)
     if parent:
         node = OmegaConf.select(node, parent)

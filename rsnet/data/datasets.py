@@ -241,12 +241,11 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
                                split_file: str | os.PathLike | None = None, mean: Sequence[float] = IMAGENET_MEAN,
                                std: Sequence[float] = IMAGENET_STD,
                                augment: Mapping[str, Any] | None = None) -> DataBundle:
-    """:func:`build_datasets` from a ``conf/dataset/*.yaml`` mapping (``image_size`` overrides the config's;
-    ``mean``/``std``: the model's normalisation; ``augment``: the ``augment:`` settings; ``val_ratio`` defaults
-    to 0, no validation part)."""
+    """:func:`build_datasets` from a composed ``dataset:`` config (every key of conf/_base/dataset.yaml;
+    ``image_size`` overrides the config's; ``mean``/``std``: the model's normalisation; ``augment``: the
+    ``augment:`` settings)."""
     return build_datasets(
-        dataset["name"], dataset.get("root"), train_ratio=dataset["train_ratio"], seed=seed,
-        image_size=int(image_size or dataset["image_size"]), cache=dataset.get("cache", "memory"),
-        cache_dir=dataset.get("cache_dir"), skip_corrupt=bool(dataset.get("skip_corrupt", False)),
-        split_file=split_file, high_bit_depth=dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH), mean=mean, std=std,
-        augment=augment, val_ratio=dataset.get("val_ratio", 0.0))
+        dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
+        image_size=int(image_size or dataset["image_size"]), cache=dataset["cache"], cache_dir=dataset["cache_dir"],
+        skip_corrupt=bool(dataset["skip_corrupt"]), split_file=split_file, high_bit_depth=dataset["high_bit_depth"],
+        mean=mean, std=std, augment=augment, val_ratio=dataset["val_ratio"])

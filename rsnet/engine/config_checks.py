@@ -12,11 +12,12 @@ class ConfigError(ValueError):
 
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
-    """Raise :class:`ConfigError` for settings that would fail later, before any training starts: types and
-    finiteness here, ranges by the code that uses each setting, and the model and loss built as training will."""
+    """Raise :class:`ConfigError` for settings that would fail later, before any training starts: finiteness
+    here (the types were the schema's), ranges by the code that uses each setting, and the model and loss built as
+    training will."""
     from rsnet.models import validate_image_size
 
-    check_setting_types(config)
+    check_finite(config)
     for key in ("epochs", "batch_size", "eval_batch_size", "eval_every"):
         value = config[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -64,49 +65,13 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
         raise ConfigError(str(error)) from error
 
 
-# Settings whose value must be a number (or a boolean); Hydra passes ``optimizer.lr=abc`` on as the string "abc",
-# which would otherwise fail deep inside a worker after the data is decoded. None: the setting may be null.
-NUMBER_SETTINGS: dict[str, type] = {
-    "seed": int, "epochs": int, "eval_every": int, "dataset.val_ratio": float, "batch_size": int, "eval_batch_size": int,
-    "optimizer.lr": float, "optimizer.momentum": float, "optimizer.weight_decay": float,
-    "lr_schedule.warmup_epochs": float, "lr_schedule.gamma": float, "lr_schedule.min_lr_ratio": float,
-    "dataset.train_ratio": float, "dataset.image_size": float, "max_grad_norm": float,
-    "log.attention_every": int, "log.attention_images": int, "log.embedding_images": int,
-    "trainer.timeout_s": float, "trainer.merge_rounds": int, "trainer.merge_rounds_max": int,
-    "trainer.merge_cost_max": float,
-    "trainer.share_min": int, "trainer.batch_min": int, "trainer.batch_max": int, "trainer.ref_batch": int,
-    "trainer.elastic": float, "trainer.damping": float, "trainer.deadband": float,
-    "trainer.speed_ema": float, "trainer.warmup_intervals": int, "trainer.interval_steps": int,
-    "trainer.average_every": int, "trainer.cpu_threads": int,
-}
-BOOLEAN_SETTINGS = ("channels_last", "compile", "deterministic", "prefetch", "log.progress_bar",
-                    "resume", "overwrite",
-                    "dataset.skip_corrupt", "trainer.log_intervals", "trainer.leave_out")
-_NULLABLE = {"max_grad_norm", "trainer.merge_rounds_max", "trainer.ref_batch", "trainer.cpu_threads",
-             "trainer.merge_cost_max", "trainer.share_min", "log.attention_images"}
-
-
-def check_setting_types(config: dict[str, Any]) -> None:
-    """Refuse a non-number where a number belongs (``optimizer.lr=abc``, ``seed=abc``) and a non-boolean switch,
-    naming the setting. ``dataset.image_size=32.5`` passes here; the image-size check refuses it."""
-    for key, kind in NUMBER_SETTINGS.items():
-        value = _lookup(config, key)
-        if value is None and (key in _NULLABLE or not _has(config, key)):
-            continue
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not is_number or (kind is int and not isinstance(value, int)):
-            wanted = "a whole number" if kind is int else "a number"
-            raise ConfigError(f"{key}={value!r}: must be {wanted}" + (" or null" if key in _NULLABLE else ""))
-        if not math.isfinite(value):  # nan and inf pass every comparison a range check makes (or fail all)
+def check_finite(config: dict[str, Any]) -> None:
+    """Refuse nan and inf anywhere in the config, naming the setting: they pass the schema's float type and every
+    comparison a range check makes (or fail all). The types themselves are the schema's (rsnet/config_schema.py),
+    refused while Hydra composes."""
+    for key, value in _numbers(config, ""):
+        if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r}: must be a finite number")
-    for key in ("model.loss", "model.options"):
-        for leaf, value in _numbers(_lookup(config, key), key):
-            if not math.isfinite(value):
-                raise ConfigError(f"{leaf}={value!r}: must be a finite number")
-    for key in BOOLEAN_SETTINGS:
-        value = _lookup(config, key)
-        if _has(config, key) and not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: must be true or false")
 
 
 def check_model_and_loss(config: dict[str, Any]) -> None:
@@ -210,9 +175,9 @@ def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpo
 
 
 def _numbers(value: Any, key: str) -> list[tuple[str, float]]:
-    """Every float under ``value`` (nested dicts and lists), with its dotted key."""
+    """Every float under ``value`` (nested dicts and lists), with its dotted key (under ``key``; "": the top)."""
     if isinstance(value, dict):
-        return [pair for name, item in value.items() for pair in _numbers(item, f"{key}.{name}")]
+        return [pair for name, item in value.items() for pair in _numbers(item, f"{key}.{name}" if key else name)]
     if isinstance(value, list):
         return [pair for index, item in enumerate(value) for pair in _numbers(item, f"{key}[{index}]")]
     return [(key, value)] if isinstance(value, float) else []

@@ -1,0 +1,225 @@
+"""The types of rsnet-train's settings: Hydra structured configs, one dataclass per config group.
+
+The yaml files under conf/ hold every value with its comment (``--help`` renders them) and inherit shared keys
+(``conf/_base/``); these dataclasses hold every key's type, so Hydra refuses ``optimizer.lr=abc`` or
+``epochs=1.5`` while composing, before anything is built. A field has no default: its value comes from the yaml
+(a missing one is reported as required). ``Any`` marks a setting that takes several kinds of value (``auto`` or a
+number, a path or a boolean); the code that reads it checks it. Ranges are checked by the code that uses each
+setting (``rsnet.engine.config_checks``).
+
+``conf/config.yaml`` names :class:`TrainSchema` first in its defaults list; each ``conf/trainer/<name>.yaml``
+names its strategy's schema (``<name>_schema``, stored in the ``trainer`` group). A trainer yaml without one (a
+strategy of your own) is composed untyped and checked by its strategy's ``check_config``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
+
+from hydra.core.config_store import ConfigStore
+from omegaconf.errors import ValidationError
+
+PRIMARY_SCHEMA = "train_schema"  # the name conf/config.yaml's defaults list gives TrainSchema
+SCHEMA_SUFFIX = "_schema"  # a defaults entry (a ConfigStore node) that gives types, not settings
+
+# The annotations stay typing-module forms (Optional, List, Dict): OmegaConf reads them at runtime.
+
+
+@dataclass
+class DatasetSchema:
+    """``dataset.*`` (conf/_base/dataset.yaml and conf/dataset/)."""
+    root: Optional[str]
+    train_ratio: float
+    val_ratio: float
+    image_size: int
+    cache: str
+    cache_dir: Optional[str]
+    skip_corrupt: bool
+    high_bit_depth: str
+    name: str
+
+
+@dataclass
+class ModelSchema:
+    """``model.*`` (conf/model/): the options and the loss differ per architecture; the model and
+    :class:`rsnet.losses.MultiBranchLoss` check them, built on the meta device before any data is decoded."""
+    arch: str
+    options: Dict[str, Any]
+    loss: Dict[str, Any]
+
+
+@dataclass
+class BackboneSchema:
+    """``backbone.*`` (conf/backbone/); ``pretrained``: false, true or a weights file."""
+    name: str
+    pretrained: Any
+
+
+@dataclass
+class LauncherSchema:
+    """Where and how the workers start (conf/_base/launcher.yaml): every strategy's settings begin with these."""
+    devices: Any
+    slowdown: Any
+    backend: str
+    cpu_threads: Optional[int]
+    timeout_s: float
+
+
+@dataclass
+class AdaptiveSchema(LauncherSchema):
+    """``trainer=adaptive`` (conf/trainer/adaptive.yaml)."""
+    name: str
+    merge_rounds: int
+    merge_rounds_max: Optional[int]
+    merge_cost_max: Optional[float]
+    share_min: Optional[int]
+    batch_min: int
+    batch_max: int
+    batch_multiple: Any
+    ref_batch: Optional[int]
+    damping: float
+    deadband: float
+    speed_ema: float
+    warmup_intervals: int
+    merge_weight: str
+    elastic: float
+    leave_out: bool
+    log_intervals: bool
+
+
+@dataclass
+class SyncSchema(LauncherSchema):
+    """``trainer=sync`` (conf/trainer/sync.yaml)."""
+    name: str
+    batch_min: int
+    interval_steps: int
+
+
+@dataclass
+class StaticSchema(LauncherSchema):
+    """``trainer=static`` (conf/trainer/static.yaml)."""
+    name: str
+    batch_min: int
+    batch_max: int
+    batch_multiple: Any
+    interval_steps: int
+
+
+@dataclass
+class LocalSgdSchema(LauncherSchema):
+    """``trainer=local_sgd`` (conf/trainer/local_sgd.yaml)."""
+    name: str
+    average_every: int
+    ref_batch: Optional[int]
+    torch_averager: bool
+    batch_min: int
+
+
+@dataclass
+class AugmentSchema:
+    """``augment.*``: ``crop_scale`` is auto, null or [min, max]; ``on_device`` auto, true or false."""
+    crop_scale: Any
+    color_jitter: float
+    on_device: Any
+
+
+@dataclass
+class OptimizerSchema:
+    """``optimizer.*``."""
+    name: str
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+@dataclass
+class LrScheduleSchema:
+    """``lr_schedule.*``."""
+    name: str
+    warmup_epochs: float
+    milestones: List[float]
+    gamma: float
+    min_lr_ratio: float
+
+
+@dataclass
+class LogSchema:
+    """``log.*``."""
+    attention_every: int
+    attention_images: Optional[int]
+    embedding_images: int
+    progress_bar: bool
+
+
+@dataclass
+class TrainSchema:
+    """rsnet-train's config (conf/config.yaml); the trainer's keys depend on the strategy (its own schema)."""
+    dataset: DatasetSchema
+    model: ModelSchema
+    backbone: BackboneSchema
+    trainer: Any
+    seed: int
+    epochs: int
+    batch_size: int
+    eval_batch_size: int
+    eval_every: int
+    augment: AugmentSchema
+    optimizer: OptimizerSchema
+    lr_schedule: LrScheduleSchema
+    amp: str
+    channels_last: bool
+    compile: bool
+    deterministic: bool
+    prefetch: bool
+    log: LogSchema
+    max_grad_norm: Optional[float]
+    run_dir: str
+    resume: bool
+    overwrite: bool
+
+
+TRAINER_SCHEMAS = {"adaptive": AdaptiveSchema, "sync": SyncSchema, "static": StaticSchema,
+                   "local_sgd": LocalSgdSchema}
+
+
+def register_schemas() -> None:
+    """Store the schemas in Hydra's ConfigStore (``train_schema``; ``trainer/<name>_schema``); idempotent."""
+    store = ConfigStore.instance()
+    store.store(name=PRIMARY_SCHEMA, node=TrainSchema)
+    for name, schema in TRAINER_SCHEMAS.items():
+        store.store(group="trainer", name=f"{name}{SCHEMA_SUFFIX}", node=schema)
+
+
+def type_error(error: ValidationError) -> str:
+    """One line for a value the schema refuses: ``optimizer.lr='abc': must be a number``."""
+    return f"{error.full_key}={error.value!r}: must be {_wanted(_annotation(error))}"
+
+
+def _annotation(error: ValidationError) -> Any:
+    """The type the schema gives the refused value: a field of the node's dataclass, else found from the top
+    (a list's item: ``lr_schedule.milestones[0]``)."""
+    schema, key = error.object_type, str(error.key)
+    if is_dataclass(schema) and key in {item.name for item in fields(schema)}:
+        return get_type_hints(schema)[key]
+    annotation: Any = TrainSchema
+    for part in re.findall(r"[^.\[\]]+", str(error.full_key)):
+        if is_dataclass(annotation):
+            annotation = get_type_hints(annotation).get(part, Any)
+        elif get_origin(annotation) in (list, List) and part.isdigit():
+            annotation = get_args(annotation)[0]
+        else:
+            return Any
+    return annotation
+
+
+def _wanted(annotation: Any) -> str:
+    """What a value of ``annotation`` is, in words: "a whole number", "a number or null", "a list of numbers"."""
+    if get_origin(annotation) is Union:
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return f"{_wanted(inner[0])} or null"
+    if get_origin(annotation) in (list, List):
+        return f"a list of {_wanted(get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
+    words = {int: "a whole number", float: "a number", bool: "true or false", str: "a text"}
+    return words.get(annotation, "a value of another kind")
