@@ -18,6 +18,7 @@ from rsnet.parallel.strategies.adaptive import AdaptiveStrategy
 from rsnet.parallel.strategies.base import STRATEGIES, Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.local_sgd import LocalSGDStrategy
 from rsnet.parallel.strategies.reports import format_row, scheduler_report, summarize
+from rsnet.parallel.strategies.slowdown import slowed
 from rsnet.parallel.strategies.static_split import StaticSplitStrategy
 from rsnet.parallel.strategies.sync import SyncStrategy
 from rsnet.parallel.worker import WorkerContext
@@ -28,8 +29,10 @@ __all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "Stati
 
 def build_strategy(trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                    seed: int) -> Strategy:
-    """The strategy named by ``trainer_cfg.name`` (registered in :data:`STRATEGIES` by ``@register_strategy``)."""
+    """The strategy named by ``trainer_cfg.name`` (registered in :data:`STRATEGIES` by ``@register_strategy``);
+    on a worker that ``trainer.slowdown`` slows, with the simulated slowdown mixed in (:func:`slowed`)."""
     name = STRATEGIES.check(str(trainer_cfg["name"]))
-    STRATEGIES[name].check_config(trainer_cfg, batch_size, ctx.world_size)
-    STRATEGIES[name].check_setup(ctx, model, batch_size)
-    return STRATEGIES[name](trainer_cfg, ctx, model, num_samples, batch_size, seed)
+    strategy = STRATEGIES[name] if ctx.slowdown == 1.0 else slowed(STRATEGIES[name])
+    strategy.check_config(trainer_cfg, batch_size, ctx.world_size)
+    strategy.check_setup(ctx, model, batch_size)
+    return strategy(trainer_cfg, ctx, model, num_samples, batch_size, seed)

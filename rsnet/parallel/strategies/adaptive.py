@@ -198,16 +198,16 @@ class AdaptiveStrategy(Strategy):
         return (self.speed <= 0 and self.schedule.workers > 1) or super().needs_step_seconds
 
     def after_step(self, batch_size: int, seconds: float | None) -> None:
-        slept = self._sleep
         super().after_step(batch_size, seconds)
-        if seconds is not None:
-            if not self._warmed_up:  # this worker's first step: one-time costs, no measure of its speed
-                self._warmup = (batch_size, seconds + self._sleep - slept)
-                self._warmed_up = True
-            else:
-                self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
         with self._stepped:
             self._stepped.notify_all()
+
+    def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
+        if not self._warmed_up:  # this worker's first step: one-time costs, no measure of its speed
+            self._warmup = (batch_size, seconds)
+            self._warmed_up = True
+        else:
+            self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
 
     def _reset_counters(self) -> None:
         super()._reset_counters()
@@ -241,7 +241,7 @@ class AdaptiveStrategy(Strategy):
         way), then every worker moves the schedule on from the same merged table. With one active worker only the
         small table is all-reduced (its replica is handed to the others at the end of the epoch)."""
         super().end_interval(compute_seconds)
-        busy = self._compute + self._sleep
+        busy = self._compute
         # The speed leaves out the worker's first step (allocations, kernel choice): a worker that trained nothing
         # else in its first interval keeps an unknown speed, and probes again.
         self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)

@@ -1,10 +1,9 @@
-"""What every strategy shares (the claim it hands the loop, per-step counters, the simulated slowdown's sleep,
-stats rows, reports, state), and the static strategies' equal shares."""
+"""What every strategy shares (the claim it hands the loop, per-step counters and step times, stats rows, reports,
+state), and the static strategies' equal shares."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ class Claim:
 
 
 class Strategy:
-    """Shared bookkeeping: per-step counters, the simulated slowdown (``ctx.slowdown``), stats rows.
+    """Shared bookkeeping: per-step counters and step times, stats rows.
 
     ``model`` is the model this worker trains; the loop calls it for the forward pass (``sync`` replaces it by
     its DistributedDataParallel wrapper).
@@ -78,9 +77,9 @@ class Strategy:
     # ------------------------------------------------------------------ loop API
     @property
     def needs_step_seconds(self) -> bool:
-        """Whether :meth:`after_step` needs every step's own time (a simulated slowdown sleeps in proportion to
-        it); otherwise the loop may time steps asynchronously and report only the interval's total."""
-        return self.ctx.slowdown != 1.0
+        """Whether :meth:`after_step` needs every step's own time (a strategy measuring a worker's speed step by
+        step); otherwise the loop may time steps asynchronously and report only the interval's total."""
+        return False
 
     def start_epoch(self, epoch: int) -> int:  # pragma: no cover - abstract
         """Plan ``epoch``; returns its number of intervals."""
@@ -105,25 +104,28 @@ class Strategy:
         return 1.0
 
     def after_step(self, batch_size: int, seconds: float | None) -> None:
-        """Count the step; a simulated slow worker sleeps (slowdown − 1) × its own compute time of the step
-        (``seconds`` less any time the step spent waiting for other workers, see :meth:`_own_seconds`)."""
-        extra = (self.ctx.slowdown - 1.0) * max(self._own_seconds(float(seconds)), 0.0) if seconds is not None else 0.0
-        if extra > 0:
-            time.sleep(extra)
+        """Count the step; ``seconds``: its time when the loop timed it (see :attr:`needs_step_seconds`)."""
         self._n += int(batch_size)
         self._updates += 1
-        self._sleep += extra
+        if seconds is not None:
+            seconds = float(seconds)
+            self._timed_step(int(batch_size), seconds, max(self._own_seconds(seconds), 0.0))
+
+    def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
+        """A step of ``seconds``, ``own`` of them this worker's compute (the rest: waits for the other workers);
+        for strategies that measure step by step (a simulated slowdown stretches both, see ``slowdown.py``)."""
 
     def end_interval(self, compute_seconds: float) -> None:
         """The interval's communication point (a collective on every worker, or nothing). ``compute_seconds``:
-        this worker's step time in the interval, without the simulated-slowdown sleep."""
+        this worker's step time in the interval."""
         self._compute += float(compute_seconds)
 
     def end_epoch(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _own_seconds(self, seconds: float) -> float:
-        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait)."""
+        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait); called
+        once per timed step."""
         return seconds
 
     def on_out_of_memory(self) -> int:
@@ -159,7 +161,7 @@ class Strategy:
 
     # ------------------------------------------------------------------ helpers
     def _reset_counters(self) -> None:
-        self._n, self._updates, self._compute, self._sleep = 0, 0, 0.0, 0.0
+        self._n, self._updates, self._compute = 0, 0, 0.0
 
     def _complete_rows(self) -> list[dict[str, float]]:
         return self._rows
@@ -196,7 +198,7 @@ class StaticStrategy(Strategy):
 
     def _gather_epoch_row(self, epoch: int, extra: Mapping[str, float] | None = None) -> None:
         """One row per epoch with every worker's counters (a collective)."""
-        busy = self._compute + self._sleep
+        busy = self._compute
         mine = {"n": self._n, "updates": self._updates, "compute": busy, "s": self._n / busy if busy > 0 else 0.0,
                 "b": self._static_batch(), **(extra or {})}
         everyone: list[Any] = [None] * self.world

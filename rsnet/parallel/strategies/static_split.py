@@ -52,11 +52,9 @@ class StaticSplitStrategy(SyncStrategy):
         self._comm.weight = self.sizes[self.rank] / self._step_samples
         return -(-len(self._batches) // self.steps_per_interval)
 
-    def _own_seconds(self, seconds: float) -> float:
-        own = super()._own_seconds(seconds)
+    def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
         if not self.measured:
             self._own += own
-        return own
 
     def _static_batch(self) -> int:
         return self.sizes[self.rank]
@@ -74,7 +72,7 @@ class StaticSplitStrategy(SyncStrategy):
 
     def _measured_speeds(self) -> list[float]:
         """Every worker's samples per second of its own time in this epoch (a collective)."""
-        busy = self._own + self._sleep
+        busy = self._own
         speeds: list[Any] = [None] * self.world
         dist.all_gather_object(speeds, self._n / busy if busy > 0 else 0.0)
         return [float(s) for s in speeds]
