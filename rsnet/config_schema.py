@@ -194,7 +194,11 @@ def register_schemas() -> None:
 
 def type_error(error: ValidationError) -> str:
     """One line for a value the schema refuses: ``optimizer.lr='abc': must be a number``."""
-    return f"{error.full_key}={error.value!r}: must be {_wanted(_annotation(error))}"
+    annotation = _annotation(error)
+    if is_dataclass(annotation) or get_origin(annotation) in (dict, Dict):
+        return (f"{error.full_key}={error.value!r}: {error.full_key} holds settings; set one of them "
+                f"({error.full_key}.<key>=value)")
+    return f"{error.full_key}={error.value!r}: must be {_wanted(annotation)}"
 
 
 def _annotation(error: ValidationError) -> Any:
@@ -222,4 +226,4 @@ def _wanted(annotation: Any) -> str:
     if get_origin(annotation) in (list, List):
         return f"a list of {_wanted(get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
     words = {int: "a whole number", float: "a number", bool: "true or false", str: "a text"}
-    return words.get(annotation, "a value of another kind")
+    return words.get(annotation, f"of type {getattr(annotation, '__name__', annotation)}")

@@ -39,6 +39,8 @@ def refusal(*argv: str) -> str:
     (["trainer.merge_rounds=x"], "trainer.merge_rounds='x': must be a whole number"),
     (["trainer=sync", "trainer.interval_steps=2.5"], "trainer.interval_steps=2.5: must be a whole number"),
     (["trainer=local_sgd", "trainer.torch_averager=x"], "trainer.torch_averager='x': must be true or false"),
+    (["optimizer=3"], "optimizer=3: optimizer holds settings; set one of them (optimizer.<key>=value)"),
+    (["model.options=3"], "model.options=3: model.options holds settings; set one of them (model.options.<key>=value)"),
     (["-m", "seed=0,1", "optimizer.lr=0.1,abc"], "optimizer.lr='abc': must be a number"),  # each value of a sweep
     (["-m", "model=baseline,foo"], "model=foo: there is no such model; choose one of baseline, esd_mbenet, "),
 ])
