@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from rsnet.commands import CHECKOUT_CONF, conf_folder, config_groups
-from rsnet.config_schema import SCHEMA_SUFFIX, type_error
+from rsnet.config_schema import SCHEMA_SUFFIX, TRAIN_CONFIG, register_schemas, type_error
 
 # Hydra's flags that change what is composed: the command line is then left to Hydra
 HYDRA_CONFIG_FLAGS = ("-cn", "-cp", "-cd", "--config-name", "--config-path", "--config-dir")
@@ -68,6 +68,8 @@ def _sweep_jobs(overrides: list[str]) -> list[list[str]]:
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     """The command's config with ``overrides``, composed as ``@hydra.main`` composes it (the package rsnet.conf,
     else the checkout's conf/)."""
+    if config_name == TRAIN_CONFIG:
+        register_schemas()  # its defaults list names them (rsnet-train registers them too, before Hydra composes)
     if conf_folder() is CHECKOUT_CONF:
         with initialize_config_dir(str(CHECKOUT_CONF), version_base="1.3"):
             return compose(config_name, overrides=overrides)

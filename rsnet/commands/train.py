@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsnet.cli import USER_ERRORS, counted, user_errors
 from rsnet.commands import conf_folder, config_groups, hydra_config_path
 from rsnet.commands.overrides import check_overrides
+from rsnet.config_schema import TRAIN_CONFIG, register_schemas
 from rsnet.files import DiskFullError, atomic_write
 
 # torch, timm and the training code are imported where a run starts (main), not here: --help and a refused
@@ -33,7 +34,10 @@ CONF = conf_folder()  # the package rsnet.conf: the checkout's conf/ or its inst
 RECORD_SUBDIR = ".hydra"
 
 
-@hydra.main(config_path=hydra_config_path(), config_name="config", version_base="1.3")
+register_schemas()  # the types of the settings, named by conf/config.yaml's defaults list (rsnet/config_schema.py)
+
+
+@hydra.main(config_path=hydra_config_path(), config_name=TRAIN_CONFIG, version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps).
 
@@ -147,7 +151,7 @@ def argv_for_this_rank(argv: list[str]) -> list[str]:
 def run() -> None:
     """The ``rsnet-train`` command (and scripts/train.py): :func:`main` with this rank's command line."""
     with user_errors():
-        check_overrides("config", sys.argv[1:], sys.argv[0])
+        check_overrides(TRAIN_CONFIG, sys.argv[1:], sys.argv[0])
     sys.argv = argv_for_this_rank(sys.argv)
     main()
 
