@@ -92,3 +92,17 @@ def test_each_model_yaml_gives_its_options_the_code_defaults(arch: str) -> None:
     signature = inspect.signature(MODELS[arch].__init__).parameters
     code = {name: list(value) if isinstance(value := signature[name].default, tuple) else value for name in options}
     assert code == options
+
+
+def test_a_config_dir_is_composed_with_and_a_yaml_that_leaves_a_typed_key_empty_is_named(tmp_path: Path) -> None:
+    """Was: --config-dir skipped the up-front check, and a dataset yaml of the user's own without the shared keys
+    failed in Hydra's run-dir interpolation ("MissingMandatoryValue ... full_key: hydra.run.dir", 4 lines)."""
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "dataset" / "mine.yaml").write_text("defaults: [image_folder, _self_]\nroot: /data/mine\n")
+    (tmp_path / "dataset" / "bare.yaml").write_text("name: image_folder\nroot: /data\ntrain_ratio: 0.5\nimage_size: 64\n")
+    check_overrides("config", ["--config-dir", str(tmp_path), "dataset=mine"], "rsnet-train")
+    assert refusal(f"--config-dir={tmp_path}", "dataset=mine", "dataset.roots=/x").startswith(
+        "dataset.roots=/x: there is no setting 'roots' in dataset")
+    assert refusal("-cd", str(tmp_path), "dataset=bare").startswith(
+        "dataset.val_ratio=... is required: the chosen dataset yaml does not set it")
+    check_overrides("config", ["-cd", str(tmp_path), "dataset=bare", "--help"], "rsnet-train")  # help still shows

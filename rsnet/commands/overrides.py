@@ -13,14 +13,16 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import (ConfigCompositionException, HydraException, MissingConfigException,
                           OverrideParseException)
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
 
 from rsnet.commands import CHECKOUT_CONF, conf_folder, config_groups
 from rsnet.config_schema import SCHEMA_SUFFIX, TRAIN_CONFIG, register_schemas, type_error
 
 # Hydra's flags that change what is composed: the command line is then left to Hydra
-HYDRA_CONFIG_FLAGS = ("-cn", "-cp", "-cd", "--config-name", "--config-path", "--config-dir")
+HYDRA_CONFIG_FLAGS = ("-cn", "-cp", "--config-name", "--config-path")
+CONFIG_DIR_FLAGS = ("-cd", "--config-dir")  # composed with, as a search path
 MULTIRUN_FLAGS = ("-m", "--multirun")
+HELP_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")  # no job runs: a value may be missing
 
 
 def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None:
@@ -32,9 +34,16 @@ def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None
         return
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")  # Hydra's own settings left out,
                  and (not arg.lstrip("+~").startswith(("hydra.", "hydra/")) or arg.startswith("hydra.searchpath="))]
+    config_dir = _config_dir(argv)
+    if config_dir is not None:
+        if any(arg.startswith("hydra.searchpath=") for arg in overrides):
+            return  # both: left to Hydra
+        overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
     try:
         for composition in _sweep_jobs(overrides) if flags & set(MULTIRUN_FLAGS) else [overrides]:
-            _compose(config_name, composition)
+            composed = _compose(config_name, composition)
+            if not flags & set(HELP_FLAGS):
+                _check_groups_complete(composed, config_name, command)
     except MissingConfigException as error:
         group, _, option = str(error.missing_cfg_file or "").rpartition("/")
         choices = ", ".join(sorted(option for option in error.options or [] if not option.endswith(SCHEMA_SUFFIX)))
@@ -48,6 +57,33 @@ def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None
         if not isinstance(error.__cause__, (ConfigAttributeError, ConfigKeyError)):
             return  # Hydra reports what this does not recognise
         raise ValueError(_unknown_key(config_name, overrides, str(error.__cause__.full_key), command)) from None
+
+
+def _config_dir(argv: Sequence[str]) -> str | None:
+    """The folder of ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` (None without one)."""
+    for previous, argument in zip(["", *argv], argv):
+        if previous in CONFIG_DIR_FLAGS:
+            return argument
+        flag, _, value = argument.partition("=")
+        if flag in CONFIG_DIR_FLAGS and value:
+            return value
+    return None
+
+
+def _check_groups_complete(composed: DictConfig, config_name: str, command: str) -> None:
+    """Refuse a group option that leaves a key of its schema without a value (a yaml of the user's own that does
+    not start from the shared keys), naming the key, before Hydra fails on it with several lines."""
+    for group in config_groups(config_name):
+        node = composed.get(group)
+        if not isinstance(node, DictConfig):
+            continue
+        try:
+            OmegaConf.to_container(node, throw_on_missing=True)
+        except MissingMandatoryValue as error:
+            key = error.full_key
+            raise ValueError(f"{key}=... is required: the chosen {group} yaml does not set it (the shipped ones take "
+                             f"the shared keys from conf/_base/ through their defaults list); add it there or pass "
+                             f"{key}=... ({Path(command).name} --help lists every setting)") from None
 
 
 def _sweep_jobs(overrides: list[str]) -> list[list[str]]:
