@@ -56,12 +56,12 @@ def disk_full_named(path: str | os.PathLike) -> Iterator[None]:
     except DiskFullError:
         raise
     except BaseException as error:
-        if _disk_was_full(error):
+        if disk_was_full(error):
             raise DiskFullError(path) from error
         raise
 
 
-def _disk_was_full(error: BaseException) -> bool:
+def disk_was_full(error: BaseException) -> bool:
     """True when ``error`` or an error it was raised from or while handling is ENOSPC: torch.save reports a full
     disk as ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos ...`` raised while handling
     the file's ``OSError``."""

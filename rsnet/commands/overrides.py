@@ -32,6 +32,8 @@ def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None
     flags = {arg.split("=", 1)[0] for arg in argv}
     if flags & set(HYDRA_CONFIG_FLAGS):
         return
+    if config_name == TRAIN_CONFIG:
+        register_schemas()  # its defaults list names them (rsnet-train registers them too, before Hydra composes)
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")  # Hydra's own settings left out,
                  and (not arg.lstrip("+~").startswith(("hydra.", "hydra/")) or arg.startswith("hydra.searchpath="))]
     config_dir = _config_dir(argv)
@@ -104,8 +106,6 @@ def _sweep_jobs(overrides: list[str]) -> list[list[str]]:
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     """The command's config with ``overrides``, composed as ``@hydra.main`` composes it (the package rsnet.conf,
     else the checkout's conf/)."""
-    if config_name == TRAIN_CONFIG:
-        register_schemas()  # its defaults list names them (rsnet-train registers them too, before Hydra composes)
     if conf_folder() is CHECKOUT_CONF:
         with initialize_config_dir(str(CHECKOUT_CONF), version_base="1.3"):
             return compose(config_name, overrides=overrides)

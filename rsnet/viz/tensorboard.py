@@ -9,7 +9,6 @@ projector embeddings (``<step>/<tag>/`` next to the event files). A logger built
 
 from __future__ import annotations
 
-import errno
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
-from rsnet.files import atomic_write
+from rsnet.files import atomic_write, disk_was_full
 from rsnet.viz.attention import captioned_attention
 from rsnet.viz.figures import attention_pages, render_confusion_matrix
 
@@ -100,7 +99,7 @@ def _quiet_full_disk_in_writer_thread() -> None:
         return
 
     def hook(args: threading.ExceptHookArgs) -> None:
-        if not (isinstance(args.exc_value, OSError) and args.exc_value.errno == errno.ENOSPC):
+        if args.exc_value is None or not disk_was_full(args.exc_value):
             previous(args)
 
     hook.rsnet_quiet_full_disk = True  # type: ignore[attr-defined]
