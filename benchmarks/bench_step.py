@@ -9,8 +9,9 @@ For every image size and batch size, ``--rounds`` interleaved rounds of ``--step
         normalised float32 batch); one thread
   (a')  the whole input pipeline on the worker's device: (a), upload, ``DeviceAugment`` (augmented, normalised,
         in the model's memory format); no model. On a CPU device with one torch thread (the same core as (a0))
-  (b)   the rsnet training step fed by (a') through the trainer's ``BatchPrefetcher`` (rsnet's model, multi-branch
-        loss, optimizer, mixed precision and memory format as in training)
+  (b)   the rsnet training step fed through the trainer's ``BatchPrefetcher`` by the input path training takes on
+        that device (``--on-device`` as ``augment.on_device``; auto: (a') on a GPU, (a0) on a CPU worker) with
+        rsnet's model, multi-branch loss, optimizer, mixed precision and memory format as in training
   (c)   a plain loop on one synthetic batch already on the device (same timm backbone, cross-entropy, SGD): the
         compute ceiling
 
@@ -39,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rsnet.data import BatchPrefetcher, DeviceAugment, ImageStore, SceneDataset, train_transform  # noqa: E402
+from rsnet.data.device_augment import augments_on_device  # noqa: E402
 from rsnet.engine.acceleration import StepPrecision  # noqa: E402
 from rsnet.engine.optim import build_optimizer  # noqa: E402
 from rsnet.losses import MultiBranchLoss  # noqa: E402
@@ -133,8 +135,10 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
     criterion = MultiBranchLoss(label_smoothing=0.1)
     optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
     precision = StepPrecision.for_device(args.amp, device)
-    prefetcher = BatchPrefetcher(lambda indices: dataset.uint8_batch(indices), device, True,
-                                 lambda images, indices: on_device(images, indices))
+    if augments_on_device(args.on_device, device):  # what the trainer's prefetcher does on this device
+        prefetcher = BatchPrefetcher(dataset.uint8_batch, device, True, on_device)
+    else:
+        prefetcher = BatchPrefetcher(dataset.get_batch, device, True)
     stream = prefetcher.batches(next_indices() for _ in itertools.count())
 
     def rsnet_step() -> None:
@@ -197,6 +201,10 @@ def main() -> None:
                         help="timed steps of the input paths (a), (a0), (a') (default: --steps)")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps before each timing")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
+    parser.add_argument("--on-device", type=lambda v: {"true": True, "false": False}.get(v, v), default="auto",
+                        choices=["auto", True, False],
+                        help="how (b) is fed, as augment.on_device: auto (the device path on a GPU, the host "
+                             "albumentations path on a CPU), true (the device path), false (the host path)")
     parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
     parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
     args = parser.parse_args()
@@ -207,7 +215,9 @@ def main() -> None:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # as training does: sizes stay on the grid
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"bench_step: {args.backbone} on {name}; {args.steps} steps after {args.warmup}, {args.rounds} rounds")
+    feed = "(a') the device path" if augments_on_device(args.on_device, device) else "(a0) the host path"
+    print(f"bench_step: {args.backbone} on {name}; {args.steps} steps after {args.warmup}, {args.rounds} rounds; "
+          f"(b) is fed by {feed}")
     for size in args.sizes:
         for batch in args.batches:
             report(size, batch, measure(args, size, batch, device))

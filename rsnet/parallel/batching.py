@@ -4,7 +4,7 @@
 * :func:`static_batches` — how a static shard is cut, never leaving a batch below ``batch_min``.
 * :class:`IntervalClaimer` — workers claim the next ``b_i`` positions of a merge interval through an
   atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
-  so that no claim is smaller than ``batch_min`` (a remainder below it joins the claim before it).
+  so that no claim is smaller than its ``minimum`` (a remainder below it joins the claim before it).
 * :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
 * :func:`may_claim` — whether a worker should claim its next batch now (ahead of its current one, or at all);
   :func:`paced_claim_size` — a worker's claims before its speed is known.

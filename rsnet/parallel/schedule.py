@@ -240,6 +240,17 @@ class Schedule:
         """Active workers W_active."""
         return sum(self.active)
 
+    @property
+    def claim_min(self) -> int:
+        """The smallest claim the rest of an interval may form (a shorter rest joins the claim before it):
+        ``batch_min``, and half the batch where a single worker trains. That worker's epoch so ends in a batch of at
+        least b / 2, never in a scrap of a few images whose batch-norm statistics it would take into the evaluation
+        (no one waits for its longer last step). With several workers a rest joining a slow worker's claim would
+        hold up the merge, and their batch-norm statistics are averaged at every merge."""
+        if self.workers == 1:
+            return max(self.settings.batch_min, max(self.sizes) // 2)
+        return self.settings.batch_min
+
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: float) -> None:
         """``lr_ratio(position)``: the scheduled lr at ``position`` (epochs, of a run of ``epochs``) over its peak. The
         intervals then follow it (:meth:`interval_at`), and the cost rule budgets the merges over its profile, sampled

@@ -35,13 +35,14 @@ class _Interval:
 
 
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
-                  size: int, start: float, warmed: list[bool], probers: int = 0) -> _Interval:
+                  size: int, start: float, warmed: list[bool], claim_min: int, probers: int = 0) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
     prefetcher: the next claim is made when a batch starts), in the order of the claims' times. ``warmed``: which
     workers have trained their first step (updated); ``probers``: the workers of unknown speed (a probe interval
-    ends for everyone once each of them has timed a step)."""
+    ends for everyone once each of them has timed a step); ``claim_min``: the smallest claim the interval's rest
+    may form (:attr:`~rsnet.parallel.schedule.Schedule.claim_min`)."""
     world, minimum = scenario.world, scenario.settings.schedule.batch_min
-    claimers = [batching.IntervalClaimer(store, key, size, minimum) for _ in range(world)]
+    claimers = [batching.IntervalClaimer(store, key, size, claim_min) for _ in range(world)]
     tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world, [(0, 0.0)] * world)
     probed: dict[int, float] = {}  # prober -> when its first timed step ends
     events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
@@ -105,7 +106,8 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
             size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start)
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
-                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.probers)
+                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.claim_min,
+                                  schedule.probers)
             start = low + claimed_span(low, high, tally.end)
             index += 1
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)

@@ -153,7 +153,7 @@ class AdaptiveStrategy(Strategy):
         low, high = self._bounds
         self._interval = interval
         minimum = self.schedule.settings.batch_min
-        claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, minimum)
+        claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, self.schedule.claim_min)
         speeds = self.schedule.speeds_of_active()
         speeds[self.rank] = self.speed
         claimed, mine, started = 0, 0, time.perf_counter()
