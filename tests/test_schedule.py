@@ -1,15 +1,11 @@
 """The adaptive scheduler's decisions after a merge (rsnet/parallel/schedule.py): B, the size grid, the cadence, who
-takes part. Pure functions and the Schedule every worker moves on from the same merged table; no processes (one
-test drives a worker's claims through the strategy, in-process)."""
+takes part. Pure functions and the Schedule every worker moves on from the same merged table; no processes."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from helpers import DictStore, trainer_config
-from torch import nn
+from helpers import trainer_config
 
-from rsnet.parallel import WorkerContext
 from rsnet.parallel.schedule import (
     Schedule,
     ScheduleSettings,
@@ -22,7 +18,6 @@ from rsnet.parallel.schedule import (
     predicted_rate,
     round_batch,
 )
-from rsnet.parallel.strategies import STRATEGIES
 
 
 def _settings(batch_size: int = 32, **overrides: object) -> ScheduleSettings:
@@ -182,20 +177,9 @@ def test_bad_settings_are_refused_naming_the_key() -> None:
         Schedule(_settings(32, share_min=0), 9)
 
 
-def test_an_epoch_never_ends_in_a_scrap_of_a_batch() -> None:
-    """A single worker's rest of an epoch shorter than half its batch joins the claim before it: 900 images at B = 32
-    train as 27 batches of 32 and one of 36, not 28 and a batch of 4 (whose batch-norm statistics the model would
-    carry into its evaluation). With several workers the rest joins only below batch_min (a slow worker's longer
+def test_a_single_workers_rest_joins_its_last_claim_below_half_its_batch() -> None:
+    """The smallest claim the rest of an interval may form: half the batch where a single worker trains (its epoch
+    never ends in a scrap of a batch: test_scheduler_properties), batch_min with several (a slow worker's longer
     claim would hold up the merge)."""
     assert (Schedule(_settings(32), 1).claim_min, Schedule(_settings(32), 2).claim_min) == (16, 4)
     assert Schedule(_settings(32, batch_min=20), 1).claim_min == 20
-    context = WorkerContext(rank=0, world_size=1, device=torch.device("cpu"), store=DictStore(), is_primary=True,
-                            slowdowns=[1.0])
-    strategy = STRATEGIES["adaptive"](trainer_config("adaptive"), context, nn.Linear(2, 2), 900, 32, 0)
-    interval = next(strategy.intervals(0))  # one worker: the interval is the epoch
-    claims = []
-    for claim in strategy.claims(interval):  # as the worker loop: a step after each claim
-        claims.append(claim)
-        strategy.after_step(len(claim.indices), 0.01)
-    assert [len(claim.indices) for claim in claims] == [32] * 27 + [36]
-    assert sorted(torch.cat([claim.indices for claim in claims]).tolist()) == list(range(900))

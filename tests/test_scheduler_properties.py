@@ -100,12 +100,21 @@ def test_every_sample_once_no_small_batch_total_kept_one_clock(world: int, ratio
         indices = [i for claim in mine for i in claim.indices.tolist()]
         assert sorted(indices) == list(range(num_samples))  # every training sample exactly once
         assert min(len(claim.indices) for claim in mine) >= 4  # no batch below batch_min
+        if world == 1:  # nor, alone, below half the batch (a whole epoch shorter than that is one batch)
+            assert min(len(claim.indices) for claim in mine) >= min(total_batch // 2, num_samples)
         # One clock: a batch's lr position is where its first sample stands in the epoch's shared order,
         # whichever worker trains it, so positions rise in claim order on every worker alike.
         order = epoch_permutation(num_samples, SEED, epoch).tolist()
         positions = [claim.position for claim in mine]
         assert positions == [epoch + order.index(int(claim.indices[0])) / num_samples for claim in mine]
         assert positions == sorted(positions) and epoch <= positions[0] and positions[-1] < epoch + 1
+
+
+def test_a_single_workers_epoch_never_ends_in_a_scrap_of_a_batch() -> None:
+    """900 images at B = 32 train as 27 batches of 32 and one of 36, not 28 and a batch of 4 (a train-mode step on 4
+    images moves the batch-norm statistics the model carries into its evaluation)."""
+    claims, _, _ = simulate([1.0], 32, 2, 900, epochs=1)
+    assert [len(claim.indices) for _, _, claim in claims] == [32] * 27 + [36]
 
 
 @pytest.mark.parametrize("world, total_batch", [(9, 32), (5, 16), (7, 24)])
