@@ -27,4 +27,5 @@ bench: install  ## every benchmark of benchmarks/, one after the other
 gpu-check: install  ## pass/fail table of every trainer x model on the visible GPUs, then steady-state throughput
 	$(PY) benchmarks/gpu_check.py
 	$(PY) benchmarks/bench_step.py --require-cuda
+	$(PY) benchmarks/bench_compile.py --require-cuda
 	$(PY) benchmarks/gpu_throughput.py

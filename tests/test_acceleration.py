@@ -93,12 +93,13 @@ def test_cudnn_autotuner_only_on_cuda_workers_that_need_not_be_deterministic(mon
     assert torch.backends.cudnn.benchmark
 
 
-def test_compile_wraps_the_forward_with_dynamic_shapes(monkeypatch) -> None:
+def test_compile_is_static_where_the_batch_sizes_are_fixed_else_dynamic(monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(acceleration.torch, "compile", lambda module, **kwargs: calls.append(kwargs) or "compiled")
     model = torch.nn.Linear(2, 2)
-    assert compiled_forward(model, {"compile": False}) is model and not calls
-    assert compiled_forward(model, {"compile": True}) == "compiled" and calls == [{"dynamic": True}]
+    assert compiled_forward(model, {"compile": False}, True) is model and not calls
+    assert compiled_forward(model, {"compile": True}, True) == "compiled" and calls == [{"dynamic": False}]
+    assert compiled_forward(model, {"compile": True}, False) == "compiled" and calls[1:] == [{"dynamic": True}]
 
 
 def test_deterministic_switches_torch_to_deterministic_algorithms(monkeypatch) -> None:

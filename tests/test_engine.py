@@ -136,6 +136,7 @@ class _ChunkedStrategy:
     """A one-worker strategy double: one claimed batch of 8, halves the batch on out-of-memory."""
 
     needs_step_seconds = False
+    fixed_batch_sizes = True
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

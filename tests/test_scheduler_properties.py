@@ -117,6 +117,21 @@ def test_a_single_workers_epoch_never_ends_in_a_scrap_of_a_batch() -> None:
     assert [len(claim.indices) for _, _, claim in claims] == [32] * 27 + [36]
 
 
+@pytest.mark.parametrize("total_batch", [8, 32, 100, 256])
+def test_a_single_worker_claims_two_batch_sizes_at_most_so_compile_specialises(total_batch: int) -> None:
+    """compile=true compiles for static shapes, once per size, where the strategy says its sizes are fixed."""
+    claims, _, strategies = simulate([1.0], total_batch, 4, 900, epochs=3)
+    assert strategies[0].fixed_batch_sizes
+    assert len({len(claim.indices) for _, _, claim in claims}) <= 2
+
+
+def test_several_workers_claim_batches_of_sizes_that_follow_the_speeds_so_compile_is_dynamic() -> None:
+    claims, _, strategies = simulate([1.0, 2.0, 3.0], 96, 4, 900, epochs=3)
+    assert not any(strategy.fixed_batch_sizes for strategy in strategies)
+    sizes = [{len(claim.indices) for _, rank, claim in claims if rank == worker} for worker in range(3)]
+    assert max(len(mine) for mine in sizes) > 2  # the equal split, the adapted size, an interval's end
+
+
 @pytest.mark.parametrize("world, total_batch", [(9, 32), (5, 16), (7, 24)])
 def test_bounds_that_cannot_add_up_to_the_total_batch_are_refused(world: int, total_batch: int) -> None:
     with pytest.raises(ValueError, match=f"batch_size={total_batch} is too small for {world} workers"):

@@ -65,10 +65,14 @@ def use_channels_last(config: dict[str, Any], device: torch.device) -> bool:
     return bool(config["channels_last"]) and device.type == "cuda"
 
 
-def compiled_forward(module: nn.Module, config: dict[str, Any]) -> Callable[..., Any]:
-    """``torch.compile(module, dynamic=True)`` when ``compile=true`` (dynamic: the adaptive scheduler changes batch
-    sizes, which would otherwise recompile), else the module itself. Parameters stay shared with ``module``."""
-    return torch.compile(module, dynamic=True) if config["compile"] else module
+def compiled_forward(module: nn.Module, config: dict[str, Any], fixed_batch_sizes: bool) -> Callable[..., Any]:
+    """``torch.compile(module)`` when ``compile=true``, else the module itself; parameters stay shared with ``module``.
+
+    ``fixed_batch_sizes`` (the strategy's :attr:`~rsnet.parallel.strategies.base.Strategy.fixed_batch_sizes`): the
+    worker's batches take a few sizes fixed for the run (its batch and an epoch's last one), so the forward is
+    compiled for static shapes, once per size; otherwise (several adaptive workers, whose claims take any size) for
+    a dynamic batch dimension, compiled once."""
+    return torch.compile(module, dynamic=not fixed_batch_sizes) if config["compile"] else module
 
 
 def tune_convolutions(config: dict[str, Any], device: torch.device) -> None:

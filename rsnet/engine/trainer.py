@@ -267,7 +267,7 @@ class _StepRunner:
         self.timer = StepTimer(ctx.device, every_step=strategy.needs_step_seconds)
         self.precision = StepPrecision.for_device(config["amp"], ctx.device)
         self.channels_last = use_channels_last(config, ctx.device)
-        self.forward = compiled_forward(strategy.model, config)
+        self.forward = compiled_forward(strategy.model, config, strategy.fixed_batch_sizes)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=ctx.device)
         self.last_terms: dict[str, torch.Tensor] = {}
         self.first_unchecked = 1

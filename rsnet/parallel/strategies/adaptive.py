@@ -193,6 +193,12 @@ class AdaptiveStrategy(Strategy):
         return paced_claim_size(self.batch_size, self.schedule.settings.batch_min, remaining, own_rate, others_rate)
 
     @property
+    def fixed_batch_sizes(self) -> bool:
+        """Alone, a worker claims its batch and, at an epoch's end, that batch with the rest joined; with others, its
+        claims follow the speeds and end where the interval ends: any size."""
+        return self.world == 1
+
+    @property
     def needs_step_seconds(self) -> bool:
         """Every step's time while this worker's speed is unknown (its claims are paced by it), or for a slowdown."""
         return (self.speed <= 0 and self.schedule.workers > 1) or super().needs_step_seconds

@@ -81,6 +81,12 @@ class Strategy:
         step); otherwise the loop may time steps asynchronously and report only the interval's total."""
         return False
 
+    @property
+    def fixed_batch_sizes(self) -> bool:
+        """Whether this worker's batches take only a few sizes, fixed for the run (``compile=true`` then compiles for
+        static shapes, once per size); False where claims may take any size."""
+        return False
+
     def start_epoch(self, epoch: int) -> int:  # pragma: no cover - abstract
         """Plan ``epoch``; returns its number of intervals."""
         raise NotImplementedError
@@ -179,6 +185,11 @@ class StaticStrategy(Strategy):
     @classmethod
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
         check_batch_per_worker(batch_size, ctx.world_size)
+
+    @property
+    def fixed_batch_sizes(self) -> bool:
+        """A static share is cut into batches of one size and the epoch's last one, the same every epoch."""
+        return True
 
     def start_epoch(self, epoch: int) -> int:
         self.epoch = epoch

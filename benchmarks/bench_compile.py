@@ -1,0 +1,141 @@
+"""``compile=true``: the training forward compiled for static shapes (once per batch size) against a dynamic batch
+dimension (compiled once), and eager, side by side in one run.
+
+Every round runs each mode in a fresh interpreter with an empty inductor cache, as a new training run starts: the
+first step at batch ``b`` (compiling), the first step at ``b + b/8`` (an epoch's last batch, a second shape: the
+static forward compiles again, the dynamic one does not), then images/s of ``--steps`` rsnet training steps at ``b``
+after ``--warmup`` (rsnet's baseline model, multi-branch loss, optimizer, mixed precision and memory format as in
+training, on a synthetic batch already on the device). Modes alternate within each round; the medians and ranges
+over ``--rounds`` rounds are printed with the ratios static/dynamic and compiled/eager.
+
+    python benchmarks/bench_compile.py                                 # a GPU: ResNet-18, 224 px, batch 128, bf16
+    python benchmarks/bench_compile.py --device cpu --size 128 --batch 32 --steps 10 --warmup 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = {"eager": None, "static": True, "dynamic": False}  # mode -> compiled_forward's fixed_batch_sizes
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """One mode's compile seconds (two shapes) and steady images/s, in this interpreter."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench_step import CLASSES, synchronize
+    from rsnet.engine.acceleration import StepPrecision, compiled_forward
+    from rsnet.engine.optim import build_optimizer
+    from rsnet.losses import MultiBranchLoss
+    from rsnet.models import build_model
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # as training does
+    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    model = build_model("baseline", args.backbone, CLASSES).to(device).to(memory_format=layout)
+    fixed = MODES[args.worker]
+    forward = compiled_forward(model, {"compile": fixed is not None}, bool(fixed))
+    criterion = MultiBranchLoss(label_smoothing=0.1)
+    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
+    precision = StepPrecision.for_device(args.amp, device)
+    batches = {}
+    for size in (args.batch, args.batch + max(args.batch // 8, 1)):
+        images = torch.randn(size, 3, args.size, args.size, device=device).contiguous(memory_format=layout)
+        batches[size] = (images, torch.randint(0, CLASSES, (size,), device=device))
+
+    def step(size: int) -> None:
+        images, labels = batches[size]
+        with precision.autocast():
+            losses = criterion(forward(images), labels, epoch=1.0)
+        optimizer.zero_grad(set_to_none=True)
+        precision.backward_and_step(losses.total, optimizer, model.parameters(), None)
+
+    def seconds(size: int, steps: int) -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(steps):
+            step(size)
+        synchronize(device)
+        return time.perf_counter() - started
+
+    first, second = (seconds(size, 1) for size in batches)
+    seconds(args.batch, args.warmup)
+    return {"first": first, "second": second, "images_s": args.steps * args.batch / seconds(args.batch, args.steps)}
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, float]:
+    """``measure`` of ``mode`` in a fresh interpreter with empty compile caches."""
+    with tempfile.TemporaryDirectory(prefix="rsnet-compile-") as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
+        command = [sys.executable, __file__, "--worker", mode, "--device", args.device, "--backbone", args.backbone,
+                   "--size", str(args.size), "--batch", str(args.batch), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--amp", args.amp]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_compile: the {mode} run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    def median(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[mode])
+
+    def spread(mode: str, key: str, form: str) -> str:
+        values = [r[key] for r in results[mode]]
+        return f"{median(mode, key):{form}} ({min(values):{form}}–{max(values):{form}})"
+
+    rate = {mode: median(mode, "images_s") for mode in results}
+    print(f"\nsteady state: static/dynamic = {rate['static'] / rate['dynamic']:.2f}   static/eager = "
+          f"{rate['static'] / rate['eager']:.2f}   dynamic/eager = {rate['dynamic'] / rate['eager']:.2f}")
+    print(f"| mode | first step, batch {args.batch} (s) | first step, batch {args.batch + max(args.batch // 8, 1)} (s) "
+          "| images/s after warm-up |\n|---|---|---|---|")
+    for mode in results:
+        print(f"| {mode} | {spread(mode, 'first', '.1f')} | {spread(mode, 'second', '.1f')} | "
+              f"{spread(mode, 'images_s', ',.0f')} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default=None, help="default: cuda if visible, else cpu")
+    parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per mode and round")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps after the two first ones")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
+    parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
+    parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
+    parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args)))
+        return
+    import torch
+
+    if args.require_cuda and not torch.cuda.is_available():
+        print("bench_compile: no CUDA device visible, nothing measured (run it with --device cpu for the CPU)")
+        return
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    print(f"bench_compile: {args.backbone} on {name}, {args.size} px, batch {args.batch}; {args.steps} steps after "
+          f"{args.warmup}, {args.rounds} rounds, each mode in a fresh interpreter with empty compile caches")
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:
+            results[mode].append(run_mode(mode, args))
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
