@@ -8,8 +8,8 @@ after ``--warmup`` (rsnet's baseline model, multi-branch loss, optimizer, mixed 
 training, on a synthetic batch already on the device). Modes alternate within each round; the medians and ranges
 over ``--rounds`` rounds are printed with the ratios static/dynamic and compiled/eager.
 
-    python benchmarks/bench_compile.py                                 # a GPU: ResNet-18, 224 px, batch 128, bf16
-    python benchmarks/bench_compile.py --device cpu --size 128 --batch 32 --steps 10 --warmup 3
+    python benchmarks/bench_compile.py                 # a GPU: ResNet-18, 224 px, batch 128, bf16
+    python benchmarks/bench_compile.py --device cpu    # = --size 128 --batch 32 --steps 10 --warmup 3
 """
 
 from __future__ import annotations
@@ -22,50 +22,38 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+DEFAULTS = {"cuda": {"size": 224, "batch": 128, "steps": 100, "warmup": 10},  # options left unset, by device type
+            "cpu": {"size": 128, "batch": 32, "steps": 10, "warmup": 3}}
 MODES = {"eager": None, "static": True, "dynamic": False}  # mode -> compiled_forward's fixed_batch_sizes
+
+
+def last_batch(batch: int) -> int:
+    """The second shape timed: an epoch's last batch, ``batch + batch/8``."""
+    return batch + max(batch // 8, 1)
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
     """One mode's compile seconds (two shapes) and steady images/s, in this interpreter."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench_step import CLASSES, synchronize
-    from rsnet.engine.acceleration import StepPrecision, compiled_forward
-    from rsnet.engine.optim import build_optimizer
-    from rsnet.losses import MultiBranchLoss
-    from rsnet.models import build_model
+    from bench_step import CLASSES, memory_format, rsnet_training_step, synchronize
 
     device = torch.device(args.device)
     torch.manual_seed(0)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # as training does
-    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    model = build_model("baseline", args.backbone, CLASSES).to(device).to(memory_format=layout)
-    fixed = MODES[args.worker]
-    forward = compiled_forward(model, {"compile": fixed is not None}, bool(fixed))
-    criterion = MultiBranchLoss(label_smoothing=0.1)
-    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
-    precision = StepPrecision.for_device(args.amp, device)
-    batches = {}
-    for size in (args.batch, args.batch + max(args.batch // 8, 1)):
+    step = rsnet_training_step(args.backbone, device, args.amp, MODES[args.worker])
+    layout, batches = memory_format(device), {}
+    for size in (args.batch, last_batch(args.batch)):
         images = torch.randn(size, 3, args.size, args.size, device=device).contiguous(memory_format=layout)
         batches[size] = (images, torch.randint(0, CLASSES, (size,), device=device))
-
-    def step(size: int) -> None:
-        images, labels = batches[size]
-        with precision.autocast():
-            losses = criterion(forward(images), labels, epoch=1.0)
-        optimizer.zero_grad(set_to_none=True)
-        precision.backward_and_step(losses.total, optimizer, model.parameters(), None)
 
     def seconds(size: int, steps: int) -> float:
         synchronize(device)
         started = time.perf_counter()
         for _ in range(steps):
-            step(size)
+            step(*batches[size])
         synchronize(device)
         return time.perf_counter() - started
 
@@ -98,7 +86,7 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace)
     rate = {mode: median(mode, "images_s") for mode in results}
     print(f"\nsteady state: static/dynamic = {rate['static'] / rate['dynamic']:.2f}   static/eager = "
           f"{rate['static'] / rate['eager']:.2f}   dynamic/eager = {rate['dynamic'] / rate['eager']:.2f}")
-    print(f"| mode | first step, batch {args.batch} (s) | first step, batch {args.batch + max(args.batch // 8, 1)} (s) "
+    print(f"| mode | first step, batch {args.batch} (s) | first step, batch {last_batch(args.batch)} (s) "
           "| images/s after warm-up |\n|---|---|---|---|")
     for mode in results:
         print(f"| {mode} | {spread(mode, 'first', '.1f')} | {spread(mode, 'second', '.1f')} | "
@@ -109,10 +97,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="default: cuda if visible, else cpu")
     parser.add_argument("--backbone", default="resnet18")
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=100, help="timed steps per mode and round")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps after the two first ones")
+    parser.add_argument("--size", type=int, help="default: 224 on a GPU, 128 on a CPU")
+    parser.add_argument("--batch", type=int, help="default: 128 on a GPU, 32 on a CPU")
+    parser.add_argument("--steps", type=int, help="timed steps per mode and round (default: 100 on a GPU, 10 on a CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed steps after the two first ones (default: 10 / 3)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
     parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
     parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
@@ -126,8 +114,12 @@ def main() -> None:
     if args.require_cuda and not torch.cuda.is_available():
         print("bench_compile: no CUDA device visible, nothing measured (run it with --device cpu for the CPU)")
         return
+    from bench_step import fill_defaults
+
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    fill_defaults(args, DEFAULTS)
+    cuda = args.device.startswith("cuda")
+    name = torch.cuda.get_device_name(0) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"bench_compile: {args.backbone} on {name}, {args.size} px, batch {args.batch}; {args.steps} steps after "
           f"{args.warmup}, {args.rounds} rounds, each mode in a fresh interpreter with empty compile caches")
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}

@@ -18,8 +18,8 @@ For every image size and batch size, ``--rounds`` interleaved rounds of ``--step
 and prints images/s (median and range over the rounds) with the ratios (b)/(c), (a)/(b) and (a')/(b).
 The images are random uint8 pixels in the cache's layout (throughput does not depend on content).
 
-    python benchmarks/bench_step.py                                   # a GPU: ResNet-18 at 128/224 px, batch 32/128/256
-    python benchmarks/bench_step.py --device cpu --sizes 128 224 --batches 32 128 --steps 8 --input-steps 30 --warmup 2
+    python benchmarks/bench_step.py                 # a GPU: ResNet-18 at 128/224 px, batch 32/128/256, 300 steps
+    python benchmarks/bench_step.py --device cpu    # --sizes 128 224 --batches 32 128 --steps 8 --input-steps 30
 """
 
 from __future__ import annotations
@@ -41,13 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rsnet.data import BatchPrefetcher, DeviceAugment, ImageStore, SceneDataset, train_transform  # noqa: E402
 from rsnet.data.device_augment import augments_on_device  # noqa: E402
-from rsnet.engine.acceleration import StepPrecision  # noqa: E402
+from rsnet.engine.acceleration import StepPrecision, compiled_forward  # noqa: E402
 from rsnet.engine.optim import build_optimizer  # noqa: E402
 from rsnet.losses import MultiBranchLoss  # noqa: E402
 from rsnet.models import build_model  # noqa: E402
 
 CLASSES = 30
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DEFAULTS = {  # options left unset, by device type: a CPU run takes minutes, not hours
+    "cuda": {"sizes": [128, 224], "batches": [32, 128, 256], "steps": 300, "input_steps": None, "warmup": 30},
+    "cpu": {"sizes": [128, 224], "batches": [32, 128], "steps": 8, "input_steps": 30, "warmup": 2}}
 
 
 def synthetic_dataset(size: int, count: int, crop: bool) -> SceneDataset:
@@ -88,9 +91,41 @@ def timed(step: Callable[[], None], steps: int, warmup: int, device: torch.devic
     return steps * batch / (time.perf_counter() - started)
 
 
+def fill_defaults(args: argparse.Namespace, defaults: dict[str, dict[str, object]]) -> None:
+    """Give every option left unset (None) its default for the type of ``args.device``."""
+    for key, value in defaults[torch.device(args.device).type].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def memory_format(device: torch.device) -> torch.memory_format:
+    """The layout training gives model and batches on ``device`` (``channels_last=true``: NHWC on CUDA)."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+
+def rsnet_training_step(backbone: str, device: torch.device, amp: str,
+                        compile_fixed: bool | None = None) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One rsnet training step on a batch as the trainer takes it: the baseline model in training's memory format,
+    the multi-branch loss, rsnet's optimizer and mixed precision. ``compile_fixed``: None eager, else
+    ``compile=true`` with ``compiled_forward``'s ``fixed_batch_sizes`` (True static shapes, False dynamic)."""
+    model = build_model("baseline", backbone, CLASSES).to(device).to(memory_format=memory_format(device))
+    forward = compiled_forward(model, {"compile": compile_fixed is not None}, bool(compile_fixed))
+    criterion = MultiBranchLoss(label_smoothing=0.1)
+    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
+    precision = StepPrecision.for_device(amp, device)
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        with precision.autocast():
+            losses = criterion(forward(images), labels, epoch=1.0)
+        optimizer.zero_grad(set_to_none=True)
+        precision.backward_and_step(losses.total, optimizer, model.parameters(), None)
+
+    return step
 
 
 class OneThread:
@@ -109,7 +144,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
     crop = size >= 128  # as augment.crop_scale: auto
     dataset = synthetic_dataset(size, max(4 * batch, 512), crop)
     augment = DeviceAugment.for_training(size, MEAN, STD, (0.5, 1.0) if crop else None, 0.2)
-    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    layout = memory_format(device)
     cuda = device.type == "cuda"
     next_indices = index_batches(len(dataset), batch)
     epoch = [0]
@@ -131,9 +166,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
         images, _ = dataset.uint8_batch(indices)
         on_device(images.to(device, non_blocking=cuda), indices)
 
-    model = build_model("baseline", args.backbone, CLASSES).to(device).to(memory_format=layout)
-    criterion = MultiBranchLoss(label_smoothing=0.1)
-    optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
+    train = rsnet_training_step(args.backbone, device, args.amp)
     precision = StepPrecision.for_device(args.amp, device)
     if augments_on_device(args.on_device, device):  # what the trainer's prefetcher does on this device
         prefetcher = BatchPrefetcher(dataset.uint8_batch, device, True, on_device)
@@ -143,10 +176,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
 
     def rsnet_step() -> None:
         prepared = next(stream)
-        with precision.autocast():
-            losses = criterion(model(prepared.images), prepared.labels, epoch=1.0)
-        optimizer.zero_grad(set_to_none=True)
-        precision.backward_and_step(losses.total, optimizer, model.parameters(), None)
+        train(prepared.images, prepared.labels)
 
     plain = timm.create_model(args.backbone, num_classes=CLASSES).to(device).to(memory_format=layout)
     plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
@@ -194,12 +224,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backbone", default="resnet18")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
-    parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
-    parser.add_argument("--steps", type=int, default=300, help="timed steps per path and round")
-    parser.add_argument("--input-steps", type=int, default=None,
-                        help="timed steps of the input paths (a), (a0), (a') (default: --steps)")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed steps before each timing")
+    parser.add_argument("--sizes", type=int, nargs="+", help="default: 128 224")
+    parser.add_argument("--batches", type=int, nargs="+", help="default: 32 128 256 on a GPU, 32 128 on a CPU")
+    parser.add_argument("--steps", type=int, help="timed steps per path and round (default: 300 on a GPU, 8 on a CPU)")
+    parser.add_argument("--input-steps", type=int,
+                        help="timed steps of the input paths (a), (a0), (a') (default: --steps, 30 on a CPU)")
+    parser.add_argument("--warmup", type=int, help="untimed steps before each timing (default: 30 on a GPU, 2 on a CPU)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
     parser.add_argument("--on-device", type=lambda v: {"true": True, "false": False}.get(v, v), default="auto",
                         choices=["auto", True, False],
@@ -211,6 +241,7 @@ def main() -> None:
     if args.require_cuda and not torch.cuda.is_available():
         print("bench_step: no CUDA device visible, nothing measured (run it with --device cpu for the CPU)")
         return
+    fill_defaults(args, DEFAULTS)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # as training does: sizes stay on the grid

@@ -1,11 +1,15 @@
-"""benchmarks/bench_step.py runs every path it compares and prints the ratios (tiny settings on the CPU; the
-figures themselves are the benchmark's business, not the test's)."""
+"""benchmarks/bench_step.py runs every path it compares and prints the ratios, and bench_compile.py measures a mode
+with bench_step's training step (tiny settings on the CPU; the figures themselves are the benchmark's business, not
+the test's)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 
@@ -20,3 +24,28 @@ def test_bench_step_measures_every_path_and_prints_the_ratios() -> None:
                                                     "| (a') input pipeline on the device", "| (b) rsnet step",
                                                     "| (c) plain loop, synthetic batch"]
     assert all(float(row.split("|")[2].replace(",", "")) > 0 for row in rows)
+
+
+def test_bench_compile_measures_a_mode_with_bench_steps_training_step() -> None:
+    """One mode's measurement (what every fresh interpreter of bench_compile runs), eager so no compile is paid:
+    both shapes' first steps and the steady images/s come back as JSON."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_compile.py"), "--worker", "eager",
+                           "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4", "--steps",
+                           "2", "--warmup", "1", "--amp", "none"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(measured) == {"first", "second", "images_s"}
+    assert all(value > 0 for value in measured.values())
+
+
+def test_unset_options_take_the_devices_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from bench_step import DEFAULTS, fill_defaults
+
+    args = argparse.Namespace(device="cuda:1", sizes=None, batches=[64], steps=None, input_steps=None, warmup=None)
+    fill_defaults(args, DEFAULTS)
+    assert (args.sizes, args.batches, args.steps, args.input_steps) == ([128, 224], [64], 300, None)
+    args = argparse.Namespace(device="cpu", sizes=None, batches=None, steps=None, input_steps=None, warmup=5)
+    fill_defaults(args, DEFAULTS)
+    assert (args.batches, args.steps, args.input_steps, args.warmup) == ([32, 128], 8, 30, 5)
