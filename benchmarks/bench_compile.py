@@ -26,6 +26,7 @@ import time
 DEFAULTS = {"cuda": {"size": 224, "batch": 128, "steps": 100, "warmup": 10},  # options left unset, by device type
             "cpu": {"size": 128, "batch": 32, "steps": 10, "warmup": 3}}
 MODES = {"eager": None, "static": True, "dynamic": False}  # mode -> compiled_forward's fixed_batch_sizes
+RATIOS = [("static", "dynamic"), ("static", "eager"), ("dynamic", "eager")]  # printed where both were run
 
 
 def last_batch(batch: int) -> int:
@@ -84,8 +85,8 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace)
         return f"{median(mode, key):{form}} ({min(values):{form}}–{max(values):{form}})"
 
     rate = {mode: median(mode, "images_s") for mode in results}
-    print(f"\nsteady state: static/dynamic = {rate['static'] / rate['dynamic']:.2f}   static/eager = "
-          f"{rate['static'] / rate['eager']:.2f}   dynamic/eager = {rate['dynamic'] / rate['eager']:.2f}")
+    ratios = [f"{a}/{b} = {rate[a] / rate[b]:.2f}" for a, b in RATIOS if a in rate and b in rate]
+    print(f"\nsteady state: {'   '.join(ratios) or 'one mode, no ratio'}")
     print(f"| mode | first step, batch {args.batch} (s) | first step, batch {last_batch(args.batch)} (s) "
           "| images/s after warm-up |\n|---|---|---|---|")
     for mode in results:
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
     parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
     parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="default: all three")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -122,10 +124,13 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"bench_compile: {args.backbone} on {name}, {args.size} px, batch {args.batch}; {args.steps} steps after "
           f"{args.warmup}, {args.rounds} rounds, each mode in a fresh interpreter with empty compile caches")
-    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    for _ in range(args.rounds):
-        for mode in MODES:
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in sorted(args.modes, key=list(MODES).index)}
+    for round_ in range(1, args.rounds + 1):
+        for mode in results:
             results[mode].append(run_mode(mode, args))
+            done = results[mode][-1]
+            print(f"round {round_}, {mode}: first steps {done['first']:.1f} s and {done['second']:.1f} s, "
+                  f"{done['images_s']:,.0f} images/s", flush=True)  # kept if a time limit stops the run
     report(results, args)
 
 
