@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from process_group import run_in_group
 from rsnet.models import MODELS as MODEL_REGISTRY
 from rsnet.parallel.launcher import choose_backend
 from rsnet.parallel.strategies import STRATEGIES
@@ -138,13 +137,7 @@ def run_training(command: list[str], log_dir: Path, timeout: int) -> int | None:
 
     On timeout the whole group is killed, so spawned workers do not keep holding a GPU."""
     with open(log_dir / "stdout.log", "w") as out, open(log_dir / "stderr.log", "w") as err:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=err, start_new_session=True)
-        try:
-            return process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return None
+        return run_in_group(command, REPO, timeout, out, err)
 
 
 def check(config: str, devices: list[str], trainer: str, model: str, args: argparse.Namespace, tmp: Path) -> Result:

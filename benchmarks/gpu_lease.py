@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from process_group import run_in_group
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -83,16 +84,9 @@ def machine_facts(env: dict[str, str]) -> str:
 def run_step(name: str, arguments: list[str], limit: float, out: Path, env: dict[str, str]) -> int | None:
     """One benchmark in its own process group, killed with its group after ``limit`` seconds; its exit status
     (None: timed out). The output lands in out/<name>.md."""
-    log = out / f"{name}.md"
-    with open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, str(BENCH / arguments[0]), *arguments[1:]], cwd=REPO, env=env,
-                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return None
+    with open(out / f"{name}.md", "w") as sink:
+        command = [sys.executable, str(BENCH / arguments[0]), *arguments[1:]]
+        return run_in_group(command, REPO, limit, sink, subprocess.STDOUT, env)
 
 
 def main() -> int:
