@@ -105,7 +105,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
     parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
     parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="default: all three")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                        help="run in this order within each round (default: eager static dynamic)")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -124,7 +125,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"bench_compile: {args.backbone} on {name}, {args.size} px, batch {args.batch}; {args.steps} steps after "
           f"{args.warmup}, {args.rounds} rounds, each mode in a fresh interpreter with empty compile caches")
-    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in sorted(args.modes, key=list(MODES).index)}
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in args.modes}  # run in the order given
     for round_ in range(1, args.rounds + 1):
         for mode in results:
             results[mode].append(run_mode(mode, args))

@@ -47,7 +47,8 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
      ["gpu_throughput.py", "--cpu-stand-in", "--root", "ROOT", "--sizes", "32", "--configs", "1gpu", "--epochs",
       "2", "--backbone", "test_resnet", "--batch-size", "16", "--timeout", "120"]),
     ("bench_compile", 200,
-     ["bench_compile.py", "--require-cuda", "--rounds", "1", "--steps", "50", "--warmup", "5"],
+     ["bench_compile.py", "--require-cuda", "--rounds", "1", "--steps", "50", "--warmup", "5", "--modes", "static",
+      "dynamic", "eager"],  # the comparison wanted first, should the limit stop it
      ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
       "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
 ]
