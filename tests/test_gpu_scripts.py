@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import REPO, make_fake_archive
 
 
@@ -95,3 +96,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the steps would measure for minutes")
+def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path) -> None:
+    """Without a GPU every step's GPU command line runs up to its "no CUDA device" line: the arguments the lent GPU
+    will get are accepted by each benchmark (a typo there would surface only on the GPU)."""
+    done = bench("gpu_lease.py", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for name in ("bench_step_resnet18", "bench_step_resnet50", "gpu_throughput", "bench_compile"):
+        assert f"== {name}: exit 0" in done.stdout
+        assert "no CUDA device visible" in (tmp_path / f"{name}.md").read_text()
