@@ -38,14 +38,14 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     """One mode's compile seconds (two shapes) and steady images/s, in this interpreter."""
     import torch
 
-    from bench_step import CLASSES, memory_format, rsnet_training_step, synchronize
+    from bench_step import CLASSES, TRAINING, rsnet_training_step, synchronize
+    from rsnet.engine.acceleration import memory_format, tune_convolutions
 
     device = torch.device(args.device)
     torch.manual_seed(0)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # as training does
+    tune_convolutions(TRAINING, device)  # as training does
     step = rsnet_training_step(args.backbone, device, args.amp, MODES[args.worker])
-    layout, batches = memory_format(device), {}
+    layout, batches = memory_format(TRAINING, device), {}
     for size in (args.batch, last_batch(args.batch)):
         images = torch.randn(size, 3, args.size, args.size, device=device).contiguous(memory_format=layout)
         batches[size] = (images, torch.randint(0, CLASSES, (size,), device=device))

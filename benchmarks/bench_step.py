@@ -41,13 +41,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rsnet.data import BatchPrefetcher, DeviceAugment, ImageStore, SceneDataset, train_transform  # noqa: E402
 from rsnet.data.device_augment import augments_on_device  # noqa: E402
-from rsnet.engine.acceleration import StepPrecision, compiled_forward  # noqa: E402
+from rsnet.engine.acceleration import (  # noqa: E402
+    StepPrecision,
+    compiled_forward,
+    memory_format,
+    tune_convolutions,
+)
 from rsnet.engine.optim import build_optimizer  # noqa: E402
 from rsnet.losses import MultiBranchLoss  # noqa: E402
 from rsnet.models import build_model  # noqa: E402
 
 CLASSES = 30
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TRAINING = {"channels_last": True, "deterministic": False}  # the step settings of conf/config.yaml
 DEFAULTS = {  # options left unset, by device type: a CPU run takes minutes, not hours
     "cuda": {"sizes": [128, 224], "batches": [32, 128, 256], "steps": 300, "input_steps": None, "warmup": 30},
     "cpu": {"sizes": [128, 224], "batches": [32, 128], "steps": 8, "input_steps": 30, "warmup": 2}}
@@ -103,17 +109,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def memory_format(device: torch.device) -> torch.memory_format:
-    """The layout training gives model and batches on ``device`` (``channels_last=true``: NHWC on CUDA)."""
-    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
-
-
 def rsnet_training_step(backbone: str, device: torch.device, amp: str,
                         compile_fixed: bool | None = None) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """One rsnet training step on a batch as the trainer takes it: the baseline model in training's memory format,
     the multi-branch loss, rsnet's optimizer and mixed precision. ``compile_fixed``: None eager, else
     ``compile=true`` with ``compiled_forward``'s ``fixed_batch_sizes`` (True static shapes, False dynamic)."""
-    model = build_model("baseline", backbone, CLASSES).to(device).to(memory_format=memory_format(device))
+    layout = memory_format(TRAINING, device)
+    model = build_model("baseline", backbone, CLASSES).to(device).to(memory_format=layout)
     forward = compiled_forward(model, {"compile": compile_fixed is not None}, bool(compile_fixed))
     criterion = MultiBranchLoss(label_smoothing=0.1)
     optimizer = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4})
@@ -144,7 +146,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
     crop = size >= 128  # as augment.crop_scale: auto
     dataset = synthetic_dataset(size, max(4 * batch, 512), crop)
     augment = DeviceAugment.for_training(size, MEAN, STD, (0.5, 1.0) if crop else None, 0.2)
-    layout = memory_format(device)
+    layout = memory_format(TRAINING, device)
     cuda = device.type == "cuda"
     next_indices = index_batches(len(dataset), batch)
     epoch = [0]
@@ -243,8 +245,7 @@ def main() -> None:
         return
     fill_defaults(args, DEFAULTS)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # as training does: sizes stay on the grid
+    tune_convolutions(TRAINING, device)  # as training does: sizes stay on the grid
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     feed = "(a') the device path" if augments_on_device(args.on_device, device) else "(a0) the host path"
     print(f"bench_step: {args.backbone} on {name}; {args.steps} steps after {args.warmup}, {args.rounds} rounds; "

@@ -13,6 +13,7 @@ from rsnet.engine import acceleration
 from rsnet.engine.acceleration import (
     StepPrecision,
     compiled_forward,
+    memory_format,
     set_deterministic,
     tune_convolutions,
     use_channels_last,
@@ -81,6 +82,8 @@ def test_channels_last_only_on_cuda_workers() -> None:
     assert use_channels_last({"channels_last": True}, CUDA)
     assert not use_channels_last({"channels_last": True}, torch.device("cpu"))
     assert not use_channels_last({"channels_last": False}, CUDA)
+    assert memory_format({"channels_last": True}, CUDA) == torch.channels_last
+    assert memory_format({"channels_last": True}, torch.device("cpu")) == torch.contiguous_format
 
 
 def test_cudnn_autotuner_only_on_cuda_workers_that_need_not_be_deterministic(monkeypatch) -> None:

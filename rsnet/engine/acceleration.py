@@ -65,6 +65,11 @@ def use_channels_last(config: dict[str, Any], device: torch.device) -> bool:
     return bool(config["channels_last"]) and device.type == "cuda"
 
 
+def memory_format(config: dict[str, Any], device: torch.device) -> torch.memory_format:
+    """The memory format of the model and its batches on ``device``: channels_last where :func:`use_channels_last`."""
+    return torch.channels_last if use_channels_last(config, device) else torch.contiguous_format
+
+
 def compiled_forward(module: nn.Module, config: dict[str, Any], fixed_batch_sizes: bool) -> Callable[..., Any]:
     """``torch.compile(module)`` when ``compile=true``, else the module itself; parameters stay shared with ``module``.
 

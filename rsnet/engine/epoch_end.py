@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from rsnet.data import DataBundle, augments_on_device
-from rsnet.engine.acceleration import use_channels_last
+from rsnet.engine.acceleration import memory_format
 from rsnet.engine.run_history import write_history
 from rsnet.engine.sharded_eval import sharded_evaluate
 from rsnet.evaluation import compute_metrics
@@ -77,7 +77,7 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
     if not evaluates_after(epoch, config):
         return None
     on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
-    layout = torch.channels_last if use_channels_last(config, ctx.device) else torch.contiguous_format
+    layout = memory_format(config, ctx.device)
     test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"], on_device, layout)
     val = (sharded_evaluate(ctx, model, data.val, config["eval_batch_size"], on_device, layout)
            if data.val is not None else None)

@@ -23,6 +23,7 @@ from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_d
 from rsnet.engine.acceleration import (
     StepPrecision,
     compiled_forward,
+    memory_format,
     set_deterministic,
     tune_convolutions,
     use_channels_last,
@@ -249,7 +250,7 @@ def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, dat
     if augment is None or not augments_on_device(config["augment"]["on_device"], ctx.device):
         return BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device, enabled=enabled)
     seed = int(config["seed"])
-    layout = torch.channels_last if use_channels_last(config, ctx.device) else torch.contiguous_format
+    layout = memory_format(config, ctx.device)
 
     def finish(images: torch.Tensor, claim: Claim) -> torch.Tensor:
         return augment.apply(images, claim.indices, seed, epoch, layout)
