@@ -1,15 +1,23 @@
-"""The measurements a lent GPU session makes, in one device call that fits the lease (about 8 minutes of a 15-minute
-device budget, so a failed start can be rerun): the steady-state step benchmark for ResNet-18 and ResNet-50 at
-224 px (the issue's (b)/(c) target), ResNet-18 at 128 px, multi-epoch adaptive runs on aid-dev, and the compile
-comparison. The full ``make gpu-check`` (18 training runs, 300-step benchmarks, three compile rounds) does not fit
-one lease; this is its measurement half, sized to fit, most wanted first.
+"""The measurements to make whenever a GPU machine is at hand for a few minutes, in one command of about 8 minutes
+(``--budget``), most wanted first: the steady-state step benchmark for ResNet-50 and ResNet-18 at 224 px (the
+(b)/(c) target), a real-size epoch (aid-dev repeated to 10,800 training images, ResNet-50 at 224 px, the GPU alone
+and with the machine's CPU as a second worker), a profile of the training step and of a real epoch, short adaptive
+runs on aid-dev, and the compile comparison. The full ``make gpu-check`` does not fit a few minutes; this is its
+measurement half and more, sized to fit.
+
+What must lie beside the checkout on the GPU machine (it may reach no package index, and aid-dev lies outside the
+checkout): ``.whl/``, the wheels of rsnet's dependencies that a CUDA PyTorch image lacks, and ``.aid-dev/``, a copy of
+aid-dev; ``bash benchmarks/prepare_gpu_lease.sh`` makes both (git-ignored, about 37 MB). Then, on the GPU machine, in
+the checkout: ``python3 benchmarks/gpu_lease.py``.
 
 Every step runs in its own process group with a time limit (the smaller of its own and what is left of
-``--budget``); its output goes to ``OUT/<step>.md`` (``$OUT`` on the device machine) and to stdout. Standard
-library only: it runs before the wheels it installs are importable.
+``--budget``); its output goes to ``OUT/<step>.md`` (``--out``; default ``$OUT`` if set, else ``gpu-lease-out/``)
+and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md``, the steady steps' trace to
+``OUT/profile_trace.json.gz``. Standard library only: it runs before the wheels it installs are importable.
 
-    bash benchmarks/prepare_gpu_lease.sh                  # here: wheels (.whl) and a copy of aid-dev (.aid-dev)
-    run(command="python3 benchmarks/gpu_lease.py", carry=[".whl", ".aid-dev"], timeout_s=600)   # the device call
+    bash benchmarks/prepare_gpu_lease.sh                  # on a machine with the dev venv and a package index
+    python3 benchmarks/gpu_lease.py                       # on the GPU machine, .whl and .aid-dev beside the checkout
+    python3 benchmarks/gpu_lease.py --steps gpu_profile --budget 120      # one step again
     python benchmarks/gpu_lease.py --stand-in --root DIR  # tiny CPU versions of every step (tests this script)
 """
 
@@ -20,30 +28,44 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from process_group import run_in_group
+from real_size_set import build_real_size_set
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 SITE = Path("/tmp/rsnet-lease-site")
 
-# name, seconds at most, arguments on the GPU, arguments of the CPU stand-in; ROOT is replaced by --root
+# name, seconds at most, arguments on the GPU, arguments of the CPU stand-in; most wanted first. Placeholders: ROOT
+# (--root, aid-dev), REAL (the real-size set built from it), OUT (--out)
 STEPS: list[tuple[str, int, list[str], list[str]]] = [
-    ("bench_step_resnet18", 150,
-     ["bench_step.py", "--require-cuda", "--sizes", "224", "128", "--batches", "128", "256", "--steps", "100",
-      "--warmup", "20", "--rounds", "2"],
-     ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "48", "--batches", "8",
-      "--steps", "2", "--warmup", "1", "--rounds", "1"]),
-    ("bench_step_resnet50", 110,
+    ("bench_step_resnet50", 100,
      ["bench_step.py", "--require-cuda", "--backbone", "resnet50", "--sizes", "224", "--batches", "128", "256",
-      "--steps", "50", "--warmup", "10", "--rounds", "2"],
+      "--steps", "50", "--warmup", "10", "--rounds", "2", "--input-steps", "10"],
      ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "32", "--batches", "8",
       "--steps", "2", "--warmup", "1", "--rounds", "1"]),
-    ("gpu_throughput", 120,  # 2 runs of at most 50 s each: a run is killed by the script, not left behind
+    ("real_size_epoch", 170,  # the GPU alone, then with the CPU beside it; each run killed by the script after 80 s
+     ["gpu_throughput.py", "--root", "REAL", "--backbone", "resnet50", "--batch-size", "256", "--sizes", "224",
+      "--configs", "1gpu", "gpu+cpu", "--epochs", "4", "--eval-every", "1", "--timeout", "80"],
+     ["gpu_throughput.py", "--cpu-stand-in", "--root", "REAL", "--backbone", "test_resnet", "--batch-size", "16",
+      "--sizes", "32", "--configs", "1gpu", "gpu+cpu", "--epochs", "2", "--eval-every", "1", "--timeout", "150"]),
+    ("gpu_profile", 100,
+     ["gpu_profile.py", "--require-cuda", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2",
+      "--trace", "OUT/profile_trace.json.gz"],
+     ["gpu_profile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "8", "--steps",
+      "2", "--warmup", "1", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2", "--top", "5",
+      "--trace", "OUT/profile_trace.json.gz"]),
+    ("bench_step_resnet18", 80,
+     ["bench_step.py", "--require-cuda", "--sizes", "224", "--batches", "128", "256", "--steps", "100",
+      "--warmup", "20", "--rounds", "2", "--input-steps", "10"],
+     ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "48", "--batches", "8",
+      "--steps", "2", "--warmup", "1", "--rounds", "1"]),
+    ("gpu_throughput", 100,  # aid-dev's 7-step epochs, comparable with the first GPU run's figures
      ["gpu_throughput.py", "--root", "ROOT", "--sizes", "128", "224", "--configs", "1gpu", "--epochs", "4",
-      "--timeout", "50"],
+      "--timeout", "45"],
      ["gpu_throughput.py", "--cpu-stand-in", "--root", "ROOT", "--sizes", "32", "--configs", "1gpu", "--epochs",
       "2", "--backbone", "test_resnet", "--batch-size", "16", "--timeout", "120"]),
     ("bench_compile", 200,
@@ -90,13 +112,30 @@ def run_step(name: str, arguments: list[str], limit: float, out: Path, env: dict
         return run_in_group(command, REPO, limit, sink, subprocess.STDOUT, env)
 
 
+def placeholders(arguments: list[str], values: dict[str, str]) -> list[str]:
+    """``arguments`` with ROOT, REAL and a leading OUT/ replaced by their values."""
+    return [values[a] if a in values else values["OUT"] + a[3:] if a.startswith("OUT/") else a for a in arguments]
+
+
+def real_size_set(root: Path, min_train: int) -> Path:
+    """The real-size set (aid-dev repeated through links, at least ``min_train`` training images at AID's train
+    ratio), built afresh under the temporary folder."""
+    target = Path(tempfile.gettempdir()) / "rsnet-real-size" / "AID"
+    shutil.rmtree(target.parent, ignore_errors=True)
+    made = build_real_size_set(root, target, min_train, train_ratio=0.5)
+    print(f"real-size set: {made} images ({made // 2} for training) linked from {root} into {target}", flush=True)
+    return target
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", REPO / "gpu-lease-out")))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu-lease-out"))
     parser.add_argument("--root", type=Path, default=REPO / ".aid-dev" / "AID", help="aid-dev's class folders")
     parser.add_argument("--wheels", type=Path, default=REPO / ".whl", help="wheels to install first, if any")
     parser.add_argument("--budget", type=float, default=480, help="seconds for all steps together")
     parser.add_argument("--steps", nargs="+", choices=[step[0] for step in STEPS], default=[step[0] for step in STEPS])
+    parser.add_argument("--real-min-train", type=int, help="training images per epoch of the real-size set "
+                        "(default: 10,000; 200 with --stand-in)")
     parser.add_argument("--stand-in", action="store_true", help="tiny CPU versions of every step (tests this script)")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget
@@ -107,11 +146,14 @@ def main() -> int:
     facts = machine_facts(env)
     (args.out / "machine.md").write_text(facts)
     print(facts, flush=True)
+    chosen = [step for step in STEPS if step[0] in args.steps]
+    values = {"ROOT": str(args.root.resolve()), "OUT": str(args.out.resolve())}
+    if any("REAL" in (stand_in if args.stand_in else on_gpu) for _, _, on_gpu, stand_in in chosen):
+        min_train = args.real_min_train or (200 if args.stand_in else 10_000)
+        values["REAL"] = str(real_size_set(args.root.resolve(), min_train))
     failed = 0
-    for name, limit, on_gpu, stand_in in STEPS:
-        if name not in args.steps:
-            continue
-        arguments = [str(args.root.resolve()) if a == "ROOT" else a for a in (stand_in if args.stand_in else on_gpu)]
+    for name, limit, on_gpu, stand_in in chosen:
+        arguments = placeholders(stand_in if args.stand_in else on_gpu, values)
         allowed = min(limit, deadline - time.monotonic())
         if allowed < 20:
             print(f"== {name}: skipped, {allowed:.0f} s of the budget left", flush=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with the dev venv and the package registries) before a lent GPU session's one `run` call:
-# the GPU machine has torch, timm, tensorboard and OpenCV but reaches no registry, so rsnet's other dependencies
-# travel as wheels (.whl/, for its Python 3.12), and the real-data set travels as a copy (.aid-dev/). Both folders
-# are git-ignored, so they travel only when the run call names them in `carry`. See docs/scheduler.md.
+# Run on a machine with the dev venv and a package index, before benchmarks/gpu_lease.py runs on a GPU machine that
+# has torch, timm, tensorboard and OpenCV but may reach no index: rsnet's other dependencies go beside the checkout
+# as wheels (.whl/, for that machine's Python 3.12), and the real-data set as a copy (.aid-dev/). Both folders are
+# git-ignored: copy them along with the checkout. See docs/scheduler.md.
 #
 #   bash benchmarks/prepare_gpu_lease.sh [aid-dev folder]      # default: ../shared/data/aid-dev
 #   LEASE_PYTHON=3.11 WHEELS=/tmp/wheels311 bash benchmarks/prepare_gpu_lease.sh   # wheels for another Python
@@ -29,4 +29,4 @@ rm -rf "$WHEELS" && mkdir -p "$WHEELS"
 "$PY" -m pip wheel --quiet --no-deps -w "$WHEELS" "antlr4-python3-runtime==$antlr"  # published as a source archive only
 rm -rf .aid-dev && cp -r "$AID_DEV" .aid-dev
 echo "ready: $WHEELS ($(ls "$WHEELS" | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1)), .aid-dev ($(du -sh .aid-dev | cut -f1))"
-echo "next: run(command='python3 benchmarks/gpu_lease.py', carry=['.whl', '.aid-dev'], timeout_s=600)"
+echo "next, on the GPU machine with .whl and .aid-dev beside the checkout: python3 benchmarks/gpu_lease.py"

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from .device_augment import DeviceAugment
 
@@ -76,7 +77,8 @@ class BatchPrefetcher(Generic[Request]):
     def _timed(self, wait: Callable[[], PreparedBatch | None]) -> PreparedBatch | None:
         started = time.perf_counter()
         try:
-            return wait()
+            with record_function("rsnet.data_wait"):  # named in a profile (benchmarks/gpu_profile.py)
+                return wait()
         finally:
             self.wait_s += time.perf_counter() - started
 

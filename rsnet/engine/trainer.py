@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_device, build_datasets_from_config
@@ -228,7 +229,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
             step.check_finite(epoch)  # the interval's one wait for the device
             meter.compute_seconds += (compute := step.timer.pop_total())
             meter.data_seconds = prefetcher.wait_s
-            strategy.end_interval(compute)
+            with record_function("rsnet.interval_end"):  # merge and schedule
+                strategy.end_interval(compute)
             bar.set_postfix(loss=f"{float(meter.loss_sums.get('total', 0.0)) / max(meter.samples, 1):.3f}",
                             acc=f"{100 * float(meter.correct) / max(meter.samples, 1):.1f}",
                             img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}",
@@ -288,6 +290,10 @@ class _StepRunner:
                 pending[:0] = list(zip(images.split(size), labels.split(size)))
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor, position: float) -> None:
+        with record_function("rsnet.step"):
+            self._train_on(images, labels, position)
+
+    def _train_on(self, images: torch.Tensor, labels: torch.Tensor, position: float) -> None:
         lr = _lr(self.config, position) * self.strategy.lr_scale(len(labels))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -313,7 +319,9 @@ class _StepRunner:
         """Stop the run if a loss since the last check was NaN or infinite, saying where the last good
         checkpoint is (one host sync)."""
         first, self.first_unchecked = self.first_unchecked, self.meter.steps + 1
-        if not bool(self.nonfinite):
+        with record_function("rsnet.sync"):
+            finite = not bool(self.nonfinite)
+        if finite:
             return
         terms = ", ".join(f"{name}={float(value):.4g}" for name, value in self.last_terms.items())
         raise NonFiniteLossError(
