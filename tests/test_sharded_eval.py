@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import StandInModel, TensorDataset
+from helpers import REPO, StandInModel, TensorDataset
+from omegaconf import OmegaConf
+from torch import nn
 
-from rsnet.engine.sharded_eval import interleave, sharded_evaluate
+from rsnet.engine.sharded_eval import concatenate, shard_bounds, sharded_evaluate
 from rsnet.evaluation import EvalResult, compute_metrics, evaluate
-from rsnet.parallel import launch
+from rsnet.parallel import WorkerContext, launch
+from rsnet.parallel.strategies import build_strategy
 
 CLASSES = list("abcd")
 
@@ -19,14 +22,19 @@ def _model() -> StandInModel:
     return StandInModel(num_classes=len(CLASSES)).eval()
 
 
-def _sharded_worker(ctx, num_samples: int):
-    result = sharded_evaluate(ctx, _model(), TensorDataset(n=num_samples, size=16), batch_size=4)
+def _sharded_worker(ctx, num_samples: int, shares: list[float] | None):
+    result = sharded_evaluate(ctx, _model(), TensorDataset(n=num_samples, size=16), batch_size=4, shares=shares)
     return None if result is None else (result, compute_metrics(result, CLASSES))
 
 
-@pytest.mark.parametrize("num_samples", [11, 2])  # 2 < 3 workers: one worker's shard is empty
-def test_three_workers_get_the_single_process_predictions_and_metrics(num_samples: int) -> None:
-    result, metrics = launch(_sharded_worker, ["cpu", "cpu", "cpu"], num_samples, timeout_s=120)
+@pytest.mark.parametrize(("num_samples", "shares"), [
+    (11, None),  # equal slices
+    (2, None),  # 2 < 3 workers: one worker's slice is empty
+    (11, [50.0, 1.0, 0.0]),  # by speed: a slow worker takes a small slice, a worker left out none
+])
+def test_three_workers_get_the_single_process_predictions_and_metrics(num_samples: int,
+                                                                      shares: list[float] | None) -> None:
+    result, metrics = launch(_sharded_worker, ["cpu", "cpu", "cpu"], num_samples, shares, timeout_s=120)
     alone = evaluate(_model(), TensorDataset(n=num_samples, size=16), batch_size=4)
     assert metrics == compute_metrics(alone, CLASSES)
     np.testing.assert_array_equal(result.targets, alone.targets)
@@ -35,13 +43,34 @@ def test_three_workers_get_the_single_process_predictions_and_metrics(num_sample
         np.testing.assert_allclose(result.probabilities[head], alone.probabilities[head], rtol=0, atol=1e-6)
 
 
-def test_interleave_puts_every_sample_back_in_its_place() -> None:
+def test_concatenate_puts_every_slice_back_in_its_place() -> None:
     targets = np.arange(7) % 3
     whole = EvalResult(predictions={"main": np.arange(7)}, probabilities={"main": np.eye(7, 3, dtype=np.float32)},
                        targets=targets)
-    shards = [EvalResult({"main": whole.predictions["main"][r::3]}, {"main": whole.probabilities["main"][r::3]},
-                         targets[r::3]) for r in range(3)]
-    merged = interleave(shards, 7)
+    bounds = [0, 4, 4, 7]  # the middle worker's slice is empty
+    shards = [EvalResult({"main": whole.predictions["main"][a:b]}, {"main": whole.probabilities["main"][a:b]},
+                         targets[a:b]) if b > a else None for a, b in zip(bounds, bounds[1:])]
+    merged = concatenate(shards)
     np.testing.assert_array_equal(merged.predictions["main"], np.arange(7))
     np.testing.assert_array_equal(merged.probabilities["main"], whole.probabilities["main"])
     np.testing.assert_array_equal(merged.targets, targets)
+
+
+def test_slices_follow_the_shares() -> None:
+    """A GPU 50x faster than the CPU beside it evaluates 50/51 of the set; a worker left out (share 0) nothing;
+    shares that are all 0 (no speed measured yet) split equally; the slices always cover the set once."""
+    assert shard_bounds(10_200, [50.0, 1.0]) == [0, 10_000, 10_200]
+    assert shard_bounds(9, [2.0, 0.0, 1.0]) == [0, 6, 6, 9]
+    assert shard_bounds(10, [0.0, 0.0]) == [0, 5, 10]
+    assert shard_bounds(0, [1.0, 1.0, 1.0]) == [0, 0, 0, 0]
+
+
+def test_the_adaptive_scheduler_shares_evaluation_by_measured_speed() -> None:
+    """Equal shares until a speed is measured; then the speeds, with 0 for a worker left out (the same list on every
+    worker: each moves its schedule on from the same merged table)."""
+    trainer = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "trainer" / "adaptive.yaml"))
+    ctx = WorkerContext(rank=0, world_size=3, device=torch.device("cpu"), store=None, is_primary=True)
+    strategy = build_strategy(trainer, ctx, nn.Linear(2, 2), 64, 24, 0)
+    assert strategy.work_shares() == [1.0, 1.0, 1.0]
+    strategy.schedule.speeds, strategy.schedule.active = [300.0, 6.0, 2.0], [True, True, False]
+    assert strategy.work_shares() == [300.0, 6.0, 0.0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -70,16 +71,16 @@ class EpochEvaluation:
 
 
 def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
-                   epoch: int) -> EpochEvaluation | None:
+                   epoch: int, shares: Sequence[float] | None = None) -> EpochEvaluation | None:
     """Every worker, after the 1-based ``epoch``: when it is evaluated, the test (and validation) metrics, computed
-    from shards evaluated by all workers; the primary gets them, the other workers None (as for an epoch that is
-    not evaluated)."""
+    from shards evaluated by all workers in proportion to ``shares`` (the same list on every worker; None: equal);
+    the primary gets them, the other workers None (as for an epoch that is not evaluated)."""
     if not evaluates_after(epoch, config):
         return None
     on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
     layout = memory_format(config, ctx.device)
-    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"], on_device, layout)
-    val = (sharded_evaluate(ctx, model, data.val, config["eval_batch_size"], on_device, layout)
+    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"], on_device, layout, shares)
+    val = (sharded_evaluate(ctx, model, data.val, config["eval_batch_size"], on_device, layout, shares)
            if data.val is not None else None)
     if test is None:
         return None

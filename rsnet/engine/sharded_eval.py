@@ -1,10 +1,15 @@
-"""Evaluation sharded over the workers: each predicts every W-th sample, the primary gathers the predictions.
+"""Evaluation sharded over the workers: each predicts a contiguous slice whose size follows its share of the work,
+the primary gathers the predictions.
 
 Without it the primary evaluated the whole test set alone while the other workers waited at a barrier (on a
-CPU primary and a large test set, longer than the process-group timeout).
+CPU primary and a large test set, longer than the process-group timeout). The slices follow the workers' measured
+speeds (:meth:`Strategy.work_shares`): an equal split made a CPU worker beside a GPU evaluate half the test set at a
+fiftieth of the GPU's speed, and a worker the scheduler left out still took its share.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -17,16 +22,28 @@ from rsnet.evaluation import EvalResult, evaluate
 from rsnet.parallel import WorkerContext
 
 
+def shard_bounds(num_samples: int, shares: Sequence[float]) -> list[int]:
+    """Where each worker's slice of ``num_samples`` starts, and the end: worker r takes samples
+    ``bounds[r]:bounds[r + 1]``, about ``shares[r] / sum(shares)`` of them (equal shares when they sum to 0)."""
+    weights = np.asarray(shares, dtype=np.float64).clip(min=0)
+    if not weights.sum() > 0:
+        weights = np.ones(len(weights))
+    cumulative = np.concatenate([[0.0], np.cumsum(weights)]) / weights.sum()
+    return [int(round(fraction * num_samples)) for fraction in cumulative]
+
+
 def sharded_evaluate(ctx: WorkerContext, model: nn.Module, dataset: Dataset, batch_size: int,
                      on_device: DeviceAugment | None = None,
-                     memory_format: torch.memory_format = torch.contiguous_format) -> EvalResult | None:
-    """:func:`rsnet.evaluation.evaluate` of ``dataset`` with the work split over the workers: worker r predicts
-    samples r, r + W, r + 2W, ... The primary gets the predictions of the whole dataset in its order (what one
-    process evaluating all of it gets), the other workers None. Every worker must call it (a collective).
-    ``on_device``: normalise uint8 batches (``dataset.uint8_batch``) on the model's device instead of
-    transforming images on the host."""
+                     memory_format: torch.memory_format = torch.contiguous_format,
+                     shares: Sequence[float] | None = None) -> EvalResult | None:
+    """:func:`rsnet.evaluation.evaluate` of ``dataset`` with the work split over the workers: worker r predicts the
+    contiguous slice :func:`shard_bounds` gives it for ``shares`` (every worker the same list; None: equal). The
+    primary gets the predictions of the whole dataset in its order (what one process evaluating all of it gets),
+    the other workers None. Every worker must call it (a collective). ``on_device``: normalise uint8 batches
+    (``dataset.uint8_batch``) on the model's device instead of transforming images on the host."""
     device = next(model.parameters()).device
-    shard = range(ctx.rank, len(dataset), ctx.world_size)
+    bounds = shard_bounds(len(dataset), shares if shares is not None else [1.0] * ctx.world_size)
+    shard = range(bounds[ctx.rank], bounds[ctx.rank + 1])
     if on_device is not None:
         data = device_batches(dataset, np.asarray(shard), batch_size, device, on_device, memory_format)
     else:
@@ -36,24 +53,19 @@ def sharded_evaluate(ctx: WorkerContext, model: nn.Module, dataset: Dataset, bat
         return part
     parts: list[EvalResult | None] | None = [None] * ctx.world_size if ctx.is_primary else None
     dist.gather_object(part, parts, dst=0)
-    return interleave(parts, len(dataset)) if parts is not None else None
+    return concatenate(parts) if parts is not None else None
 
 
-def interleave(parts: list[EvalResult | None], num_samples: int) -> EvalResult:
-    """The shards' results of :func:`sharded_evaluate` (shard r holds samples r, r + W, ...) as one result in the
+def concatenate(parts: list[EvalResult | None]) -> EvalResult:
+    """The slices' results of :func:`sharded_evaluate`, in rank order (empty slices as None), as one result in the
     dataset's order."""
-    world = len(parts)
-    present = [(rank, part) for rank, part in enumerate(parts) if part is not None]
-    first = present[0][1]
+    present = [part for part in parts if part is not None]
+    first = present[0]
 
-    def merged(get) -> np.ndarray:
-        sample = get(first)
-        out = np.empty((num_samples, *sample.shape[1:]), sample.dtype)
-        for rank, part in present:
-            out[rank::world] = get(part)
-        return out
+    def joined(get) -> np.ndarray:
+        return np.concatenate([get(part) for part in present])
 
     heads = list(first.predictions)
-    return EvalResult(predictions={head: merged(lambda p, h=head: p.predictions[h]) for head in heads},
-                      probabilities={head: merged(lambda p, h=head: p.probabilities[h]) for head in heads},
-                      targets=merged(lambda p: p.targets), reported_head=first.reported_head)
+    return EvalResult(predictions={head: joined(lambda p, h=head: p.predictions[h]) for head in heads},
+                      probabilities={head: joined(lambda p, h=head: p.probabilities[h]) for head in heads},
+                      targets=joined(lambda p: p.targets), reported_head=first.reported_head)

@@ -174,7 +174,8 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
             state.wall_time_s += time.perf_counter() - started
             state.epoch = epoch + 1
-            evaluation = evaluate_epoch(ctx, config, data, model, state.epoch)  # every worker: its shard
+            # every worker: its shard, in proportion to its measured speed
+            evaluation = evaluate_epoch(ctx, config, data, model, state.epoch, strategy.work_shares())
             if ctx.is_primary:
                 final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
                                      attention_ids, evaluation) or final

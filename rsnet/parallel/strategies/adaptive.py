@@ -113,6 +113,12 @@ class AdaptiveStrategy(Strategy):
         cost rule budgets the merges over the run's lr profile."""
         self.schedule.follow_lr(lr_ratio, epochs)
 
+    def work_shares(self) -> list[float]:
+        """The workers' measured speeds (0 for a worker left out): a slow worker evaluates a small slice, a worker
+        left out none; equal while no speed is known."""
+        speeds = self.schedule.speeds_of_active()
+        return speeds if sum(speeds) > 0 else [1.0] * self.world
+
     def on_out_of_memory(self) -> int:
         """Halve this worker's ``batch_max`` (and its batch); returns the new batch size.
 

@@ -134,6 +134,11 @@ class Strategy:
         once per timed step."""
         return seconds
 
+    def work_shares(self) -> list[float]:
+        """Each worker's share of work the workers split outside training (evaluation), the same list on every
+        worker: equal, for strategies that give every worker the same batches."""
+        return [1.0] * self.world
+
     def on_out_of_memory(self) -> int:
         """Called after a CUDA out-of-memory error; returns the batch size to retry with."""
         raise RuntimeError(f"{self.name}: out of memory with static batches; lower batch_size")
