@@ -149,6 +149,10 @@ def main() -> int:
     chosen = [step for step in STEPS if step[0] in args.steps]
     values = {"ROOT": str(args.root.resolve()), "OUT": str(args.out.resolve())}
     if any("REAL" in (stand_in if args.stand_in else on_gpu) for _, _, on_gpu, stand_in in chosen):
+        if not args.root.is_dir():
+            print(f"gpu_lease: --root {args.root} is not a folder: point it at aid-dev's class folders (.aid-dev/AID "
+                  "beside the checkout, made by benchmarks/prepare_gpu_lease.sh)")
+            return 2
         min_train = args.real_min_train or (200 if args.stand_in else 10_000)
         values["REAL"] = str(real_size_set(args.root.resolve(), min_train))
     failed = 0

@@ -4,6 +4,8 @@ CPU versions within its budget. A broken script found on the GPU would cost the 
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -37,22 +39,35 @@ def test_gpu_check_passes_a_gpu_and_cpu_pair_under_the_stand_in() -> None:
 
 def test_the_lease_runs_every_step_and_keeps_each_output(tmp_path: Path) -> None:
     """gpu_lease.py under --stand-in: every step runs (tiny, on the CPU) within the budget, each one's output lands
-    in its own file under --out, gpu_throughput's row holds a steady images/s, and the machine facts are written."""
+    in its own file under --out (8 files at most: what a short GPU session can bring back), the real-size epoch
+    compares one worker with two and lists the scheduler's decisions, the profile holds its tables and trace, and
+    the machine facts are written."""
     root = make_fake_archive(tmp_path, "aid", per_class=6, size=40)
     out = tmp_path / "out"
     done = bench("gpu_lease.py", "--stand-in", "--root", str(root), "--out", str(out), "--wheels",
-                 str(tmp_path / "no-wheels"), "--budget", "400")
+                 str(tmp_path / "no-wheels"), "--budget", "500", "--real-min-train", "120")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert sorted(path.name for path in out.iterdir()) == ["bench_compile.md", "bench_step_resnet18.md",
-                                                           "bench_step_resnet50.md", "gpu_throughput.md",
-                                                           "machine.md"]
+    assert sorted(path.name for path in out.iterdir()) == [
+        "bench_compile.md", "bench_step_resnet18.md", "bench_step_resnet50.md", "gpu_profile.md", "gpu_throughput.md",
+        "machine.md", "profile_trace.json.gz", "real_size_epoch.md"]
     assert "torch " in (out / "machine.md").read_text()
+    assert "real-size set: 360 images (180 for training)" in done.stdout  # 180 images linked twice
     for name in ("bench_step_resnet18", "bench_step_resnet50"):
         assert "(b)/(c) = " in (out / f"{name}.md").read_text()
         assert f"== {name}: exit 0" in done.stdout
     assert "| eager |" in (out / "bench_compile.md").read_text()
     [row] = table_rows((out / "gpu_throughput.md").read_text())
     assert row[:2] == ["cpu", "32"] and float(row[2].replace(",", "")) > 0, row
+    real_size = (out / "real_size_epoch.md").read_text()
+    alone, pair = table_rows(real_size)
+    assert alone[:2] == ["cpu", "32"] and pair[:2] == ["cpu, cpu", "32"], real_size
+    for row in (alone, pair):  # training images/s and whole epochs (evaluation included, so slower)
+        assert 0 < float(row[3].replace(",", "")) < float(row[2].replace(",", "")), real_size
+    assert "scheduler decisions:" in real_size
+    profile = (out / "gpu_profile.md").read_text()
+    assert profile.count("| rsnet.data_wait |") == 2 and profile.count("Top 5 ops by CPU time") == 2, profile
+    assert "## Steady steps" in profile and "## Epoch 2 of a real run" in profile
+    assert json.loads(gzip.decompress((out / "profile_trace.json.gz").read_bytes()))["traceEvents"]
 
 
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
@@ -101,9 +116,14 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the steps would measure for minutes")
 def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path) -> None:
     """Without a GPU every step's GPU command line runs up to its "no CUDA device" line: the arguments the lent GPU
-    will get are accepted by each benchmark (a typo there would surface only on the GPU)."""
-    done = bench("gpu_lease.py", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"))
+    will get are accepted by each benchmark (a typo there would surface only on the GPU), and the real-size set is
+    built as on the GPU (at least 10,000 training images)."""
+    root = make_fake_archive(tmp_path / "data", "aid", per_class=6, size=40)
+    out = tmp_path / "out"
+    done = bench("gpu_lease.py", "--out", str(out), "--wheels", str(tmp_path / "none"), "--root", str(root))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    for name in ("bench_step_resnet18", "bench_step_resnet50", "gpu_throughput", "bench_compile"):
+    assert "real-size set: 20160 images (10080 for training)" in done.stdout  # 180 images linked 112 times
+    for name in ("bench_step_resnet50", "real_size_epoch", "gpu_profile", "bench_step_resnet18", "gpu_throughput",
+                 "bench_compile"):
         assert f"== {name}: exit 0" in done.stdout
-        assert "no CUDA device visible" in (tmp_path / f"{name}.md").read_text()
+        assert "no CUDA device visible" in (out / f"{name}.md").read_text()
