@@ -201,8 +201,9 @@ def profile_epoch(args: argparse.Namespace, device: torch.device) -> None:
         return meter
 
     trainer.train_one_epoch = profiled_epoch
+    worker = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
     with tempfile.TemporaryDirectory(prefix="gpu_profile_") as run_dir:
-        sys.argv = ["train.py", "trainer=adaptive", f"trainer.devices=[{device}]", "model=baseline",
+        sys.argv = ["train.py", "trainer=adaptive", f"trainer.devices=[{worker}]", "model=baseline",
                     f"backbone={args.backbone}", "backbone.pretrained=false", "dataset=aid",
                     f"dataset.root={args.root}", f"dataset.image_size={args.size}", f"epochs={args.epoch}",
                     f"eval_every={args.epoch}", f"batch_size={args.batch}", f"amp={args.amp}",
