@@ -4,8 +4,9 @@ steady steps of rsnet's training step and over one epoch of a real training run.
 ``--part step``: ``--steps`` steady steps (after ``--warmup``) of bench_step's (b): rsnet's training step (baseline
 model, multi-branch loss, optimizer, mixed precision, memory format) fed through the trainer's ``BatchPrefetcher``
 as training feeds it on that device. ``--part epoch``: ``scripts/train.py`` in this process (one worker, adaptive,
-the baseline model) on ``--root`` for ``--epoch`` epochs, the last of them profiled from its first batch to its
-last step's end. For each part it prints:
+the baseline model, every epoch evaluated) on ``--root`` for ``--epoch`` epochs; it prints each epoch's seconds of
+training, evaluation and epoch end (checkpoints, TensorBoard, the last epoch's pictures), and profiles the last
+epoch's training from its first batch to its last step's end. For each profiled part it prints:
 
 - the top ops by device (GPU) time and by CPU time (self time, ``--top`` rows each);
 - the share of the profiled wall time in which the GPU runs nothing (the union of its kernels, copies and sets);
@@ -180,35 +181,60 @@ def save_trace(prof: profile, target: Path) -> None:
 
 
 def profile_epoch(args: argparse.Namespace, device: torch.device) -> None:
-    """One epoch of a real run (scripts/train.py in this process), profiled: its last epoch."""
+    """A real run (scripts/train.py in this process, every epoch evaluated): each epoch's seconds of training,
+    evaluation and epoch end (checkpoints, TensorBoard, the pictures of the last epoch) as it ends, and its last
+    epoch's training profiled."""
     import rsnet.engine.trainer as trainer
     from rsnet.commands.train import run
+    from rsnet.engine.epoch_end import RunState
 
-    original: Callable[..., Any] = trainer.train_one_epoch
+    train_epoch: Callable[..., Any] = trainer.train_one_epoch
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*arguments: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*arguments)
+            finally:
+                synchronize(device)
+                seconds[name] = time.perf_counter() - started
+        return wrapper
 
     def profiled_epoch(ctx: Any, config: dict[str, Any], epoch: int, *rest: Any) -> Any:
         if epoch != args.epoch - 1:
-            return original(ctx, config, epoch, *rest)
+            return timed("train", train_epoch)(ctx, config, epoch, *rest)
         with profile(activities=activities(ctx.device)) as prof:
             started = time.perf_counter()
-            meter = original(ctx, config, epoch, *rest)
+            meter = train_epoch(ctx, config, epoch, *rest)
             synchronize(ctx.device)
-            wall = time.perf_counter() - started
+            wall = seconds["train"] = time.perf_counter() - started
         extra = (f"trainer's own meters: data wait {meter.data_seconds:.3f} s, compute (step to interval end) "
                  f"{meter.compute_seconds:.3f} s, {meter.steps} steps\n")
         report(f"Epoch {args.epoch} of a real run: {args.backbone}, {args.size} px, batch {args.batch}, {args.amp}, "
                f"{args.root}", prof, wall, meter.samples, ctx.device.type == "cuda", args.top, extra)
         return meter
 
+    def epoch_end(*arguments: Any) -> Any:
+        summary = finish(*arguments)
+        state = next(argument for argument in arguments if isinstance(argument, RunState))
+        print(f"| {state.epoch} | {seconds['train']:.2f} | {seconds['evaluate']:.2f} | "
+              f"{seconds['epoch end']:.2f} |", flush=True)
+        return summary
+
+    print("Whole epochs of the real run (seconds; the profiled epoch's training under the profiler):\n\n"
+          "| epoch | train | evaluate | epoch end: checkpoints, TensorBoard, pictures |\n|---|---|---|---|", flush=True)
     trainer.train_one_epoch = profiled_epoch
+    trainer.evaluate_epoch = timed("evaluate", trainer.evaluate_epoch)
+    finish = timed("epoch end", trainer.finish_epoch)
+    trainer.finish_epoch = epoch_end
     worker = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
     with tempfile.TemporaryDirectory(prefix="gpu_profile_") as run_dir:
         sys.argv = ["train.py", "trainer=adaptive", f"trainer.devices=[{worker}]", "model=baseline",
                     f"backbone={args.backbone}", "backbone.pretrained=false", "dataset=aid",
                     f"dataset.root={args.root}", f"dataset.image_size={args.size}", f"epochs={args.epoch}",
-                    f"eval_every={args.epoch}", f"batch_size={args.batch}", f"amp={args.amp}",
-                    "log.progress_bar=false", f"log.attention_every={args.epoch + 1}", "log.embedding_images=0",
-                    f"hydra.run.dir={run_dir}"]
+                    "eval_every=1", f"batch_size={args.batch}", f"amp={args.amp}", "log.progress_bar=false",
+                    f"log.attention_every={args.epoch}", "log.embedding_images=0", f"hydra.run.dir={run_dir}"]
         run()
 
 

@@ -67,6 +67,8 @@ def test_the_lease_runs_every_step_and_keeps_each_output(tmp_path: Path) -> None
     profile = (out / "gpu_profile.md").read_text()
     assert profile.count("| rsnet.data_wait |") == 2 and profile.count("Top 5 ops by CPU time") == 2, profile
     assert "## Steady steps" in profile and "## Epoch 2 of a real run" in profile
+    epochs = [row for row in table_rows(profile) if row[0] in ("1", "2")]  # seconds of train, evaluate, epoch end
+    assert [row[0] for row in epochs] == ["1", "2"] and all(float(cell) > 0 for row in epochs for cell in row[1:])
     assert json.loads(gzip.decompress((out / "profile_trace.json.gz").read_bytes()))["traceEvents"]
 
 

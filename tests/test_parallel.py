@@ -683,3 +683,17 @@ def test_launch_options_and_summary_text() -> None:
              "idle/0": 0.1, "idle/1": 0.0, "merge_time/0": 0.01, "merge_time/1": 0.01}]
     text = summarize(rows, 2, "adaptive", "simulated heterogeneity: slowdown per worker x1, x2")
     assert "simulated" in text and "0.67" in text and "0.33" in text
+
+
+def test_a_cpu_worker_leaves_each_gpu_worker_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU workers share the cores a GPU worker's launching and prefetch threads leave (16 cores: a CPU worker
+    beside one GPU takes 14 threads, two CPU workers beside two GPUs 6 each), at least one thread each."""
+    from rsnet.parallel import launcher
+
+    monkeypatch.setattr(launcher, "_available_cores", lambda: 16)
+    assert launcher._cpu_threads_for(["cpu"]) == 16
+    assert launcher._cpu_threads_for(["cpu", "cpu"]) == 8
+    assert launcher._cpu_threads_for(["cuda:0", "cpu"]) == 14
+    assert launcher._cpu_threads_for(["cuda:0", "cuda:1", "cpu", "cpu"]) == 6
+    monkeypatch.setattr(launcher, "_available_cores", lambda: 2)
+    assert launcher._cpu_threads_for(["cuda:0", "cpu"]) == 1

@@ -55,10 +55,16 @@ def agree_backend(store: dist.Store, rank: int, world: int, device: str) -> str:
     return choose_backend(devices)
 
 
+GPU_WORKER_CORES = 2  # the cores a GPU worker's host needs: the thread that launches its kernels, its prefetch thread
+
+
 def _cpu_threads_for(devices: Sequence[str]) -> int:
-    """A CPU worker's fair share of this host's cores: max(1, cores // number of CPU workers here)."""
+    """A CPU worker's fair share of this host's cores once each GPU worker here has kept GPU_WORKER_CORES: max(1,
+    (cores - 2 x GPU workers) // CPU workers). A CPU worker on every core starves a GPU worker's launching thread:
+    beside a CPU worker on all 16 cores, an H200 trained ResNet-50 at 41 images/s instead of 4,400."""
     cpu_workers = sum(1 for d in devices if str(d) == "cpu" or str(d).startswith("cpu:"))
-    return max(1, _available_cores() // max(cpu_workers, 1))
+    gpu_workers = len(devices) - cpu_workers
+    return max(1, (_available_cores() - GPU_WORKER_CORES * gpu_workers) // max(cpu_workers, 1))
 
 
 def _available_cores() -> int:
