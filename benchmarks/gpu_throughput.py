@@ -75,7 +75,8 @@ def whole_epoch_rate(lines: list[str], train_samples: int) -> float:
 
 
 def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> tuple[str, list[str]]:
-    """One run's table row (or its failure) and the scheduler's decisions (its first 8 lines)."""
+    """One run's table row (or its failure), its first 3 merges' lines (each worker's speed) and the scheduler's
+    decisions (the first 8)."""
     run_dir = tmp / f"{'_'.join(devices)}_{size}".replace(":", "")
     run_dir.mkdir(parents=True)
     command = [sys.executable, str(REPO / "scripts" / "train.py"), "trainer=adaptive",
@@ -87,8 +88,9 @@ def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> t
     status = run_training(command, run_dir, args.timeout)
     lines = run_logs(run_dir)
     messages = [line.split(" - ", 1)[-1] for line in lines]
-    admission = [f"{', '.join(devices)}, {size} px: {message}" for message in messages
-                 if message.startswith(SCHEDULER_NOTE)][:8]
+    first_merges = [message for message in messages if message.startswith("merge ")][:3]  # the workers' speeds
+    admission = [f"{', '.join(devices)}, {size} px: {message}" for message in
+                 first_merges + [message for message in messages if message.startswith(SCHEDULER_NOTE)][:8]]
     if status != 0:
         return (f"| {', '.join(devices)} | {size} | FAIL ({'timeout' if status is None else status}): "
                 f"{tail(run_dir / 'stderr.log', 3).replace(chr(10), ' / ')} | | | | | |", admission)
