@@ -138,6 +138,9 @@ class _ChunkedStrategy:
     needs_step_seconds = False
     fixed_batch_sizes = True
 
+    def times_step(self, batch_size: int) -> bool:
+        return False
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.steps: list[int] = []

@@ -697,3 +697,21 @@ def test_a_cpu_worker_leaves_each_gpu_worker_two_cores(monkeypatch: pytest.Monke
     assert launcher._cpu_threads_for(["cuda:0", "cuda:1", "cpu", "cpu"]) == 6
     monkeypatch.setattr(launcher, "_available_cores", lambda: 2)
     assert launcher._cpu_threads_for(["cuda:0", "cpu"]) == 1
+
+
+def _speed_after_new_sizes(ctx: WorkerContext) -> tuple[list[bool], float]:
+    strategy = build_strategy(trainer_config("adaptive"), ctx, nn.Linear(2, 2), 64, 16, 0)
+    timed = []
+    for batch, seconds in [(16, 5.0), (16, 0.1), (8, 3.0), (8, 0.05), (16, 0.1)]:  # 5 s, 3 s: a shape's tuning
+        timed.append(strategy.times_step(batch))
+        strategy.after_step(batch, seconds)
+    strategy.end_interval(8.25)
+    return timed, strategy.speed
+
+
+def test_the_first_step_at_each_batch_size_is_left_out_of_the_speed() -> None:
+    """A GPU tunes every new shape (cuDNN's autotuning: seconds for ResNet-50), and the adaptive scheduler resizes
+    its batch at merges: the first step at each size is timed on its own and left out of the worker's speed."""
+    timed, speed = launch(_speed_after_new_sizes, ["cpu"], timeout_s=60)
+    assert timed == [True, False, True, False, False]  # each size's first step is timed on its own
+    assert speed == pytest.approx((16 + 8 + 16) / (0.1 + 0.05 + 0.1))  # 160 samples/s, not 56 / 8.25 = 6.8

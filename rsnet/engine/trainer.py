@@ -300,7 +300,8 @@ class _StepRunner:
             group["lr"] = lr
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        self.timer.every_step = self.strategy.needs_step_seconds  # adaptive: while it measures a worker's speed
+        # adaptive: while it measures a worker's speed, and a batch size's first step (one-time costs)
+        self.timer.every_step = self.strategy.times_step(len(labels))
         self.timer.start()
         try:
             with self.precision.autocast():

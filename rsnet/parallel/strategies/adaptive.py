@@ -82,7 +82,8 @@ class AdaptiveStrategy(Strategy):
         self._probers = 0  # workers whose speed is unknown: while there are any, intervals are probe intervals
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
-        self._warmed_up = False  # whether this worker has trained its first step (left out of its speed)
+        self._trained_sizes: set[int] = set()  # batch sizes this worker has trained (a size's first step is left
+        # out of its speed: one-time costs, such as cuDNN's autotuning of the new shape)
         self._rounds = self.schedule.rounds  # the rounds of the interval being trained
 
     @property
@@ -209,22 +210,29 @@ class AdaptiveStrategy(Strategy):
         """Every step's time while this worker's speed is unknown (its claims are paced by it), or for a slowdown."""
         return (self.speed <= 0 and self.schedule.workers > 1) or super().needs_step_seconds
 
+    def times_step(self, batch_size: int) -> bool:
+        """Also the first step at a batch size this worker has not trained: its time is left out of the speed."""
+        return self.needs_step_seconds or batch_size not in self._trained_sizes
+
     def after_step(self, batch_size: int, seconds: float | None) -> None:
         super().after_step(batch_size, seconds)
         with self._stepped:
             self._stepped.notify_all()
 
     def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
-        if not self._warmed_up:  # this worker's first step: one-time costs, no measure of its speed
-            self._warmup = (batch_size, seconds)
-            self._warmed_up = True
+        # The first step at a size carries one-time costs, no measure of the speed: allocations, kernel choice, and
+        # on a GPU cuDNN's autotuning of the new shape (ResNet-50 on an H200: seconds, where a step takes 60 ms; a
+        # GPU beside a CPU worker, its batch resized at every merge, was measured at 62-101 samples/s, not 4,400).
+        if batch_size not in self._trained_sizes:
+            self._trained_sizes.add(batch_size)
+            self._warmup = (self._warmup[0] + batch_size, self._warmup[1] + seconds)
         else:
             self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
 
     def _reset_counters(self) -> None:
         super()._reset_counters()
         self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one (after the first)
-        self._warmup = (0, 0.0)  # samples and seconds of this worker's first step, if it fell in this interval
+        self._warmup = (0, 0.0)  # samples and seconds of the interval's first steps at a batch size (one-time costs)
         self._claimed_end = 0  # the end of this worker's last claim in the interval (relative to its start)
         self._probed = False  # whether this worker has counted its timed probe step in (a probe interval)
 
@@ -254,8 +262,8 @@ class AdaptiveStrategy(Strategy):
         small table is all-reduced (its replica is handed to the others at the end of the epoch)."""
         super().end_interval(compute_seconds)
         busy = self._compute
-        # The speed leaves out the worker's first step (allocations, kernel choice): a worker that trained nothing
-        # else in its first interval keeps an unknown speed, and probes again.
+        # The speed leaves out the first step at each batch size (allocations, kernel choice, cuDNN's autotuning): a
+        # worker that trained nothing else in its first interval keeps an unknown speed, and probes again.
         self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s,

@@ -81,6 +81,11 @@ class Strategy:
         step); otherwise the loop may time steps asynchronously and report only the interval's total."""
         return False
 
+    def times_step(self, batch_size: int) -> bool:
+        """Whether the loop must time the next step, on ``batch_size`` samples, on its own (a host sync): while
+        :attr:`needs_step_seconds`, and where a strategy must tell a step's one-time costs from its speed."""
+        return self.needs_step_seconds
+
     @property
     def fixed_batch_sizes(self) -> bool:
         """Whether this worker's batches take only a few sizes, fixed for the run (``compile=true`` then compiles for
