@@ -1,6 +1,6 @@
-"""The scripts a lent GPU runs work before a GPU is lent: gpu_check.py under ``--cpu-stand-in`` (every cuda:i
+"""The scripts a GPU machine runs work before one is at hand: gpu_check.py under ``--cpu-stand-in`` (every cuda:i
 replaced by the CPU) trains through scripts/train.py and prints its table, and gpu_lease.py runs its steps' tiny
-CPU versions within its budget. A broken script found on the GPU would cost the few minutes a GPU is lent for."""
+CPU versions within its budget. A broken script found on the GPU would cost the few minutes a GPU is at hand for."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_the_lease_runs_every_step_and_keeps_each_output(tmp_path: Path) -> None
 
 
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
-    """A budget too small for a step skips it instead of overrunning the device call."""
+    """A budget too small for a step skips it instead of overrunning the time the GPU is at hand."""
     done = bench("gpu_lease.py", "--stand-in", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"),
                  "--budget", "10", "--steps", "bench_step_resnet18")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -117,7 +117,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the steps would measure for minutes")
 def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path) -> None:
-    """Without a GPU every step's GPU command line runs up to its "no CUDA device" line: the arguments the lent GPU
+    """Without a GPU every step's GPU command line runs up to its "no CUDA device" line: the arguments the GPU
     will get are accepted by each benchmark (a typo there would surface only on the GPU), and the real-size set is
     built as on the GPU (at least 10,000 training images)."""
     root = make_fake_archive(tmp_path / "data", "aid", per_class=6, size=40)
