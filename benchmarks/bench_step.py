@@ -141,15 +141,35 @@ class OneThread:
         torch.set_num_threads(self.threads)
 
 
+def device_augmenter(size: int, crop: bool, layout: torch.memory_format
+                     ) -> Callable[[torch.Tensor, np.ndarray], torch.Tensor]:
+    """rsnet's training augmentation of uint8 batches on their device, a new epoch's draw per call."""
+    augment = DeviceAugment.for_training(size, MEAN, STD, (0.5, 1.0) if crop else None, 0.2)
+    epoch = itertools.count(1)
+
+    def on_device(images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+        return augment.apply(images, indices, 0, next(epoch), layout)
+
+    return on_device
+
+
+def training_feed(dataset: SceneDataset, device: torch.device, on_device: bool | str,
+                  augmenter: Callable[[torch.Tensor, np.ndarray], torch.Tensor]) -> BatchPrefetcher:
+    """The trainer's prefetcher for ``device`` with ``augment.on_device`` = ``on_device``: uint8 batches augmented on
+    the device by ``augmenter``, or the host albumentations path."""
+    if augments_on_device(on_device, device):
+        return BatchPrefetcher(dataset.uint8_batch, device, True, augmenter)
+    return BatchPrefetcher(dataset.get_batch, device, True)
+
+
 def measure(args: argparse.Namespace, size: int, batch: int, device: torch.device) -> dict[str, list[float]]:
     """Every path's images/s in each of ``args.rounds`` interleaved rounds."""
     crop = size >= 128  # as augment.crop_scale: auto
     dataset = synthetic_dataset(size, max(4 * batch, 512), crop)
-    augment = DeviceAugment.for_training(size, MEAN, STD, (0.5, 1.0) if crop else None, 0.2)
     layout = memory_format(TRAINING, device)
+    on_device = device_augmenter(size, crop, layout)
     cuda = device.type == "cuda"
     next_indices = index_batches(len(dataset), batch)
-    epoch = [0]
 
     def host() -> None:
         images, _ = dataset.uint8_batch(next_indices())
@@ -159,10 +179,6 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
     def host_albumentations() -> None:
         dataset.get_batch(next_indices())
 
-    def on_device(images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
-        epoch[0] += 1
-        return augment.apply(images, indices, 0, epoch[0], layout)
-
     def pipeline() -> None:
         indices = next_indices()
         images, _ = dataset.uint8_batch(indices)
@@ -170,10 +186,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
 
     train = rsnet_training_step(args.backbone, device, args.amp)
     precision = StepPrecision.for_device(args.amp, device)
-    if augments_on_device(args.on_device, device):  # what the trainer's prefetcher does on this device
-        prefetcher = BatchPrefetcher(dataset.uint8_batch, device, True, on_device)
-    else:
-        prefetcher = BatchPrefetcher(dataset.get_batch, device, True)
+    prefetcher = training_feed(dataset, device, args.on_device, on_device)  # as the trainer feeds this device
     stream = prefetcher.batches(next_indices() for _ in itertools.count())
 
     def rsnet_step() -> None:

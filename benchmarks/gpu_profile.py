@@ -41,10 +41,16 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_step import TRAINING, index_batches, rsnet_training_step, synchronize, synthetic_dataset  # noqa: E402
+from bench_step import (  # noqa: E402
+    TRAINING,
+    device_augmenter,
+    index_batches,
+    rsnet_training_step,
+    synchronize,
+    synthetic_dataset,
+    training_feed,
+)
 
-from rsnet.data import BatchPrefetcher, DeviceAugment  # noqa: E402
-from rsnet.data.device_augment import augments_on_device  # noqa: E402
 from rsnet.engine.acceleration import memory_format, tune_convolutions  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,17 +132,7 @@ def profile_steps(args: argparse.Namespace, device: torch.device) -> None:
     layout = memory_format(TRAINING, device)
     next_indices = index_batches(len(dataset), args.batch)
     train = rsnet_training_step(args.backbone, device, args.amp)
-    if augments_on_device("auto", device):
-        augment = DeviceAugment.for_training(args.size, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
-                                             (0.5, 1.0) if crop else None, 0.2)
-        epoch = itertools.count(1)
-
-        def on_device(images: torch.Tensor, indices: Any) -> torch.Tensor:
-            return augment.apply(images, indices, 0, next(epoch), layout)
-
-        prefetcher = BatchPrefetcher(dataset.uint8_batch, device, True, on_device)
-    else:
-        prefetcher = BatchPrefetcher(dataset.get_batch, device, True)
+    prefetcher = training_feed(dataset, device, "auto", device_augmenter(args.size, crop, layout))
     stream = prefetcher.batches(next_indices() for _ in itertools.count())
 
     def step() -> None:
