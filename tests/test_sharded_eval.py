@@ -28,8 +28,7 @@ def _sharded_worker(ctx, num_samples: int, shares: list[float] | None):
 
 
 @pytest.mark.parametrize(("num_samples", "shares"), [
-    (11, None),  # equal slices
-    (2, None),  # 2 < 3 workers: one worker's slice is empty
+    (2, None),  # equal slices; 2 < 3 workers: one worker's slice is empty
     (11, [50.0, 1.0, 0.0]),  # by speed: a slow worker takes a small slice, a worker left out none
 ])
 def test_three_workers_get_the_single_process_predictions_and_metrics(num_samples: int,
