@@ -39,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rsnet.parallel import sim
+import simulator as sim  # benchmarks/simulator/, beside this script
 from rsnet.viz.line_plot import line_plot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,7 +208,7 @@ def samples_per_s(record: dict) -> float:
 
 
 def update_balance(record: dict) -> float:
-    """A run's update balance as the simulator counts it (:func:`rsnet.parallel.sim.update_balance`); 0 where no
+    """A run's update balance as the simulator counts it (:func:`simulator.update_balance`); 0 where no
     worker trained."""
     balance = sim.update_balance(record["updates"], record.get("active"))
     return 0.0 if balance is None else balance

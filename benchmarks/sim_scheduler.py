@@ -1,7 +1,7 @@
 """Simulated scale: the adaptive scheduler against sync (DDP), a static split and the fastest device alone, for 2 to
 64 workers.
 
-Runs the discrete-event simulator of rsnet/parallel/sim/ (the scheduler's real claiming, tail rule and Schedule —
+Runs the discrete-event simulator of benchmarks/simulator/ (the scheduler's real claiming, tail rule and Schedule —
 batch sizes, cadence, admission — with cost models for steps, store round trips and all-reduces) and prints Markdown
 tables: per scenario samples/s of the strategies, adaptive's gain over the fastest device alone as a share of the
 physical limit Σs/s_max, the ratios to sync, the idle fraction of the workers (mean / max), adaptive's update balance
@@ -12,7 +12,7 @@ interval M above which its merges cost < 5 % of it.
     python benchmarks/sim_scheduler.py --quick           # fewer worker counts, shorter runs
     python benchmarks/sim_scheduler.py --validate outputs/bench_scheduler.jsonl   # simulated vs measured samples/s
                                                          # of the time-to-accuracy study's runs (bench_scheduler.py)
-    python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that rsnet.parallel.sim keeps (< 1 min)
+    python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that benchmarks/simulator/ keeps (< 1 min)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_scheduler  # noqa: E402 - a sibling script (benchmarks/ is on the path when this one runs)
 from rsnet.commands import conf_folder  # noqa: E402
-from rsnet.parallel import sim  # noqa: E402
+import simulator as sim  # noqa: E402 - benchmarks/simulator/, beside this script
 
 # benchmarks/bench_scheduler.py's study: aid-dev at 64 px, 720 training images, baseline resnet18 (30 classes: 4.6 k
 # parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32.
@@ -335,7 +335,7 @@ def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20,
 
 
 def measure_all() -> None:
-    """The profiles rsnet/parallel/sim/costs.py keeps, and the study's step timed in 2 processes at once (as its 2 workers share the
+    """The profiles benchmarks/simulator/costs.py keeps, and the study's step timed in 2 processes at once (as its 2 workers share the
     host)."""
     started = time.perf_counter()
     measure_profile("CPU_RESNET18_64", "resnet18", 64, [8, 16, 24, 32])
@@ -356,7 +356,7 @@ def main() -> None:
     parser.add_argument("--validate", type=Path, default=None, metavar="STUDY",
                         help="simulated vs measured samples/s of the runs of bench_scheduler.py in this JSON-lines "
                              "file (sync, adaptive and static; sync and adaptive at 1:2 and 1:1 required)")
-    parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in rsnet/parallel/sim/costs.py")
+    parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in benchmarks/simulator/costs.py")
     args = parser.parse_args()
     if args.measure_cpu:
         measure_all()

@@ -1,4 +1,4 @@
-"""The scheduler simulator (rsnet/parallel/sim/): cost models, and the strategies it drives through the real
+"""The scheduler simulator (benchmarks/simulator/): cost models, and the strategies it drives through the real
 scheduling functions of rsnet.parallel.batching."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import CONF, REPO, trainer_config, training_config
-from rsnet.parallel import batching, sim
+import simulator as sim
+from helpers import CONF, trainer_config, training_config
+
+from rsnet.parallel import batching, schedule
 from rsnet.parallel.schedule import Schedule
 
 FAST = sim.Link("test link", 1e15, 0.0)  # communication that costs nothing
@@ -150,7 +152,7 @@ def test_drives_the_real_controller(monkeypatch):
     time), but it then does about twice the updates; the controller's sizes bring the updates together."""
     scenario = pair(2.0)
     adapted = sim.simulate_adaptive(scenario)
-    monkeypatch.setattr(batching, "next_batch_sizes", lambda current, *args, **kwargs: list(current))
+    monkeypatch.setattr(schedule, "next_batch_sizes", lambda current, *args, **kwargs: list(current))
     frozen = sim.simulate_adaptive(scenario)
     assert adapted.sizes[-1] == [22, 10] and frozen.sizes[-1] == [16, 16]
     assert frozen.interval_updates[-2] == [5, 3]
@@ -213,7 +215,6 @@ def test_the_others_train_while_a_slow_worker_probes(monkeypatch):
 
 def _cli(monkeypatch):
     """benchmarks/sim_scheduler.py as an importable module (spawned processes unpickle its functions by name)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     return importlib.import_module("sim_scheduler")
 
 

@@ -4,7 +4,7 @@
 batch B, the batch-size grid, every worker's batch size b_i and the number of rounds of B between merges — and
 :meth:`Schedule.update` moves it on from one merge's table (each worker's samples, speed, batch, updates, compute
 seconds, ``batch_max`` and the communication time of its previous merge). ``AdaptiveStrategy`` and the simulator
-(:mod:`rsnet.parallel.sim`) both drive it, so the simulated scheduler is the real one.
+(``benchmarks/simulator/``) both drive it, so the simulated scheduler is the real one.
 
 The rules (docs/scheduler.md, "The adaptive algorithm"):
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rsnet.parallel import batching  # called through the module: the simulator's tests replace the controller
+from rsnet.parallel.batching import check_batch_settings, initial_batch_sizes, next_batch_sizes
 
 MERGE_WEIGHTS = ("uniform", "updates", "samples")
 LR_PROFILE_POINTS = 64  # points of the run at which the lr profile is sampled for the merge-cost budget
@@ -213,7 +213,7 @@ class ScheduleSettings:
     def check_workers(self, workers: int) -> None:
         """Raise ValueError, naming the setting to change, when ``workers`` batches cannot add up to B."""
         total = round_batch(self.batch_size, workers, self.share_min)
-        batching.check_batch_settings(total, workers, self.batch_min, self.batch_max,
+        check_batch_settings(total, workers, self.batch_min, self.batch_max,
                                       self.multiple_for(total, workers))
 
 
@@ -311,7 +311,7 @@ class Schedule:
             # measurement to be careful with (a worker 20x slower would otherwise train 10 samples, not 4).
             first = not self.adapted
             active = [r for r in range(self.world) if self.active[r]]
-            sizes = batching.next_batch_sizes(
+            sizes = next_batch_sizes(
                 [self.sizes[r] for r in active], [self.speeds[r] for r in active], self.total_batch,
                 self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple,
                 1.0 if first else self.settings.damping, 0.0 if first else self.settings.deadband)
@@ -358,10 +358,10 @@ class Schedule:
         self.settings.check_workers(workers)
         active = [r for r in range(self.world) if self.active[r]]
         if equal:
-            sizes = batching.initial_batch_sizes(self.total_batch, workers, self.settings.batch_min,
+            sizes = initial_batch_sizes(self.total_batch, workers, self.settings.batch_min,
                                                  self.settings.batch_max, self.multiple)
         else:
-            sizes = batching.next_batch_sizes(
+            sizes = next_batch_sizes(
                 [self.total_batch // workers] * workers, [self.speeds[r] for r in active], self.total_batch,
                 self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple, damping=1.0,
                 deadband=0.0)

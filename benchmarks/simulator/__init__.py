@@ -27,16 +27,16 @@ simulated and what a run reports), :mod:`.runs` (the strategies and their compar
 
 from __future__ import annotations
 
-from rsnet.parallel.sim.costs import (
+from .costs import (
     A100, COMM_SHARE_TARGET, CPU_RESNET18_64, CPU_RESNET50_224, DDP_BUCKET_BYTES, ETHERNET_10G, GPU_STEP_OVERHEAD_S,
     INFINIBAND, LOOPBACK, LOOPBACK_2_CORES, NVLINK, RESNET18_21, RESNET50, STORE_RTT_LAN_S, STORE_RTT_LOCAL_S,
     TEST_RESNET_21, V100, DeviceProfile, Link, ModelSpec, bucketed_allreduce_seconds, comm_threshold_interval,
     fit_profile, gpu_profile, gradient_allreduce_seconds, merge_seconds, ring_allreduce_seconds,
 )
-from rsnet.parallel.sim.scenario import (
+from .scenario import (
     RunResult, Scenario, SimSettings, SimStore, build_scenario, update_balance,
 )
-from rsnet.parallel.sim.runs import (
+from .runs import (
     Comparison, compare, cosine_lr_ratio, physical_limit, simulate_adaptive, simulate_local_sgd, simulate_single,
     simulate_static, simulate_sync, static_split,
 )

@@ -1,4 +1,4 @@
-"""The strategies simulated on a :class:`~rsnet.parallel.sim.scenario.Scenario`: adaptive through the scheduler's
+"""The strategies simulated on a :class:`~simulator.scenario.Scenario`: adaptive through the scheduler's
 own code, sync and the static split as lockstep steps, the fastest device alone; and their comparison."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 from rsnet.parallel import batching
 from rsnet.parallel.schedule import Schedule, claimed_span, next_interval, resolve_multiple
-from rsnet.parallel.sim.costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
-from rsnet.parallel.sim.scenario import RunResult, Scenario, SimStore
+from .costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
+from .scenario import RunResult, Scenario, SimStore
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 from rsnet.parallel import batching
 from rsnet.parallel.schedule import ScheduleSettings, resolve_multiple
-from rsnet.parallel.sim.costs import STORE_RTT_LAN_S, DeviceProfile, Link, ModelSpec
+from .costs import STORE_RTT_LAN_S, DeviceProfile, Link, ModelSpec
 
 
 @dataclass(frozen=True)
