@@ -221,8 +221,8 @@ class AdaptiveStrategy(Strategy):
 
     def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
         # The first step at a size carries one-time costs, no measure of the speed: allocations, kernel choice, and
-        # on a GPU cuDNN's autotuning of the new shape (ResNet-50 on an H200: seconds, where a step takes 60 ms; a
-        # GPU beside a CPU worker, its batch resized at every merge, was measured at 62-101 samples/s, not 4,400).
+        # on a GPU cuDNN's autotuning of the new shape, which takes seconds where a step takes milliseconds. Counted,
+        # they make a GPU whose batch is resized at a merge look slow, and it is resized again at the next.
         if batch_size not in self._trained_sizes:
             self._trained_sizes.add(batch_size)
             self._warmup = (self._warmup[0] + batch_size, self._warmup[1] + seconds)
