@@ -1,10 +1,10 @@
 """Evaluation sharded over the workers: each predicts a contiguous slice whose size follows its share of the work,
 the primary gathers the predictions.
 
-Without it the primary evaluated the whole test set alone while the other workers waited at a barrier (on a
-CPU primary and a large test set, longer than the process-group timeout). The slices follow the workers' measured
-speeds (:meth:`Strategy.work_shares`): an equal split made a CPU worker beside a GPU evaluate half the test set at a
-fiftieth of the GPU's speed, and a worker the scheduler left out still took its share.
+Every worker evaluates, so none waits at a barrier while the primary evaluates alone (with a CPU primary and a large
+test set, longer than the process-group timeout). The slices follow the workers' measured speeds
+(:meth:`Strategy.work_shares`), so a CPU worker beside a GPU takes a small slice and a worker the scheduler left out
+none.
 """
 
 from __future__ import annotations

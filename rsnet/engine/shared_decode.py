@@ -1,9 +1,9 @@
 """One decode per machine: with ``dataset.cache=memory`` the workers of a machine share one decoded array.
 
-Each worker used to decode the whole dataset into its own array: W copies of NWPU-RESISC45 at 256 px
-(31,500 × 256 × 256 × 3 B = 6.2 GB each) and W times the decoding. Now the machine's first worker decodes into a
-file in shared memory (``/dev/shm``; the disk cache's format), the others map the same pages, and the file is
-removed once every worker of the machine has mapped it: the mappings keep the pixels, and nothing is left behind.
+The machine's first worker decodes into a file in shared memory (``/dev/shm``; the disk cache's format), the others
+map the same pages, and the file is removed once every worker of the machine has mapped it: the mappings keep the
+pixels, and nothing is left behind. One copy and one decoding instead of W: NWPU-RESISC45 at 256 px is
+31,500 × 256 × 256 × 3 B = 6.2 GB.
 """
 
 from __future__ import annotations
