@@ -285,3 +285,26 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
     assert "warning: 1 of 1 images have 16-bit or float pixels (I;16: 1) and were rescaled" in capsys.readouterr().err
     pixels = rsnet.inference.read_image(folder / "dem.tif", 32)
     assert pixels.min() < 10 and pixels.max() > 245  # stretched (after resizing), not clipped to white
+
+
+def test_attention_pictures_of_images_that_share_a_name_never_overwrite_each_other(predict_mod, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """x.jpg and x.png, a/b__c.jpg and a__b/c.jpg: four images, four sets of pictures (a name two images would share
+    gets a hash of each one's path); an image whose name no other shares keeps its plain name."""
+    torch.manual_seed(0)
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
+    images, attn = tmp_path / "imgs", tmp_path / "attn"
+    rng = np.random.default_rng(1)
+    for name in ("x.jpg", "x.png", "a/b__c.jpg", "a__b/c.jpg", "alone.jpg"):
+        (images / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(images / name)
+    predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={images}", f"attention_dir={attn}",
+                                         "recursive=true", "progress_bar=false"]))
+    written = sorted(p.name for p in attn.iterdir())
+    assert len(written) == 5 * 2  # five images, two CAM heads each
+    assert {"alone_cam_main.png", "alone_cam_aux1.png"} <= set(written)
+    assert sum(name.startswith("x-") for name in written) == 4
+    assert sum(name.startswith("a__b__c-") for name in written) == 4

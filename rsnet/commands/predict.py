@@ -10,7 +10,8 @@ run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (i
 Images (.tif .tiff .jpg .jpeg .png .bmp, any case) are resized to the model's image size (as the datasets decode them)
 and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
 predicted class, its probability and the top-k classes. With ``attention_dir`` every image gets
-``<name>_cam_<head>.png`` for each CAM head (the image beside its overlay, the prediction, a colour bar); an export
+``<name>_cam_<head>.png`` for each CAM head (the image beside its overlay, the prediction, a colour bar; ``<name>``
+from :func:`picture_names`, one per image); an export
 (main branch: its CAM) is rebuilt as a PyTorch model from its own weights for them, which an ONNX file does not
 allow.
 An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
@@ -23,7 +24,9 @@ rotations (attention maps stay those of the image itself). From Python, :mod:`rs
 from __future__ import annotations
 
 import csv
+import hashlib
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,12 +71,23 @@ def _listing(bad: Sequence[UnreadableImageError], limit: int = 10) -> str:
     return names + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
 
 
-def _safe_name(path: Path, root: Path) -> str:
+def _relative(path: Path, root: Path) -> Path:
     try:
-        relative = path.relative_to(root) if root.is_dir() else Path(path.name)
+        return path.relative_to(root) if root.is_dir() else Path(path.name)
     except ValueError:
-        relative = Path(path.name)
-    return "__".join(relative.with_suffix("").parts)
+        return Path(path.name)
+
+
+def picture_names(paths: Sequence[Path], root: Path) -> dict[Path, str]:
+    """Each image's name for its attention pictures: its path under ``root`` without the extension, folders joined
+    by ``__`` (``a/b.jpg`` -> ``a__b``); where two images would share a name (``x.jpg`` and ``x.png``, ``a/b__c.jpg``
+    and ``a__b/c.jpg``), each of them gets the first 8 hex digits of its relative path's SHA-1 appended, so no
+    picture overwrites another."""
+    plain = {path: "__".join(_relative(path, root).with_suffix("").parts) for path in paths}
+    shared = Counter(plain.values())
+    return {path: name if shared[name] == 1 else
+            f"{name}-{hashlib.sha1(_relative(path, root).as_posix().encode(errors='surrogateescape')).hexdigest()[:8]}"
+            for path, name in plain.items()}
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -129,6 +143,7 @@ def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, An
     from rsnet.data.decode import DecodeReport
 
     rows: list[dict[str, Any]] = []
+    names = picture_names(paths, Path(args["images"]))
     skip_corrupt, bad, report = bool_setting("skip_corrupt", args["skip_corrupt"]), [], DecodeReport()
     bar = tqdm(total=len(paths), unit="img", desc="classifying", leave=False, dynamic_ncols=True,
                disable=not bool_setting("progress_bar", args["progress_bar"]))
@@ -148,8 +163,8 @@ def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, An
                 rows.append(row)
                 bar.write(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}\t[{row['top_k']}]", file=sys.stdout)
             if attention_dir is not None:
-                _save_attention(predictor.full_model, images, inputs, batch_paths, Path(args["images"]),
-                                attention_dir, predictor.class_names)
+                _save_attention(predictor.full_model, images, inputs, batch_paths, names, attention_dir,
+                                predictor.class_names)
     return rows, bad, report
 
 
@@ -160,7 +175,7 @@ def _rows(predictor: Predictor, inputs: Tensor, paths: list[Path], k: int) -> li
             for path, top in zip(paths, predictor.top_k(inputs, k))]
 
 
-def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths: list[Path], root: Path,
+def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths: list[Path], names: dict[Path, str],
                     attention_dir: Path, class_names: Sequence[str]) -> None:
     """One PNG per image and CAM head: the image beside its overlay (enlarged to a readable size), the head's
     prediction and a colour bar. (Grad-CAM equals the CAM for every head: not written twice.)"""
@@ -172,7 +187,7 @@ def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths:
     for head, tiles in captioned_attention(model, images, inputs, class_names).items():
         for tile, path in zip(tiles, paths):
             page = attention_pages([tile], f"{path.name}: CAM of head {head}")[0]
-            with atomic_write(attention_dir / f"{_safe_name(path, root)}_cam_{head}.png") as handle:
+            with atomic_write(attention_dir / f"{names[path]}_cam_{head}.png") as handle:
                 Image.fromarray(page).save(handle, format="PNG")
 
 
