@@ -156,3 +156,13 @@ def test_embedding_thumbnails_keep_colours() -> None:
     red[..., 0] = 255
     small = thumbnails([red], side=8)
     assert small.shape == (1, 3, 8, 8) and float(small[0, 0].min()) == 1.0 and float(small[0, 2].max()) == 0.0
+
+
+def test_projector_metadata_keeps_one_line_per_point_whatever_the_class_names(tmp_path) -> None:
+    """A tab or a newline in a class name (a folder name) split metadata.tsv into more lines than points, and a name
+    that is not UTF-8 stopped the run: each name is now one line, its control characters and bytes escaped."""
+    names = ["tab\there", "new\nline", "caf\udce9", "plain"]
+    with TensorBoardLogger(tmp_path) as logger:
+        logger.embeddings(torch.zeros(4, 3), names, None, step=0)
+    lines = (tmp_path / "00000" / "main" / "metadata.tsv").read_text(encoding="utf-8").splitlines()
+    assert lines == ["tab\\there", "new\\nline", "caf\\udce9", "plain"]

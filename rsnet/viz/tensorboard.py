@@ -106,6 +106,14 @@ def _quiet_full_disk_in_writer_thread() -> None:
     threading.excepthook = hook
 
 
+def metadata_label(name: str) -> str:
+    """A class name as one line of the projector's metadata.tsv: control characters (a tab or a newline would split
+    it into other columns or rows) and bytes that are not UTF-8 (kept by the file system as surrogates) as escapes,
+    e.g. ``tab\\there``, ``caf\\udce9``."""
+    text = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
 class TensorBoardLogger:
     """Thin wrapper over ``SummaryWriter`` with rsnet's figures. ``enabled=False`` makes every call a no-op."""
 
@@ -168,7 +176,8 @@ class TensorBoardLogger:
         config_path = self.log_dir / "projector_config.pbtxt"
         if self._earlier_projector is None:
             self._earlier_projector = config_path.read_text() if config_path.is_file() else ""
-        self._writer.add_embedding(features, metadata=list(labels), label_img=images, global_step=step, tag=tag)
+        self._writer.add_embedding(features, metadata=[metadata_label(label) for label in labels], label_img=images,
+                                   global_step=step, tag=tag)
         _keep_projector_entries(config_path, self._earlier_projector)
 
     def image(self, tag: str, image_uint8: np.ndarray, step: int) -> None:
