@@ -28,16 +28,16 @@ class DiskFullError(OSError):
 
 
 @contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "wb", errors: str | None = None) -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` in one step (readers see
     the old file or the new one, never a part), on any failure it is removed. A full disk raises
-    :class:`DiskFullError` naming ``path``."""
+    :class:`DiskFullError` naming ``path``. ``errors``: a text mode's encoding error handler."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = _create_beside(path)
     try:
         with disk_full_named(path):
-            with os.fdopen(fd, mode) as handle:
+            with os.fdopen(fd, mode, errors=errors) as handle:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())

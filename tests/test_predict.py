@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -308,3 +309,21 @@ def test_attention_pictures_of_images_that_share_a_name_never_overwrite_each_oth
     assert {"alone_cam_main.png", "alone_cam_aux1.png"} <= set(written)
     assert sum(name.startswith("x-") for name in written) == 4
     assert sum(name.startswith("a__b__c-") for name in written) == 4
+
+
+def test_a_file_name_that_is_not_utf8_is_written_to_the_csv_as_it_is(predict_mod, image_dir: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """Was: every row printed, then `'utf-8' codec can't encode character '\\udce9'` and no CSV. The CSV now names
+    such a file with the bytes the file system holds."""
+    torch.manual_seed(0)
+    model = StandInModel(num_classes=4)
+    model.model_config = {"arch": "stand_in"}
+    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
+    (image_dir / "a.jpg").rename(image_dir / os.fsdecode(b"caf\xe9.jpg"))
+    out = tmp_path / "preds.csv"
+    rows = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}",
+                                                "progress_bar=false"]))
+    assert len(rows) == 3
+    written = out.read_bytes()
+    assert os.fsencode(str(image_dir)) + b"/caf\xe9.jpg," in written and written.count(b"\n") == 4  # header + 3

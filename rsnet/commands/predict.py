@@ -91,8 +91,9 @@ def picture_names(paths: Sequence[Path], root: Path) -> dict[Path, str]:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write the predictions as CSV, atomically."""
-    with atomic_write(path, "w") as handle:
+    """Write the predictions as CSV, atomically; a file name that is not UTF-8 is written with the bytes the file
+    system holds (``surrogateescape``), so every row names its file as it is."""
+    with atomic_write(path, "w", errors="surrogateescape") as handle:
         writer = csv.DictWriter(handle, fieldnames=["file", "class", "probability", "top_k"])
         writer.writeheader()
         writer.writerows({**row, "probability": f"{row['probability']:.6f}"} for row in rows)
