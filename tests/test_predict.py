@@ -288,15 +288,21 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
     assert pixels.min() < 10 and pixels.max() > 245  # stretched (after resizing), not clipped to white
 
 
-def test_attention_pictures_of_images_that_share_a_name_never_overwrite_each_other(predict_mod, tmp_path: Path,
-                                                                                    monkeypatch) -> None:
-    """x.jpg and x.png, a/b__c.jpg and a__b/c.jpg: four images, four sets of pictures (a name two images would share
-    gets a hash of each one's path); an image whose name no other shares keeps its plain name."""
+@pytest.fixture
+def stand_in_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkpoint that rsnet-predict loads as a StandInModel with 4 classes."""
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
     monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
+    return save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
+
+
+def test_attention_pictures_of_images_that_share_a_name_never_overwrite_each_other(predict_mod, tmp_path: Path,
+                                                                                    stand_in_checkpoint: Path) -> None:
+    """x.jpg and x.png, a/b__c.jpg and a__b/c.jpg: four images, four sets of pictures (a name two images would share
+    gets a hash of each one's path); an image whose name no other shares keeps its plain name."""
+    ckpt = stand_in_checkpoint
     images, attn = tmp_path / "imgs", tmp_path / "attn"
     rng = np.random.default_rng(1)
     for name in ("x.jpg", "x.png", "a/b__c.jpg", "a__b/c.jpg", "alone.jpg"):
@@ -312,14 +318,10 @@ def test_attention_pictures_of_images_that_share_a_name_never_overwrite_each_oth
 
 
 def test_a_file_name_that_is_not_utf8_is_written_to_the_csv_as_it_is(predict_mod, image_dir: Path, tmp_path: Path,
-                                                                     monkeypatch) -> None:
+                                                                     stand_in_checkpoint: Path) -> None:
     """Was: every row printed, then `'utf-8' codec can't encode character '\\udce9'` and no CSV. The CSV now names
     such a file with the bytes the file system holds."""
-    torch.manual_seed(0)
-    model = StandInModel(num_classes=4)
-    model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
+    ckpt = stand_in_checkpoint
     (image_dir / "a.jpg").rename(image_dir / os.fsdecode(b"caf\xe9.jpg"))
     out = tmp_path / "preds.csv"
     rows = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", f"out={out}",
