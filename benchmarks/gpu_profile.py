@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -82,14 +83,15 @@ def device_idle_share(events: list[Any]) -> float | None:
     return 1.0 - merged_length(on_device) / window if window > 0 else None
 
 
-def host_breakdown(prof: profile, wall_s: float) -> str:
-    """The host's wall time per trainer range (summed over calls) and the rest, as a Markdown table."""
+def host_breakdown(events: list[Any], wall_s: float) -> str:
+    """The host's wall time per trainer range (summed over calls) and the rest, as a Markdown table. Host events
+    only: on a GPU each range is also recorded as a device annotation of the same name."""
     totals = {name: 0.0 for name in HOST_RANGES}
     counts = dict.fromkeys(HOST_RANGES, 0)
-    for average in prof.key_averages():
-        if average.key in totals:
-            totals[average.key] += average.cpu_time_total / 1e6
-            counts[average.key] += average.count
+    for event in events:
+        if event.name in totals and event.device_type == DeviceType.CPU:
+            totals[event.name] += event.cpu_time_total / 1e6
+            counts[event.name] += 1
     rows = ["| host range | calls | seconds | share of wall |", "|---|---|---|---|"]
     for name in HOST_RANGES:
         rows.append(f"| {name} | {counts[name]} | {totals[name]:.3f} | {totals[name] / wall_s:.1%} |")
@@ -98,9 +100,8 @@ def host_breakdown(prof: profile, wall_s: float) -> str:
     return "\n".join(rows)
 
 
-def top_ops(prof: profile, on_gpu: bool, top: int) -> str:
+def top_ops(averages: EventList, on_gpu: bool, top: int) -> str:
     """The top ops by self device time (on a GPU) and by self CPU time."""
-    averages = prof.key_averages()
     device_key = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
     tables = []
     orders = ([("by GPU time", device_key)] if on_gpu else []) + [("by CPU time", "self_cpu_time_total")]
@@ -113,11 +114,12 @@ def top_ops(prof: profile, on_gpu: bool, top: int) -> str:
 def report(title: str, prof: profile, wall_s: float, images: int, on_gpu: bool, top: int,
            extra: str = "") -> None:
     """Print one part's figures."""
-    idle = device_idle_share(list(prof.events()))
+    events = list(prof.events())
+    idle = device_idle_share(events)
     idle_text = f"{idle:.1%}" if idle is not None else "n/a (no GPU activity recorded)"
     print(f"## {title}\n\n{images} images in {wall_s:.2f} s of profiled wall time: {images / wall_s:,.0f} images/s "
           f"(under the profiler)\nGPU idle: {idle_text} of the profiled window\n{extra}\n"
-          f"{host_breakdown(prof, wall_s)}\n\n{top_ops(prof, on_gpu, top)}\n", flush=True)
+          f"{host_breakdown(events, wall_s)}\n\n{top_ops(prof.key_averages(), on_gpu, top)}\n", flush=True)
 
 
 def activities(device: torch.device) -> list[ProfilerActivity]:

@@ -83,10 +83,11 @@ def picture_names(paths: Sequence[Path], root: Path) -> dict[Path, str]:
     by ``__`` (``a/b.jpg`` -> ``a__b``); where two images would share a name (``x.jpg`` and ``x.png``, ``a/b__c.jpg``
     and ``a__b/c.jpg``), each of them gets the first 8 hex digits of its relative path's SHA-1 appended, so no
     picture overwrites another."""
-    plain = {path: "__".join(_relative(path, root).with_suffix("").parts) for path in paths}
+    relative = {path: _relative(path, root) for path in paths}
+    plain = {path: "__".join(name.with_suffix("").parts) for path, name in relative.items()}
     shared = Counter(plain.values())
     return {path: name if shared[name] == 1 else
-            f"{name}-{hashlib.sha1(_relative(path, root).as_posix().encode(errors='surrogateescape')).hexdigest()[:8]}"
+            f"{name}-{hashlib.sha1(relative[path].as_posix().encode(errors='surrogateescape')).hexdigest()[:8]}"
             for path, name in plain.items()}
 
 

@@ -290,11 +290,8 @@ class _StepRunner:
                 size = self.strategy.on_out_of_memory()
                 pending[:0] = list(zip(images.split(size), labels.split(size)))
 
+    @record_function("rsnet.step")
     def _step(self, images: torch.Tensor, labels: torch.Tensor, position: float) -> None:
-        with record_function("rsnet.step"):
-            self._train_on(images, labels, position)
-
-    def _train_on(self, images: torch.Tensor, labels: torch.Tensor, position: float) -> None:
         lr = _lr(self.config, position) * self.strategy.lr_scale(len(labels))
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -213,8 +213,7 @@ class ScheduleSettings:
     def check_workers(self, workers: int) -> None:
         """Raise ValueError, naming the setting to change, when ``workers`` batches cannot add up to B."""
         total = round_batch(self.batch_size, workers, self.share_min)
-        check_batch_settings(total, workers, self.batch_min, self.batch_max,
-                                      self.multiple_for(total, workers))
+        check_batch_settings(total, workers, self.batch_min, self.batch_max, self.multiple_for(total, workers))
 
 
 class Schedule:
@@ -358,8 +357,8 @@ class Schedule:
         self.settings.check_workers(workers)
         active = [r for r in range(self.world) if self.active[r]]
         if equal:
-            sizes = initial_batch_sizes(self.total_batch, workers, self.settings.batch_min,
-                                                 self.settings.batch_max, self.multiple)
+            sizes = initial_batch_sizes(self.total_batch, workers, self.settings.batch_min, self.settings.batch_max,
+                                        self.multiple)
         else:
             sizes = next_batch_sizes(
                 [self.total_batch // workers] * workers, [self.speeds[r] for r in active], self.total_batch,
