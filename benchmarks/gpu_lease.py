@@ -11,7 +11,7 @@ aid-dev; ``bash benchmarks/prepare_gpu_lease.sh`` makes both (git-ignored, about
 the checkout: ``python3 benchmarks/gpu_lease.py``.
 
 Every step runs in its own process group with a time limit (the smaller of its own and what is left of
-``--budget``); its output goes to ``OUT/<step>.md`` (``--out``; default ``$OUT`` if set, else ``gpu-lease-out/``)
+``--budget``); its output goes to ``OUT/<step>.md`` (``--out``; default ``gpu-lease-out/``)
 and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md``, the steady steps' trace to
 ``OUT/profile_trace.json.gz``. Standard library only: it runs before the wheels it installs are importable.
 
@@ -129,7 +129,7 @@ def real_size_set(root: Path, min_train: int) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu-lease-out"))
+    parser.add_argument("--out", type=Path, default=REPO / "gpu-lease-out")
     parser.add_argument("--root", type=Path, default=REPO / ".aid-dev" / "AID", help="aid-dev's class folders")
     parser.add_argument("--wheels", type=Path, default=REPO / ".whl", help="wheels to install first, if any")
     parser.add_argument("--budget", type=float, default=510, help="seconds for all steps together")

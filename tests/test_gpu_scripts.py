@@ -39,7 +39,7 @@ def test_gpu_check_passes_a_gpu_and_cpu_pair_under_the_stand_in() -> None:
 
 def test_the_lease_runs_every_step_and_keeps_each_output(tmp_path: Path) -> None:
     """gpu_lease.py under --stand-in: every step runs (tiny, on the CPU) within the budget, each one's output lands
-    in its own file under --out (8 files at most: what a short GPU session can bring back), the real-size epoch
+    in its own file under --out (8 files at most, so that all of them can be copied back from a GPU machine), the real-size epoch
     compares one worker with two and lists the scheduler's decisions, the profile holds its tables and trace, and
     the machine facts are written."""
     root = make_fake_archive(tmp_path, "aid", per_class=6, size=40)
