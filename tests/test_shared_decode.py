@@ -6,20 +6,20 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import torch
 from helpers import MINI_ROOT, dataset_config
 
 from rsnet.data.datasets import build_datasets_from_config
-from rsnet.engine.shared_decode import load_decoded_once, shared_memory_folder
+from rsnet.data.shared_decode import load_decoded_once, shared_memory_folder
 from rsnet.files import DiskFullError
-from rsnet.parallel import WorkerContext, launch
+from rsnet.parallel import launch
 
 BEFORE = set(shared_memory_folder().glob("rsnet-decode-*"))  # left by other processes, if any
 DATASET = dataset_config("ucmerced_mini", root=str(MINI_ROOT), train_ratio=0.5, image_size=32, cache="memory")
 
 
 def _decode_worker(ctx, dataset: dict):
-    data = load_decoded_once(ctx, dataset, lambda cfg: build_datasets_from_config(cfg, seed=0))
+    data = load_decoded_once(dataset, lambda cfg: build_datasets_from_config(cfg, seed=0), store=ctx.store,
+                             rank=ctx.rank, local_rank=ctx.rank, local_world=ctx.world_size)
     store = data.train.store
     return {"decoded": _gather(store.decoded), "modes": _gather(store.mode),
             "crc": _gather(zlib.crc32(np.ascontiguousarray(store.array)))}
@@ -77,8 +77,8 @@ def test_no_room_in_shared_memory_means_every_worker_decodes_its_own() -> None:
             raise DiskFullError(Path(cfg["cache_dir"]) / "x.npy")
         return cfg["cache"]
 
-    contexts = [WorkerContext(rank=rank, world_size=2, device=torch.device("cpu"), store=store, is_primary=rank == 0)
-                for rank in range(2)]
-    assert [load_decoded_once(ctx, DATASET, build) for ctx in contexts] == ["memory", "memory"]
+    decoded = [load_decoded_once(DATASET, build, store=store, rank=rank, local_rank=rank, local_world=2)
+               for rank in range(2)]
+    assert decoded == ["memory", "memory"]
     assert built == ["disk", "memory", "memory"]  # the follower never tried the shared folder
     assert set(shared_memory_folder().glob("rsnet-decode-*")) <= BEFORE  # the leader removed its folder

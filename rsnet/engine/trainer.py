@@ -21,6 +21,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_device, build_datasets_from_config
+from rsnet.data.shared_decode import load_decoded_once
 from rsnet.engine.acceleration import (
     StepPrecision,
     compiled_forward,
@@ -31,7 +32,6 @@ from rsnet.engine.acceleration import (
 )
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
-from rsnet.engine.shared_decode import load_decoded_once
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir, share_run_dir
@@ -197,10 +197,19 @@ def load_data(ctx: WorkerContext, config: dict[str, Any], run_dir: Path) -> Data
         return build_datasets_from_config(dataset, config["seed"], split_file=split_file if reuse_split else None,
                                           mean=weights["mean"], std=weights["std"], augment=config["augment"])
 
-    data = load_decoded_once(ctx, config["dataset"], build)
+    local_rank, local_world = _local_rank_and_size(ctx)
+    data = load_decoded_once(config["dataset"], build, store=ctx.store, rank=ctx.rank, local_rank=local_rank,
+                             local_world=local_world)
     if ctx.is_primary:
         data.split.save(split_file)
     return data
+
+
+def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
+    """This worker's rank among the workers of its machine, and their number."""
+    if started_by_torchrun():
+        return int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    return ctx.rank, ctx.world_size
 
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,

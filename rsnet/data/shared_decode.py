@@ -15,12 +15,13 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rsnet.data import DataBundle
+from rsnet.data.datasets import DataBundle
 from rsnet.files import DiskFullError
-from rsnet.parallel import WorkerContext
-from rsnet.parallel.launcher import started_by_torchrun
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,14 @@ def shared_memory_folder() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def load_decoded_once(ctx: WorkerContext, dataset: dict[str, Any], build: Callable[[dict[str, Any]], DataBundle]
-                      ) -> DataBundle:
+def load_decoded_once(dataset: dict[str, Any], build: Callable[[dict[str, Any]], DataBundle], *, store: dist.Store,
+                      rank: int, local_rank: int, local_world: int) -> DataBundle:
     """``build(dataset)`` on every worker; with ``cache=memory`` and several workers on this machine the images are
-    decoded by its first worker only (see the module docstring). Every worker must call it."""
-    local_rank, local_world = _local_rank_and_size(ctx)
+    decoded by its first worker only (see the module docstring). Every worker of the machine must call it, with the
+    group's ``store``, its global ``rank``, its rank among the machine's workers and their number."""
     if dataset.get("cache") != "memory" or local_world == 1:
         return build(dataset)
-    leader = ctx.rank - local_rank  # torchrun numbers a machine's workers contiguously
+    leader = rank - local_rank  # a machine's workers are numbered contiguously
     key = f"rsnet/decode/{leader}"
     if local_rank == 0:
         folder = Path(tempfile.mkdtemp(prefix="rsnet-decode-", dir=shared_memory_folder()))
@@ -51,29 +52,23 @@ def load_decoded_once(ctx: WorkerContext, dataset: dict[str, Any], build: Callab
         except DiskFullError as error:  # no room in /dev/shm: every worker decodes its own copy, as before
             log.warning("no room to share the decoded images in %s (%s): every worker decodes its own", folder, error)
             shutil.rmtree(folder, ignore_errors=True)
-            ctx.store.set(f"{key}/folder", "")
+            store.set(f"{key}/folder", "")
             return build(dataset)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
-            if not ctx.store.check([f"{key}/folder"]):  # also on failure: the others then fail as this one did
-                ctx.store.set(f"{key}/folder", str(folder))
-        ctx.store.wait([f"{key}/mapped/{rank}" for rank in range(leader + 1, leader + local_world)], DECODE_WAIT)
+            if not store.check([f"{key}/folder"]):  # also on failure: the others then fail as this one did
+                store.set(f"{key}/folder", str(folder))
+        store.wait([f"{key}/mapped/{rank}" for rank in range(leader + 1, leader + local_world)], DECODE_WAIT)
         shutil.rmtree(folder, ignore_errors=True)
     else:
-        ctx.store.wait([f"{key}/folder"], DECODE_WAIT)
-        shared = ctx.store.get(f"{key}/folder").decode()
+        store.wait([f"{key}/folder"], DECODE_WAIT)
+        shared = store.get(f"{key}/folder").decode()
         if not shared or not Path(shared).is_dir():  # no room to share, or the first worker failed (fail as it did)
             return build(dataset)
         data = build({**dataset, "cache": "disk", "cache_dir": shared})
-        ctx.store.set(f"{key}/mapped/{ctx.rank}", "1")
+        store.set(f"{key}/mapped/{rank}", "1")
     data.train.store.keep_in_memory()
     return data
 
-
-def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
-    """This worker's rank among the workers of its machine, and their number."""
-    if started_by_torchrun():
-        return int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-    return ctx.rank, ctx.world_size
