@@ -3,7 +3,7 @@
 Measures, in one run on the bundled data/ucmerced-mini (or --root) at 128 px:
 
 1. images/s of the *plain* path (like torchvision ``ImageFolder``: PIL-decode the file on every access,
-   then the same albumentations training transform, stacked into batches) and of the *cached* path
+   then the same training augmentation image by image, stacked into batches) and of the *cached* path
    (``build_datasets(..., cache="memory")``: decoded once, ``get_batch`` augments the stored uint8
    array), and their ratio. Each figure is the best of ``--repeats`` interleaved passes, so noise
    from other processes on the machine hits both paths alike.
@@ -36,7 +36,14 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rsnet.data import BatchPrefetcher, SceneDataset, build_datasets, eval_transform, train_transform  # noqa: E402
+from rsnet.data import (  # noqa: E402
+    BatchPrefetcher,
+    HostAugment,
+    SceneDataset,
+    build_datasets,
+    eval_transform,
+    train_transform,
+)
 
 
 class PlainImageFolder(torch.utils.data.Dataset):
@@ -53,6 +60,8 @@ class PlainImageFolder(torch.utils.data.Dataset):
             img = im.convert("RGB")
         if img.size != (self.size, self.size):
             img = img.resize((self.size, self.size), Image.Resampling.BILINEAR)
+        if isinstance(self.transform, HostAugment):  # the training augmentation, a batch of one
+            return self.transform.apply([np.asarray(img)], [i])[0], int(self.labels[i])
         return self.transform(image=np.asarray(img))["image"], int(self.labels[i])
 
     def get_batch(self, indices):

@@ -5,8 +5,8 @@ For every image size and batch size, ``--rounds`` interleaved rounds of ``--step
 
   (a)   host side of the input pipeline: cache -> uint8 batch ready to upload (``SceneDataset.uint8_batch``, pinned
         for a GPU) — all a host thread must do for a worker; one thread
-  (a0)  the host albumentations pipeline it replaces (``SceneDataset.get_batch``: per-image crop/flips/jitter,
-        normalised float32 batch); one thread
+  (a0)  the host path, a CPU worker's input (``SceneDataset.get_batch``: OpenCV crop/flips/jitter per image with its
+        parameters of (seed, epoch, index), normalised float32 batch); one thread
   (a')  the whole input pipeline on the worker's device: (a), upload, ``DeviceAugment`` (augmented, normalised,
         in the model's memory format); no model. On a CPU device with one torch thread (the same core as (a0))
   (b)   the rsnet training step fed through the trainer's ``BatchPrefetcher`` by the input path training takes on
@@ -65,10 +65,8 @@ def synthetic_dataset(size: int, count: int, crop: bool) -> SceneDataset:
     store = ImageStore([f"img{i}.png" for i in range(count)], size, "memory", array=pixels)
     labels = np.arange(count) % CLASSES
     transform = train_transform(size, MEAN, STD, scale=(0.5, 1.0) if crop else None)
-    dataset = SceneDataset(store, np.arange(count), labels, [f"c/{i}" for i in range(count)],
-                           [f"c{k}" for k in range(CLASSES)], transform, "synthetic")
-    dataset.set_seed(0)
-    return dataset
+    return SceneDataset(store, np.arange(count), labels, [f"c/{i}" for i in range(count)],
+                        [f"c{k}" for k in range(CLASSES)], transform, "synthetic")
 
 
 def index_batches(count: int, batch: int) -> Callable[[], np.ndarray]:
@@ -153,13 +151,23 @@ def device_augmenter(size: int, crop: bool, layout: torch.memory_format
     return on_device
 
 
+def host_augmenter(dataset: SceneDataset) -> Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]]:
+    """rsnet's training augmentation of batches on the host (``dataset.get_batch``), a new epoch's draw per call."""
+    epoch = itertools.count(1)
+
+    def on_host(indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return dataset.get_batch(indices, 0, next(epoch))
+
+    return on_host
+
+
 def training_feed(dataset: SceneDataset, device: torch.device, on_device: bool | str,
                   augmenter: Callable[[torch.Tensor, np.ndarray], torch.Tensor]) -> BatchPrefetcher:
     """The trainer's prefetcher for ``device`` with ``augment.on_device`` = ``on_device``: uint8 batches augmented on
-    the device by ``augmenter``, or the host albumentations path."""
+    the device by ``augmenter``, or the host path."""
     if augments_on_device(on_device, device):
         return BatchPrefetcher(dataset.uint8_batch, device, True, augmenter)
-    return BatchPrefetcher(dataset.get_batch, device, True)
+    return BatchPrefetcher(host_augmenter(dataset), device, True)
 
 
 def measure(args: argparse.Namespace, size: int, batch: int, device: torch.device) -> dict[str, list[float]]:
@@ -176,8 +184,10 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
         if cuda:
             images.pin_memory()
 
-    def host_albumentations() -> None:
-        dataset.get_batch(next_indices())
+    on_host = host_augmenter(dataset)
+
+    def host_augment() -> None:
+        on_host(next_indices())
 
     def pipeline() -> None:
         indices = next_indices()
@@ -207,7 +217,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
 
     steps = args.input_steps or args.steps
     paths: dict[str, tuple[Callable[[], None], bool, int]] = {  # the step, on one thread, timed steps
-        "(a) host: uint8 batch": (host, True, steps), "(a0) host: albumentations": (host_albumentations, True, steps),
+        "(a) host: uint8 batch": (host, True, steps), "(a0) host: OpenCV augment": (host_augment, True, steps),
         "(a') input pipeline on the device": (pipeline, not cuda, steps),
         "(b) rsnet step": (rsnet_step, False, args.steps),
         "(c) plain loop, synthetic batch": (plain_step, False, args.steps)}
@@ -229,7 +239,7 @@ def report(size: int, batch: int, rates: dict[str, list[float]]) -> None:
                                                "(b) rsnet step", "(c) plain loop, synthetic batch"))
     print(f"\n{size} px, batch {batch}: (b)/(c) = {b / c:.2f}   (a)/(b) = {a / b:.1f}   "
           f"(a')/(b) = {a_device / b:.1f}   "
-          f"(a')/(a0) = {a_device / medians['(a0) host: albumentations']:.2f}")
+          f"(a')/(a0) = {a_device / medians['(a0) host: OpenCV augment']:.2f}")
     print("| path | images/s (median) | range over rounds |\n|---|---|---|")
     for name, values in rates.items():
         print(f"| {name} | {medians[name]:,.0f} | {min(values):,.0f}–{max(values):,.0f} |")
@@ -249,7 +259,7 @@ def main() -> None:
     parser.add_argument("--on-device", type=lambda v: {"true": True, "false": False}.get(v, v), default="auto",
                         choices=["auto", True, False],
                         help="how (b) is fed, as augment.on_device: auto (the device path on a GPU, the host "
-                             "albumentations path on a CPU), true (the device path), false (the host path)")
+                             "path on a CPU), true (the device path), false (the host path)")
     parser.add_argument("--amp", default="bf16", help="mixed precision on CUDA: bf16 | fp16 | none")
     parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (make gpu-check)")
     args = parser.parse_args()

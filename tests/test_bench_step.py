@@ -20,7 +20,7 @@ def test_bench_step_measures_every_path_and_prints_the_ratios() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "48 px, batch 8: (b)/(c) = " in done.stdout and "(a')/(b) = " in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| (")]
-    assert [row.split(" |")[0] for row in rows] == ["| (a) host: uint8 batch", "| (a0) host: albumentations",
+    assert [row.split(" |")[0] for row in rows] == ["| (a) host: uint8 batch", "| (a0) host: OpenCV augment",
                                                     "| (a') input pipeline on the device", "| (b) rsnet step",
                                                     "| (c) plain loop, synthetic batch"]
     assert all(float(row.split("|")[2].replace(",", "")) > 0 for row in rows)

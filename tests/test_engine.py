@@ -216,7 +216,7 @@ class _RandomImages:
     def __len__(self) -> int:
         return self.size
 
-    def get_batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, indices: list[int], seed: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.rand(len(indices), 3, 8, 8), torch.zeros(len(indices), dtype=torch.long)
 
 

@@ -306,7 +306,7 @@ def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path
 @pytest.mark.parametrize("on_device", ["true", "false"])
 def test_prefetch_changes_timing_only(tmp_path: Path, capfd: pytest.CaptureFixture, on_device: str) -> None:
     """The background thread prepares the same batches in the same order: identical weights either way, with the
-    augmentation on the worker's device (the default) and with albumentations on the host."""
+    augmentation on the worker's device (the default) and with OpenCV on the host."""
     states = []
     for prefetch in ("true", "false"):
         run_dir = tmp_path / f"prefetch_{prefetch}"

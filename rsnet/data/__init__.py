@@ -1,6 +1,6 @@
 """Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini, your own image folder), protocol splits,
-decode-once caches, albumentations transforms, batched augmentation on the worker's device and the batch
-prefetcher. Entry point: :func:`build_datasets`."""
+decode-once caches, the training augmentation (one draw per sample, OpenCV on the host, torch on the worker's
+device), the evaluation transform and the batch prefetcher. Entry point: :func:`build_datasets`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ _EXPORTS = {
     **dict.fromkeys(["DATASETS", "DatasetSpec", "get_spec"], "specs"),
     **dict.fromkeys(["Split", "SplitRows", "check_train_ratio", "check_val_ratio", "stratified_split"], "splits"),
     **dict.fromkeys(["ImageStore"], "store"),
-    **dict.fromkeys(["IMAGENET_MEAN", "IMAGENET_STD", "eval_transform", "train_transform"], "transforms"),
+    **dict.fromkeys(["AugmentSettings"], "augment_params"),
+    **dict.fromkeys(["IMAGENET_MEAN", "IMAGENET_STD", "HostAugment", "eval_transform", "train_transform"],
+                    "transforms"),
 }
 
 
@@ -40,11 +42,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN", "IMAGENET_STD",
-    "CorruptImageError", "CorruptImageWarning", "DataBundle", "DatasetCountWarning", "DatasetNotFoundError",
-    "DatasetSpec", "DatasetValidationError", "DecodeReport", "DeviceAugment", "HighBitDepthWarning", "ImageStore",
-    "PreparedBatch", "ScanResult", "SceneDataset", "Split", "SplitMismatchError", "SplitRows", "augments_on_device",
-    "build_datasets", "build_datasets_from_config", "build_store", "check_on_device", "check_train_ratio",
-    "check_val_ratio", "decode_image", "default_cache_dir", "default_root", "device_batches", "eval_transform",
-    "find_class_root", "get_spec", "scan_dataset", "stratified_split", "to_float_chw", "train_transform"
+    "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "AugmentSettings", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN",
+    "IMAGENET_STD", "CorruptImageError", "CorruptImageWarning", "DataBundle", "DatasetCountWarning",
+    "DatasetNotFoundError", "DatasetSpec", "DatasetValidationError", "DecodeReport", "DeviceAugment",
+    "HighBitDepthWarning", "HostAugment", "ImageStore", "PreparedBatch", "ScanResult", "SceneDataset", "Split",
+    "SplitMismatchError", "SplitRows", "augments_on_device", "build_datasets", "build_datasets_from_config",
+    "build_store", "check_on_device", "check_train_ratio", "check_val_ratio", "decode_image", "default_cache_dir",
+    "default_root", "device_batches", "eval_transform", "find_class_root", "get_spec", "scan_dataset",
+    "stratified_split", "to_float_chw", "train_transform"
 ]

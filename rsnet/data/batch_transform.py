@@ -40,7 +40,7 @@ class BatchTransform:
 
 def batch_transform(transform: Callable | None) -> BatchTransform | None:
     """The batch form of ``transform`` when it is an ``A.Compose`` ending with a standard ``Normalize`` and
-    ``ToTensorV2`` (as :func:`~rsnet.data.transforms.train_transform` and ``eval_transform`` do), else None."""
+    ``ToTensorV2`` (as :func:`~rsnet.data.transforms.eval_transform` does), else None."""
     steps = list(getattr(transform, "transforms", []))
     if not (isinstance(transform, A.Compose) and len(steps) >= 2 and isinstance(steps[-1], ToTensorV2)
             and isinstance(steps[-2], A.Normalize) and getattr(steps[-2], "normalization", "standard") == "standard"):

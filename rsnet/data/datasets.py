@@ -41,7 +41,8 @@ class DataBundle:
     """What ``build_datasets`` returns.
 
     Attributes:
-        train, test: the two splits (train augments, test uses the eval transform).
+        train, test: the two splits (train augments on the host, :class:`~rsnet.data.transforms.HostAugment`;
+            test uses the eval transform).
         val: the validation part carved from the training part (eval transform), None without one.
         class_names: label order.
         mean, std: normalisation used by the transforms (store them in checkpoints).
@@ -50,8 +51,9 @@ class DataBundle:
         skipped: relative names of undecodable files that were skipped (``skip_corrupt=True``).
         root: the folder holding the class folders.
         spec: the dataset's metadata.
-        train_augment, eval_augment: the same training augmentation and evaluation normalisation for whole uint8
-            batches on a worker's device (:class:`~rsnet.data.device_augment.DeviceAugment`; ``augment.on_device``).
+        train_augment, eval_augment: the same training augmentation (the same draw per sample) and evaluation
+            normalisation for whole uint8 batches on a worker's device
+            (:class:`~rsnet.data.device_augment.DeviceAugment`; ``augment.on_device``).
     """
 
     train: SceneDataset

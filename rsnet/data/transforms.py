@@ -1,27 +1,31 @@
-"""albumentations pipelines for training (augmenting) and evaluation, and rsnet's own uint8 augmentations.
+"""The training augmentation on the host (:class:`HostAugment`: OpenCV uint8 kernels, image by image) and the
+evaluation transform (``A.Compose``: resize, normalise, to tensor).
 
-:class:`RandomResizedCrop` (torchvision's draw, one ``cv2.resize``), :class:`Dihedral` (the 8 symmetries of
-``A.D4`` with OpenCV kernels) and :class:`ColorJitterAffine` (brightness/contrast/saturation as one colour matrix)
-use only albumentations' public custom-transform API: random parameters from ``self.py_random`` in
-``get_params()`` (seeded by ``A.Compose(seed=...)`` / ``SceneDataset.set_seed``), pixels in ``apply()``. Nothing
-imports albumentations' internals, so its ``Compose`` could be replaced without touching them (docs/data.md says
-why; tests/test_data_transforms.py checks the rule). ``Normalize`` + ``ToTensorV2`` run once per batch
-(:mod:`rsnet.data.batch_transform`).
+:class:`HostAugment` applies the parameters that :meth:`~rsnet.data.augment_params.AugmentSettings.draw` gives each
+sample from (seed, epoch, dataset index), the same draw the device path applies in torch
+(:class:`~rsnet.data.device_augment.DeviceAugment`): per image a crop and one ``cv2.resize`` (``INTER_LINEAR``), one
+of the 8 flips/rotations by ``cv2.flip``/``cv2.rotate``/``cv2.transpose``, and on a share of the images
+brightness/contrast/saturation as one colour matrix (``cv2.transform``), all on uint8; then one normalisation of
+the whole batch (:func:`~rsnet.data.normalize.to_float_chw`). albumentations is used for the evaluation transform
+only, through its public API (docs/data.md says why; tests/test_data_transforms.py checks the rule).
 """
 
 from __future__ import annotations
 
-import math
-import random
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import albumentations as A
 import cv2
 import numpy as np
+import torch
 from albumentations.pytorch import ToTensorV2
 
-__all__ = ["augmentation_options", "IMAGENET_MEAN", "IMAGENET_STD", "ColorJitterAffine", "Dihedral",
-           "RandomResizedCrop", "crop_box", "dihedral_numpy", "train_transform", "eval_transform"]
+from .augment_params import DIHEDRAL_ELEMENTS, AugmentParams, AugmentSettings
+from .normalize import to_float_chw
+
+__all__ = ["augmentation_options", "IMAGENET_MEAN", "IMAGENET_STD", "HostAugment", "dihedral", "jitter_image",
+           "jitter_matrix", "resized_crop", "train_transform", "eval_transform"]
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -29,7 +33,8 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 # ITU-R 601 luma weights (RGB), as torchvision's rgb_to_grayscale and albumentations' ColorJitter
 LUMA = (0.299, 0.587, 0.114)
 
-# The 8 symmetries of the square, named as albumentations' D4 names them.
+# The 8 symmetries of the square (albumentations' D4 names) as OpenCV kernels: contiguous results, so no later
+# step pays for copying a strided np.rot90 view.
 _CV2_D4 = {
     "e": lambda x: x,
     "r90": lambda x: cv2.rotate(x, cv2.ROTATE_90_COUNTERCLOCKWISE),  # np.rot90(x, 1)
@@ -41,241 +46,109 @@ _CV2_D4 = {
     "t": lambda x: cv2.transpose(x),
 }
 
-_NP_D4 = {
-    "e": lambda x: x,
-    "r90": lambda x: np.rot90(x, 1),  # counter-clockwise
-    "r180": lambda x: np.rot90(x, 2),
-    "r270": lambda x: np.rot90(x, 3),
-    "v": lambda x: x[::-1],  # upside down
-    "hvt": lambda x: np.swapaxes(np.rot90(x, 2), 0, 1),  # reflect over the anti-diagonal
-    "h": lambda x: x[:, ::-1],  # left-right
-    "t": lambda x: np.swapaxes(x, 0, 1),  # reflect over the main diagonal
-}
 
-_D4_ELEMENTS = tuple(_CV2_D4)
+def dihedral(image: np.ndarray, element: str) -> np.ndarray:
+    """One of the 8 symmetries (``"e", "r90", "r180", "r270", "v", "hvt", "h", "t"``, as ``A.D4``) of a uint8
+    H×W×3 image, by OpenCV."""
+    if element not in _CV2_D4:
+        raise ValueError(f"unknown dihedral group element {element!r}; expected one of {DIHEDRAL_ELEMENTS}")
+    return _CV2_D4[element](image)
 
 
-def dihedral_numpy(img: np.ndarray, group_element: str) -> np.ndarray:
-    """Apply one of the 8 symmetries (``"e", "r90", "r180", "r270", "v", "hvt", "h", "t"``) to the
-    first two axes of ``img`` (any number of trailing axes, any dtype); returns a contiguous array."""
-    if group_element not in _NP_D4:
-        raise ValueError(f"unknown dihedral group element {group_element!r}; expected one of {_D4_ELEMENTS}")
-    return np.ascontiguousarray(_NP_D4[group_element](img))
+def resized_crop(image: np.ndarray, box: Sequence[int], size: int) -> np.ndarray:
+    """The ``box`` (top, left, h, w) of a uint8 H×W×3 image resized to ``size`` × ``size``: one ``cv2.resize``
+    (``INTER_LINEAR``) of the crop view."""
+    top, left, h, w = (int(v) for v in box)
+    return cv2.resize(image[top:top + h, left:left + w], (size, size), interpolation=cv2.INTER_LINEAR)
 
 
-def crop_box(
-    height: int,
-    width: int,
-    scale: Sequence[float],
-    ratio: Sequence[float],
-    rng: random.Random,
-) -> tuple[int, int, int, int]:
-    """The crop ``(top, left, h, w)`` of torchvision's ``RandomResizedCrop.get_params``, drawn from ``rng``.
+def jitter_matrix(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
+    """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) of brightness b, contrast c, saturation s
+    (``factors``, 1 = unchanged) for the RGB ``image``.
 
-    Up to 10 attempts: target area ``height·width·U(scale)``, aspect ratio (w/h) log-uniform in
-    ``ratio``, ``w = round(sqrt(area·ratio))``, ``h = round(sqrt(area/ratio))``; the first that fits
-    (``0 < w <= width`` and ``0 < h <= height``) gets a uniform top-left corner. Otherwise a central crop:
-    the whole image, or its largest central part whose aspect ratio is clamped to ``ratio``.
-    """
-    area = height * width
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = rng.randint(0, height - h)
-            left = rng.randint(0, width - w)
-            return top, left, h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w = width
-        h = int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        h = height
-        w = int(round(h * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+    Brightness ``x·b``; contrast ``c·x + (1 - c)·mean(gray(x))``; saturation ``s·x + (1 - s)·gray(x)`` (``gray =
+    0.299 R + 0.587 G + 0.114 B``), as ``A.ColorJitter``/torchvision define them. The three maps are affine in the
+    RGB vector and, without clipping in between, commute (saturation keeps the gray level, contrast keeps the mean
+    gray level), so in any order they compose to ``b·c·Sat_s(x) + b·(1 - c)·mean(gray(x))``. Plain Python
+    arithmetic on 12 numbers: numpy calls on 3×3 arrays cost more than they compute."""
+    b, c, s = (float(f) for f in factors)
+    wr, wg, wb = LUMA
+    k = b * c
+    d = k * s  # diagonal part
+    gr, gg, gb = (k * (1.0 - s) * w for w in LUMA)  # gray part (same in every row)
+    t = 0.0
+    if c != 1.0:
+        mr, mg, mb = cv2.mean(image)[:3]
+        t = b * (1.0 - c) * (wr * mr + wg * mg + wb * mb)
+    return np.array([[d + gr, gg, gb, t], [gr, d + gg, gb, t], [gr, gg, d + gb, t]], np.float32)
 
 
-def _resize(img: np.ndarray, size: tuple[int, int], interpolation: int) -> np.ndarray:
-    """``cv2.resize`` to ``size`` = (height, width) keeping the input's layout (H×W or H×W×C, any C)."""
-    dsize = (int(size[1]), int(size[0]))  # cv2 wants (width, height)
-    if img.ndim == 2:
-        return cv2.resize(img, dsize, interpolation=interpolation)
-    channels = img.shape[2]
-    if channels <= 4:
-        out = cv2.resize(img, dsize, interpolation=interpolation)
-        return out[..., None] if out.ndim == 2 else out  # cv2 drops a single channel axis
-    # more than 4 channels: resize 4 at a time (not every OpenCV build/interpolation takes more)
-    parts = [_resize(np.ascontiguousarray(img[..., c:c + 4]), size, interpolation) for c in range(0, channels, 4)]
-    return np.concatenate(parts, axis=2)
+def jitter_image(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
+    """Brightness/contrast/saturation ``factors`` on a uint8 H×W×3 RGB image: :func:`jitter_matrix` applied by one
+    ``cv2.transform``, which rounds and saturates to uint8 once (``A.ColorJitter`` also clips between the steps).
+    No hue jitter."""
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise TypeError(f"colour jitter needs H×W×3 RGB images, got shape {image.shape}")
+    return cv2.transform(image, jitter_matrix(image, factors))
 
 
-class RandomResizedCrop(A.ImageOnlyTransform):
-    """Crop a random part of the image (torchvision's draw, :func:`crop_box`) and resize it to ``size``
-    = (height, width) with one ``cv2.resize`` of the crop view.
+@dataclass(frozen=True)
+class HostAugment(AugmentSettings):
+    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, on the calling thread with OpenCV, with the
+    parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw` (the settings are its fields).
 
-    ``get_params()`` does not see the image, so it only draws a 32-bit seed from ``self.py_random``;
-    ``apply`` draws the box from ``random.Random(crop_seed)`` and the image's shape. The result is as
-    reproducible as any other draw under ``A.Compose(seed=...)`` / ``set_random_seed``. Works on H×W
-    and H×W×C images (uint8, float32, ...).
-    """
+    Per image: the crop box (mapped to the stored image's frame, :meth:`~rsnet.data.augment_params.AugmentParams.
+    source_boxes`) resized to S × S (or the whole image, when there is no crop and the stored size is not S), then
+    the flip/rotation, then the colour jitter of the images drawn for it; the pixels of the device path's order
+    (flip/rotation first), as the symmetries commute with a square resize."""
 
-    def __init__(
-        self,
-        size: tuple[int, int],
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        interpolation: int = cv2.INTER_LINEAR,
-        p: float = 1.0,
-    ) -> None:
-        super().__init__(p=p)
-        if len(size) != 2 or min(size) <= 0:
-            raise ValueError(f"size must be (height, width) > 0, got {size!r}")
-        if not (0 < scale[0] <= scale[1]):
-            raise ValueError(f"scale must be 0 < min <= max, got {scale!r}")
-        if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"ratio must be 0 < min <= max, got {ratio!r}")
-        self.size = (int(size[0]), int(size[1]))
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.interpolation = interpolation
+    def apply(self, images: Sequence[np.ndarray], indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
+              epoch: int = 0) -> torch.Tensor:
+        """Augment and normalise ``images`` of the samples ``indices`` with their parameters of (``seed``,
+        ``epoch``): :meth:`draw` and the call in one."""
+        height, width = np.asarray(images[0]).shape[:2]
+        return self(images, self.draw(seed, epoch, indices, height, width))
 
-    def get_params(self) -> dict[str, Any]:
-        return {"crop_seed": self.py_random.getrandbits(32)}
-
-    def crop_box(self, img_shape: Sequence[int], crop_seed: int) -> tuple[int, int, int, int]:
-        """The ``(top, left, h, w)`` that :meth:`apply` crops from an image of shape ``img_shape``."""
-        return crop_box(int(img_shape[0]), int(img_shape[1]), self.scale, self.ratio, random.Random(crop_seed))
-
-    def apply(self, img: np.ndarray, crop_seed: int, **params: Any) -> np.ndarray:
-        top, left, h, w = self.crop_box(img.shape, crop_seed)
-        return _resize(img[top:top + h, left:left + w], self.size, self.interpolation)
-
-    def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ("size", "scale", "ratio", "interpolation")
-
-
-class Dihedral(A.ImageOnlyTransform):
-    """Uniform over the 8 symmetries of the square (the elements of ``A.D4``: ``"e", "r90", "r180",
-    "r270", "v", "hvt", "h", "t"``), with OpenCV kernels for H×W×C images.
-
-    Same elements and same pixels as ``A.D4`` (and a draw as uniform as HorizontalFlip(0.5) +
-    VerticalFlip(0.5) + RandomRotate90, whose product is also uniform over the group); the result is a
-    contiguous array, so no later step pays for copying a strided ``np.rot90`` view. Images the cv2
-    path does not take (2-D, > 4 channels, other dtypes) go through :func:`dihedral_numpy`.
-    """
-
-    def __init__(self, p: float = 1.0) -> None:
-        super().__init__(p=p)
-
-    def get_params(self) -> dict[str, str]:
-        # Python's RNG, seeded by Compose like numpy's
-        return {"group_element": self.py_random.choice(_D4_ELEMENTS)}
-
-    def apply(self, img: np.ndarray, group_element: str, **params: Any) -> np.ndarray:
-        if img.ndim == 3 and img.shape[2] <= 4 and img.dtype in (np.uint8, np.float32):
-            out = _CV2_D4[group_element](img)
-            return out[..., None] if out.ndim == 2 else out  # cv2 drops a single channel axis
-        return dihedral_numpy(img, group_element)
-
-    def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ()
-
-
-class ColorJitterAffine(A.ImageOnlyTransform):
-    """Brightness, contrast and saturation jitter as one affine colour map (uint8 in, uint8 out).
-
-    Factors are drawn like ``A.ColorJitter``/torchvision, each uniform in ``[max(0, 1 - j), 1 + j]``:
-    brightness ``x·b``; contrast ``c·x + (1 - c)·mean(gray(x))``; saturation ``s·x + (1 - s)·gray(x)``
-    (``gray = 0.299 R + 0.587 G + 0.114 B``). The three maps are affine in the RGB vector and, without
-    clipping in between, commute (saturation keeps the gray level, contrast keeps the mean gray level),
-    so whatever order ``ColorJitter`` would draw they compose to ``b·c·Sat_s(x) + b·(1 - c)·mean(gray(x))``:
-    one 3×4 matrix applied by a single ``cv2.transform``, which rounds and saturates to uint8 once.
-    The only difference from ``A.ColorJitter`` is that values are not clipped to [0, 255] between the
-    steps. No hue jitter (use ``A.ColorJitter`` for that).
-    """
-
-    def __init__(
-        self,
-        brightness: float = 0.2,
-        contrast: float = 0.2,
-        saturation: float = 0.2,
-        p: float = 0.5,
-    ) -> None:
-        super().__init__(p=p)
-        self.brightness = brightness
-        self.contrast = contrast
-        self.saturation = saturation
-
-    @staticmethod
-    def _range(j: float) -> tuple[float, float]:
-        return max(0.0, 1.0 - float(j)), 1.0 + float(j)
-
-    def get_params(self) -> dict[str, Any]:
-        uniform = self.py_random.uniform
-        return {
-            "factors": (
-                uniform(*self._range(self.brightness)),
-                uniform(*self._range(self.contrast)),
-                uniform(*self._range(self.saturation)),
-            )
-        }
-
-    @staticmethod
-    def matrix(img: np.ndarray, factors: Sequence[float]) -> np.ndarray:
-        """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) for ``img``.
-
-        Plain Python arithmetic on 12 numbers: numpy calls on 3×3 arrays cost more than they compute."""
-        b, c, s = (float(f) for f in factors)
-        wr, wg, wb = LUMA
-        k = b * c
-        d = k * s  # diagonal part
-        gr, gg, gb = (k * (1.0 - s) * w for w in LUMA)  # gray part (same in every row)
-        t = 0.0
-        if c != 1.0:
-            mr, mg, mb = cv2.mean(img)[:3]
-            t = b * (1.0 - c) * (wr * mr + wg * mg + wb * mb)
-        return np.array([[d + gr, gg, gb, t], [gr, d + gg, gb, t], [gr, gg, d + gb, t]], np.float32)
-
-    def apply(self, img: np.ndarray, factors: Sequence[float], **params: Any) -> np.ndarray:
-        if img.ndim != 3 or img.shape[2] != 3:
-            raise TypeError("ColorJitterAffine expects H×W×3 RGB images")
-        out = cv2.transform(img, self.matrix(img, factors))
-        return out if img.dtype == np.uint8 else np.clip(out, 0.0, 1.0)
-
-    def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ("brightness", "contrast", "saturation")
+    def __call__(self, images: Sequence[np.ndarray], params: AugmentParams) -> torch.Tensor:
+        """Augment and normalise the uint8 H×W×3 ``images`` (all of one size) with ``params`` from :meth:`draw`."""
+        size = self.image_size
+        height, width = np.asarray(images[0]).shape[:2]
+        if params.dihedral is not None and height != width:
+            raise ValueError(f"the 8 flips/rotations need square images, got {(height, width)}")
+        boxes = params.source_boxes(height, width)
+        if boxes is None and (height, width) != (size, size):
+            boxes = np.tile(np.array([[0, 0, height, width]]), (len(images), 1))
+        codes = params.dihedral_codes()
+        jittered = params.jittered()
+        factors = None if params.factors is None else params.factors.tolist()
+        batch = np.empty((len(images), size, size, 3), np.uint8)
+        for k, image in enumerate(images):
+            out = np.asarray(image)
+            if boxes is not None:
+                out = resized_crop(out, boxes[k], size)
+            if codes is not None:
+                out = dihedral(out, DIHEDRAL_ELEMENTS[codes[k]])
+            if jittered is not None and jittered[k]:
+                out = jitter_image(out, factors[k])
+            batch[k] = out
+        return to_float_chw(batch, self.mean, self.std)
 
 
 AUTO_CROP_MIN_SIZE = 128
 AUTO_CROP_SCALE = (0.5, 1.0)
-COLOR_JITTER_P = 0.5  # share of the training images whose colours are jittered
 
 
 def train_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2) -> A.Compose:
-    """Random resized crop (``scale`` = its area range; None: no crop), the 8 flips/rotations, mild colour
-    jitter, normalize.
+                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2) -> HostAugment:
+    """The host training augmentation: random resized crop (``scale`` = its area range; None: no crop), the 8
+    flips/rotations, mild colour jitter, normalisation.
 
-    Aerial scenes have no canonical orientation, so all eight dihedral transforms are used
-    (:class:`Dihedral`). ``color_jitter`` is the brightness/contrast/saturation strength, applied to half
-    the images by :class:`ColorJitterAffine` (``color_jitter=0`` drops the step); hue is not jittered.
-    The last two steps (Normalize, ToTensorV2) run per batch in :meth:`SceneDataset.get_batch`.
+    Aerial scenes have no canonical orientation, so all eight dihedral transforms are used. ``color_jitter`` is
+    the brightness/contrast/saturation strength, applied to half the images (``color_jitter=0`` drops the step);
+    hue is not jittered. :class:`~rsnet.data.device_augment.DeviceAugment` ``.for_training`` with the same
+    arguments is the same augmentation on a worker's device.
     """
-    steps: list = []
-    if scale is not None:
-        steps.append(RandomResizedCrop(size=(image_size, image_size), scale=tuple(scale),
-                                       interpolation=cv2.INTER_LINEAR))
-    steps.append(Dihedral(p=1.0))
-    if color_jitter > 0:
-        steps.append(ColorJitterAffine(color_jitter, color_jitter, color_jitter, p=COLOR_JITTER_P))
-    steps += [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0), ToTensorV2()]
-    # shapes need no per-call consistency check: the pipeline only ever sees one image
-    return A.Compose(steps, is_check_shapes=False)
+    return HostAugment.for_training(image_size, mean, std, scale, color_jitter)
 
 
 def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> dict[str, Any]:

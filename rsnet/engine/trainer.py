@@ -164,7 +164,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
         strategy.load_state_dict(checkpoint["strategy_state"])
         state = RunState.from_checkpoint(checkpoint)
         log.info("resumed from %s after epoch %d", resume_from, state.epoch)
-    _seed_augmentation(data, seed, ctx.rank, state.epoch)
+    _seed_generators(seed, ctx.rank, state.epoch)
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
@@ -254,14 +254,15 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
 
 def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle
                      ) -> BatchPrefetcher[Claim]:
-    """The epoch's claimed batches, prepared one ahead: uint8 pixels gathered on the host and augmented on the
-    worker's device per sample from (seed, epoch, index) (``augment.on_device``; auto: on GPU workers), or the
-    albumentations pipeline run image by image on the host."""
+    """The epoch's claimed batches, prepared one ahead, each sample augmented with its parameters of (seed, epoch,
+    index): uint8 pixels gathered on the host and augmented on the worker's device (``augment.on_device``; auto: on
+    GPU workers), or augmented image by image on the host by OpenCV (``SceneDataset.get_batch``)."""
     enabled = bool(config["prefetch"])
     augment = data.train_augment
-    if augment is None or not augments_on_device(config["augment"]["on_device"], ctx.device):
-        return BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices), ctx.device, enabled=enabled)
     seed = int(config["seed"])
+    if augment is None or not augments_on_device(config["augment"]["on_device"], ctx.device):
+        return BatchPrefetcher(lambda claim: data.train.get_batch(claim.indices, seed, epoch), ctx.device,
+                               enabled=enabled)
     layout = memory_format(config, ctx.device)
 
     def finish(images: torch.Tensor, claim: Claim) -> torch.Tensor:
@@ -360,10 +361,10 @@ def _lr(config: dict[str, Any], epoch: float, base_lr: float | None = None) -> f
                          gamma=schedule["gamma"], min_lr_ratio=schedule["min_lr_ratio"])
 
 
-def _seed_augmentation(data: DataBundle, seed: int, rank: int, epoch: int) -> None:
-    """Different augmentation streams per worker (and per resumed epoch), reproducible from the seed."""
+def _seed_generators(seed: int, rank: int, epoch: int) -> None:
+    """Python's, numpy's and torch's global generators, different per worker (and per resumed epoch), reproducible
+    from the seed (the augmentation draws from (seed, epoch, index) alone)."""
     mixed = seed * 1000 + rank * 100 + epoch
-    data.train.set_seed(mixed)
     random.seed(mixed)
     np.random.seed(mixed % (2**32))
     torch.manual_seed(mixed)
