@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 
 import simulator as sim  # benchmarks/simulator/, beside this script
-from rsnet.viz.line_plot import line_plot
+from rsnet.viz.figures import line_figure
 
 REPO = Path(__file__).resolve().parents[1]
 AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
@@ -313,9 +313,11 @@ def plot(results: dict[str, dict], args: argparse.Namespace) -> None:
                      if r["strategy"] == name and r["key"] == run_key(args.plot_scenario, name, r["seed"], args)]
               for name in args.strategies}
     series = {name: curves for name, curves in series.items() if curves}
-    line_plot(series, args.plot, f"aid-dev, 64 px, ResNet-18, workers {args.plot_scenario} (SIMULATED): "
-              "validation accuracy vs training wall time, every seed", "training wall time (s)",
-              "validation accuracy (%)")
+    figure = line_figure([("validation accuracy (%)", series)], f"aid-dev, 64 px, ResNet-18, workers "
+                         f"{args.plot_scenario} (SIMULATED): validation accuracy vs training wall time, every seed",
+                         "training wall time (s)")
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.plot)  # PNG, PDF or SVG by the file's suffix
     print(f"plot: {args.plot}")
 
 

@@ -151,6 +151,7 @@ class LogSchema:
     attention_every: int
     attention_images: Optional[int]
     embedding_images: int
+    figure_format: str
     progress_bar: bool
 
 

@@ -65,7 +65,7 @@ def test_report_gives_time_to_target_ratios_and_verdicts(study, tmp_path, monkey
     assert verdicts[1].startswith("1:1: adaptive 1.50x single to the target (target >= 1.00x)")
     assert verdicts[1].endswith(": MET")  # sync's curve, balanced, 1.5x the single worker on identical workers
     assert "1 paired seed, 3 epochs)" in out  # 1:1 has seed 0 only
-    assert Image.open(png).size == (900, 580)
+    assert Image.open(png).size == (600, 460)  # one panel
 
 
 def test_update_balance_counts_only_the_workers_active_at_the_end(study):

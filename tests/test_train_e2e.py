@@ -78,10 +78,11 @@ def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("model", ["baseline", "mgml_fenet"])
 def test_train_writes_every_output(tmp_path: Path, model: str, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
-    result = train(capfd, run_dir, f"model={model}", "epochs=1")
+    result = train(capfd, run_dir, f"model={model}", "epochs=1", "log.figure_format=both")
     assert "test accuracy" in result.stdout and ", 1 epoch, " in result.stdout  # was "1 epochs"
     assert f"tensorboard --logdir {run_dir / 'tensorboard'}" in result.stdout
     metrics = check_run_outputs(run_dir, epochs=1)
+    assert all((run_dir / f"{name}.pdf").read_bytes().startswith(b"%PDF-") for name in ("curves", "confusion"))
     assert not (run_dir / "checkpoints" / "best.pt").exists()  # without validation nothing is selected on test
     assert metrics["protocol"]["selection"] == "last epoch" and "selected_epoch" not in metrics
 
@@ -106,7 +107,8 @@ def check_run_outputs(run_dir: Path, epochs: int) -> dict:
     assert [int(row["epoch"]) for row in rows] == list(range(1, epochs + 1))
     assert [float(row["test_accuracy"]) for row in rows] == [h["test_accuracy"] for h in metrics["history"]]
     assert float(rows[-1]["oa/main"]) == metrics["history"][-1]["oa"]["main"]
-    assert Image.open(run_dir / "curves.png").size == (900, 2 * 580)  # accuracy, then the training loss
+    assert Image.open(run_dir / "curves.png").size == (1160, 460)  # accuracy, then the training loss
+    assert Image.open(run_dir / "confusion.png").size[0] > 21 * 20  # the headline epoch's, 21 classes
     return metrics
 
 
@@ -169,6 +171,14 @@ def test_a_non_finite_learning_rate_is_refused_before_the_data_is_decoded(tmp_pa
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: optimizer.lr=nan: must be a finite number"
     assert "decoded" not in result.stdout + result.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_bad_figure_format_is_refused_before_the_data_is_decoded(tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture) -> None:
+    result = train(capfd, tmp_path / "run", "model=baseline", "epochs=1", "log.figure_format=svg", expect_ok=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == ("error: log.figure_format='svg': use png (the default), pdf "
+                                                      "(vector, for a paper) or both")
 
 
 def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest.CaptureFixture) -> None:

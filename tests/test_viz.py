@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from helpers import PlainClassifier, StandInModel
 
 from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
-from rsnet.viz.figures import captioned_pair, render_confusion_matrix
+from rsnet.viz.figures import AttentionTile, attention_pages, confusion_figure, render_confusion_matrix
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 
@@ -92,17 +92,24 @@ def test_pick_attention_images() -> None:
 
 
 def test_render_confusion_matrix_stays_legible_at_45_classes() -> None:
-    """Was: names cut at 15 characters, column indices only, no axis titles or colour bar, no cell values at 30
-    classes."""
-    img = render_confusion_matrix([[3, 1], [0, 4]], ["forest", "river"])
-    assert img.dtype == np.uint8 and img.ndim == 3
+    """Full class names on both axes (the columns' upright), axis titles, a colour bar and every non-zero cell's
+    share of its row, at 45 classes too; the image grows with the classes."""
+    small = render_confusion_matrix([[3, 1], [0, 4]], ["forest", "river"])
+    assert small.dtype == np.uint8 and small.ndim == 3 and small.shape[2] == 3
+    assert (small < 128).any() and (small == 255).any()  # ink on a white page
     names = [f"class_with_a_long_name_{i:02d}" for i in range(45)]
-    big = render_confusion_matrix(np.eye(45, dtype=int) * 5, names)
-    label = big.shape[0] - 45 * 20 - 4  # 20 px cells (900 // 45) below the upright column names
-    assert label > 100  # room for the full names turned upright, not indices
-    diagonal = big[label + 5 * 20 + 10, :]  # a row of cells: the diagonal cell holds "100" in dark ink on yellow
-    assert (diagonal.sum(axis=1) < 150).any()
-    assert big.shape[1] > big.shape[0] - label + 100  # the row names at the left and the colour bar at the right
+    cm = np.eye(45, dtype=int) * 5
+    cm[3, 7] = 5
+    figure = confusion_figure(cm, names)
+    matrix, bar = figure.axes
+    assert [label.get_text() for label in matrix.get_xticklabels()] == names
+    assert [label.get_text() for label in matrix.get_yticklabels()] == names
+    assert {label.get_rotation() for label in matrix.get_xticklabels()} == {90.0}
+    assert (matrix.get_xlabel(), matrix.get_ylabel()) == ("predicted class", "true class")
+    assert "share of the true class" in bar.get_ylabel()
+    assert sorted(text.get_text() for text in matrix.texts) == ["100"] * 44 + ["50", "50"]
+    big = render_confusion_matrix(cm, names)
+    assert big.shape[0] > 45 * 20 and big.shape[1] > big.shape[0]  # >= 20 px a cell; the colour bar at the right
 
 
 def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInModel) -> None:
@@ -124,8 +131,8 @@ def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInMo
     assert {"test/confusion_matrix", "attention/cam_main", "attention/cam_aux1"} == set(tags["images"])
     event = acc.Images("attention/cam_main")[0]
     assert event.step == 2
-    # 3 tiles in a row, each original | overlay enlarged to 112 px with a 36 px caption; a title row; a colour bar
-    assert event.width > 3 * (2 * 112 + 4) and event.height == 22 + 112 + 36 + 2 * 4
+    # 3 tiles in a row, each original | overlay enlarged to 112 px with a caption below; a title; a colour bar
+    assert event.width > 3 * 2 * 112 + 90 and 112 + 36 + 30 < event.height < 2 * 112 + 36  # one row
 
 
 def test_disabled_logger_writes_nothing(tmp_path, model: StandInModel) -> None:
@@ -163,14 +170,23 @@ def test_real_models_cam_gradcam_and_logger(arch: str, tmp_path) -> None:
 def test_a_tile_says_the_true_class_and_whether_the_prediction_is_right() -> None:
     image = np.full((32, 32, 3), 128, np.uint8)
 
-    def ink(tile: np.ndarray) -> tuple[bool, bool]:
-        caption = tile[112:].astype(int)  # below the pair, enlarged to 112 px
+    def ink(tile: AttentionTile) -> tuple[bool, bool]:
+        page = attention_pages([tile], "forest80.jpg: CAM of head main")[0]
+        caption = page[:, :2 * 112 + 20].astype(int)  # the pair and its caption, left of the (jet) colour bar
         green = ((caption[..., 1] > 90) & (caption[..., 0] < 80) & (caption[..., 2] < 80)).any()
         red = ((caption[..., 0] > 150) & (caption[..., 1] < 80) & (caption[..., 2] < 80)).any()
         return bool(green), bool(red)
 
-    right = captioned_pair(image, image, "forest", "forest", 0.9)
-    wrong = captioned_pair(image, image, "forest", "river", 0.6)
-    assert right.shape == wrong.shape == (112 + 36, 224, 3)
-    assert ink(right) == (True, False) and ink(wrong) == (False, True)
-    assert not any(ink(captioned_pair(image, image, None, "river", 0.6)))  # no true class: plain ink
+    assert ink(AttentionTile(image, image, "forest", "forest", 0.9)) == (True, False)
+    assert ink(AttentionTile(image, image, "forest", "river", 0.6)) == (False, True)
+    assert not any(ink(AttentionTile(image, image, None, "river", 0.6)))  # no true class: plain ink
+
+
+def test_attention_pages_hold_16_tiles_each_at_the_images_resolution() -> None:
+    rng = np.random.default_rng(0)
+    tiles = [AttentionTile(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8), np.zeros((200, 200, 3), np.uint8),
+                           "a_class_with_a_very_long_name_indeed", "b", 0.5) for _ in range(21)]
+    first, second = attention_pages(tiles, "CAM of head main at its predicted class, epoch 4")
+    assert first.dtype == np.uint8 and first.shape[1] == second.shape[1] > 4 * 2 * 200  # 200 px images: not shrunk
+    assert first.shape[0] > 4 * 200 > second.shape[0] > 2 * 200  # 4 rows, then 2 (5 tiles)
+    assert len({tuple(pixel) for pixel in first[::7, ::7].reshape(-1, 3)}) > 1000  # the pictures are there

@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import training_config
 from PIL import Image
 
+from rsnet.engine.config_checks import ConfigError, check_training_config
 from rsnet.models import build_model
 from rsnet.viz.attention import attention_source, class_activation_maps, grad_cam, normalize_maps
 from rsnet.viz.embedding import dataset_embedding, main_branch_features, pick_embedding_images, thumbnail_side
@@ -166,3 +168,13 @@ def test_projector_metadata_keeps_one_line_per_point_whatever_the_class_names(tm
         logger.embeddings(torch.zeros(4, 3), names, None, step=0)
     lines = (tmp_path / "00000" / "main" / "metadata.tsv").read_text(encoding="utf-8").splitlines()
     assert lines == ["tab\\there", "new\\nline", "caf\\udce9", "plain"]
+
+
+@pytest.mark.parametrize("value", ["svg", "PNG", "eps"])
+def test_a_bad_log_figure_format_is_one_line_naming_the_setting(value: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_training_config(training_config("backbone=test_resnet", f"log.figure_format={value}"))
+    message = str(refused.value)
+    assert message == f"log.figure_format={value!r}: use png (the default), pdf (vector, for a paper) or both"
+    for fine in ("png", "pdf", "both"):
+        check_training_config(training_config("backbone=test_resnet", f"log.figure_format={fine}"))

@@ -48,9 +48,11 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     from rsnet.models import check_arch
     from rsnet.parallel.batching import check_batch_per_worker
     from rsnet.parallel.strategies import STRATEGIES
+    from rsnet.viz.figures import check_figure_format
 
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
-              ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device))
+              ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device),
+              ("log.figure_format", check_figure_format))
     trainer = config["trainer"]
     try:
         for key, check in owners:

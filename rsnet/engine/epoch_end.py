@@ -1,6 +1,6 @@
 """What happens after every epoch: every worker evaluates its shard of the test (and validation) split (every
 ``eval_every`` epochs and at the last); the primary selects the model on validation, logs, writes checkpoints,
-metrics.json and the history (history.csv, curves.png).
+metrics.json, the history and the figures (history.csv, curves and confusion matrix as PNG and/or PDF).
 
 Selection: with a validation part (``dataset.val_ratio`` > 0) ``best.pt`` is the epoch with the highest
 validation accuracy and the headline figure is that epoch's test accuracy; without one nothing is selected
@@ -112,7 +112,7 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
         return None
     summary = run_summary(config, data, state, strategy.report())
     write_json(Path(config["run_dir"]) / "metrics.json", summary)
-    write_history(Path(config["run_dir"]), state.history)
+    write_history(Path(config["run_dir"]), summary, data.class_names, config["log"]["figure_format"])
     if epoch == config["epochs"]:
         tb.hparams(config, hparam_metrics(summary), epoch)
     return summary

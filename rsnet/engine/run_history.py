@@ -1,6 +1,7 @@
-"""A run's per-epoch history outside TensorBoard, rewritten beside metrics.json after every evaluation:
-``history.csv`` (one row per evaluated epoch, nested figures as ``oa/main``-style columns) and ``curves.png``
-(accuracy, then the training loss, against the epoch)."""
+"""A run's history and figures outside TensorBoard, rewritten beside metrics.json after every evaluation:
+``history.csv`` (one row per evaluated epoch, nested figures as ``oa/main``-style columns), ``curves.<png|pdf>``
+(accuracy, then the training loss, against the epoch) and ``confusion.<png|pdf>`` (the headline epoch's test
+confusion matrix), in the formats of ``log.figure_format``."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from matplotlib.figure import Figure
 
 from rsnet.files import atomic_write
-from rsnet.viz.line_plot import draw_line_plot
+from rsnet.viz.figures import confusion_figure, line_figure, save_figure
 
-ACCURACY_CURVES = {"test_accuracy": "test (reported head)", "val_accuracy": "validation",
-                   "train/oa_main": "training (main branch)"}
 LOSS_CURVE = "train/loss/total"
 
 
@@ -30,9 +29,15 @@ def flat_record(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def write_history(run_dir: Path, history: Sequence[Mapping[str, Any]]) -> None:
-    """``history.csv`` and ``curves.png`` in ``run_dir`` from the run's history (metrics.json's ``history``)."""
-    rows = [flat_record(record) for record in history]
+def head_name(head: str) -> str:
+    """A head as the figures name it: ``main branch``, ``ensemble``, ``aux1`` ..."""
+    return "main branch" if head == "main" else head
+
+
+def write_history(run_dir: Path, summary: Mapping[str, Any], class_names: Sequence[str],
+                  figure_format: str = "png") -> None:
+    """``history.csv``, the curves and the confusion matrix in ``run_dir`` from the run summary (metrics.json)."""
+    rows = [flat_record(record) for record in summary["history"]]
     if not rows:
         return
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -40,23 +45,28 @@ def write_history(run_dir: Path, history: Sequence[Mapping[str, Any]]) -> None:
         writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    with atomic_write(run_dir / "curves.png") as handle:
-        curves_image(rows).save(handle, format="PNG")
+    run = f"{summary['dataset']}: {summary['model']} on {summary['backbone']}"
+    save_figure(curves_figure(rows, run, summary["reported_head"]), run_dir / "curves", figure_format)
+    epoch = summary.get("selected_epoch", summary["history"][-1]["epoch"])
+    save_figure(confusion_figure(summary["confusion_matrix"], class_names,
+                                 f"{run}\ntest split, {head_name(summary['reported_head'])}, epoch {epoch}"),
+                run_dir / "confusion", figure_format)
 
 
-def curves_image(rows: Sequence[Mapping[str, Any]]) -> Image.Image:
-    """Accuracy (test, validation, training) against the epoch, with the training loss below where recorded."""
+def curves_figure(rows: Sequence[Mapping[str, Any]], run: str, reported_head: str) -> Figure:
+    """Test accuracy of the reported head (and of the main branch when another head is reported), validation and
+    training accuracy against the epoch, with the training loss beside them where recorded."""
     def curve(key: str) -> list[tuple[float, float]]:
         return [(float(row["epoch"]), float(row[key])) for row in rows if row.get(key) is not None]
 
-    curves = {name: curve(key) for key, name in ACCURACY_CURVES.items()}
-    accuracy = {name: [points] for name, points in curves.items() if points}
-    panels = [draw_line_plot(accuracy, "accuracy per epoch", "epoch", "accuracy (%)")]
+    reported = head_name(reported_head)
+    names = {"test_accuracy": f"test, {reported} (reported)", "oa/main": "test, main branch",
+             "val_accuracy": f"validation, {reported}", "train/oa_main": "training, main branch"}
+    if reported_head == "main":
+        del names["oa/main"]
+    accuracy = {name: [points] for name, points in ((name, curve(key)) for key, name in names.items()) if points}
+    panels = [("accuracy (%)", accuracy)]
     loss = curve(LOSS_CURVE)
     if loss:
-        panels.append(draw_line_plot({"training loss (all terms)": [loss]}, "training loss per epoch", "epoch",
-                                     "loss"))
-    image = Image.new("RGB", (panels[0].width, sum(panel.height for panel in panels)), "white")
-    for index, panel in enumerate(panels):
-        image.paste(panel, (0, index * panels[0].height))
-    return image
+        panels.append(("training loss (all terms)", {"training loss": [loss]}))
+    return line_figure(panels, run, "epoch")

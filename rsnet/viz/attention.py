@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rsnet.models.output import MultiBranchOutput
+from rsnet.viz.figures import AttentionTile
 
 
 @contextmanager
@@ -111,13 +112,11 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
 
 
 def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
-                        labels: Sequence[int] | None = None) -> dict[str, list[np.ndarray]]:
-    """Per CAM head, one tile per image (:func:`rsnet.viz.figures.captioned_pair`): the uint8 image beside its
+                        labels: Sequence[int] | None = None) -> dict[str, list[AttentionTile]]:
+    """Per CAM head, one tile per image (:class:`rsnet.viz.figures.AttentionTile`): the uint8 image beside its
     overlay at the head's predicted class, captioned with the prediction and its probability, and with the true
     class (``labels``) when known; classes by name (``class <i>`` without names). One forward pass gives both the
     maps and the predictions. ``inputs`` are the normalised ``images`` on the model's device."""
-    from rsnet.viz.figures import captioned_pair
-
     def name(index: int) -> str:
         return str(class_names[index]) if class_names is not None else f"class {index}"
 
@@ -125,8 +124,8 @@ def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, cl
     tiles = {}
     for head, maps in cams.items():
         probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
-        tiles[head] = [captioned_pair(image, overlay(image, cam), name(labels[i]) if labels is not None else None,
-                                      name(int(predicted[i])), float(probabilities[i]))
+        tiles[head] = [AttentionTile(image, overlay(image, cam), name(labels[i]) if labels is not None else None,
+                                     name(int(predicted[i])), float(probabilities[i]))
                        for i, (image, cam) in enumerate(zip(images, maps.cpu().numpy()))]
     return tiles
 

@@ -1,159 +1,191 @@
-"""Pictures that explain themselves, drawn with Pillow's built-in font: attention pages (every tile the image, its
-overlay, the true class and the prediction marked right or wrong, a colour bar beside the page) and a confusion
-matrix that stays legible at 45 classes (full names on both axes, axis titles, cell values, a colour bar)."""
+"""Figures drawn with matplotlib on its Agg canvas (no pyplot: no global state, thread-safe, no display): curves
+against the epoch, the confusion matrix and attention pages; as RGB arrays for TensorBoard, as PNG and/or PDF files
+(``log.figure_format``) for the run folder and papers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-import cv2
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image
 
-RIGHT, WRONG, INK = (0, 128, 0), (200, 0, 0), (0, 0, 0)
-TILE_MIN = 112  # images are enlarged to at least this side, so that a caption fits under the pair
+from rsnet.files import atomic_write
+
+FIGURE_FORMATS = {"png": ("png",), "pdf": ("pdf",), "both": ("png", "pdf")}
+DPI = 100
+RIGHT, WRONG = "#1a7f37", "#c62828"
 PAGE_SIZE = 16  # tiles on one attention page (4 x 4)
+Series = Mapping[str, Sequence[Sequence[tuple[float, float]]]]
 
 
-def text_font(size: int = 13) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    """Pillow's built-in font at ``size`` pixels."""
-    return ImageFont.load_default(size=size)
+def check_figure_format(value: object) -> str:
+    """``log.figure_format`` must be a key of :data:`FIGURE_FORMATS`; ValueError naming the setting otherwise."""
+    if value not in FIGURE_FORMATS:
+        raise ValueError(f"log.figure_format={value!r}: use png (the default), pdf (vector, for a paper) or both")
+    return str(value)
 
 
-def _text_width(text: str, font: ImageFont.ImageFont) -> int:
-    left, _, right, _ = font.getbbox(text)
-    return int(right - left)
+def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    """A ``width`` x ``height`` inch figure on its own Agg canvas."""
+    figure = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    FigureCanvasAgg(figure)
+    return figure
 
 
-def _fit(text: str, width: int, font: ImageFont.ImageFont) -> str:
-    """``text``, cut with an ellipsis where it would be wider than ``width`` pixels."""
-    if _text_width(text, font) <= width:
-        return text
-    while text and _text_width(text + "…", font) > width:
-        text = text[:-1]
-    return text + "…"
+def figure_array(figure: Figure) -> np.ndarray:
+    """``figure`` rendered as a uint8 (H, W, 3) RGB array (for TensorBoard)."""
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
 
 
-def colour_bar(height: int, colormap: int, top_label: str, bottom_label: str, title: str) -> np.ndarray:
-    """A vertical uint8 (H, W, 3) colour bar of an OpenCV ``colormap``: high values at the top, labelled."""
-    font = text_font(12)
-    bar_height = max(height - 40, 20)
-    ramp = np.linspace(255, 0, bar_height).astype(np.uint8)[:, None].repeat(16, axis=1)
-    colours = cv2.cvtColor(cv2.applyColorMap(ramp, colormap), cv2.COLOR_BGR2RGB)
-    width = 24 + max(_text_width(top_label, font), _text_width(bottom_label, font)) + 22
-    canvas = Image.new("RGB", (width, height), "white")
-    canvas.paste(Image.fromarray(colours), (6, 20))
-    draw = ImageDraw.Draw(canvas)
-    draw.text((26, 16), top_label, fill=INK, font=font)
-    draw.text((26, 20 + bar_height - 12), bottom_label, fill=INK, font=font)
-    label = Image.new("RGB", (bar_height, 16), "white")
-    ImageDraw.Draw(label).text((0, 1), _fit(title, bar_height, font), fill=INK, font=font)
-    canvas.paste(label.rotate(90, expand=True), (width - 18, 20))
-    return np.asarray(canvas)
+def save_figure(figure: Figure, stem: Path, figure_format: str = "png") -> list[Path]:
+    """``figure`` written atomically as ``<stem>.png`` (RGB, the TensorBoard image) and/or ``<stem>.pdf`` (vector),
+    as :data:`FIGURE_FORMATS` says."""
+    paths = []
+    for suffix in FIGURE_FORMATS[check_figure_format(figure_format)]:
+        path = stem.with_name(f"{stem.name}.{suffix}")
+        with atomic_write(path) as handle:
+            if suffix == "png":
+                Image.fromarray(figure_array(figure)).save(handle, format="PNG")
+            else:
+                figure.savefig(handle, format=suffix)
+        paths.append(path)
+    return paths
 
 
-def _enlarged(image: np.ndarray, side: int) -> np.ndarray:
-    if image.shape[0] >= side:
-        return image
-    return cv2.resize(image, (side, side), interpolation=cv2.INTER_LINEAR)
+def line_figure(panels: Sequence[tuple[str, Series]], title: str, xlabel: str) -> Figure:
+    """One panel per ``(y label, series)``, side by side; every curve of a series in the series' colour, its name
+    in the panel's legend."""
+    width = 5.6 * len(panels) + 0.4
+    figure = new_figure(width, 4.6)
+    figure.suptitle(textwrap.fill(title, int(width * 72 / 8)), fontsize=13)
+    for axes, (ylabel, series) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels):
+        for index, (name, curves) in enumerate(series.items()):
+            for number, curve in enumerate(curves):
+                x, y = zip(*curve) if curve else ((), ())
+                axes.plot(x, y, color=f"C{index}", marker="o" if len(curve) < 40 else None, markersize=3.5,
+                          linewidth=1.8, label=name if number == 0 else None)
+        axes.set_xlabel(xlabel, fontsize=11)
+        axes.set_ylabel(ylabel, fontsize=11)
+        axes.grid(True, color="#e4e4e4")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.legend(fontsize=10, loc="best")
+    return figure
 
 
-def captioned_pair(image: np.ndarray, overlaid: np.ndarray, truth: str | None, predicted: str,
-                   probability: float | None = None) -> np.ndarray:
-    """The image beside its attention overlay (each at least ``TILE_MIN`` px), captioned below with the true class
-    and the prediction, "right" in green or "WRONG" in red (Pillow's built-in font has no check marks); without a
-    true class, the prediction alone."""
-    side = max(image.shape[0], TILE_MIN)
-    pair = np.concatenate([_enlarged(image, side), _enlarged(overlaid, side)], axis=1)
-    font = text_font(13)
-    canvas = Image.new("RGB", (pair.shape[1], side + 36), "white")
-    canvas.paste(Image.fromarray(pair), (0, 0))
-    draw = ImageDraw.Draw(canvas)
-    shown = f"{predicted} {probability:.0%}" if probability is not None else predicted
-    if truth is None:
-        draw.text((2, side + 2), _fit(f"predicted: {shown}", pair.shape[1] - 4, font), fill=INK, font=font)
-    else:
-        right = truth == predicted
-        draw.text((2, side + 2), _fit(f"true: {truth}", pair.shape[1] - 4, font), fill=INK, font=font)
-        draw.text((2, side + 18), _fit(f"{'right' if right else 'WRONG'}: {shown}", pair.shape[1] - 4, font),
-                  fill=RIGHT if right else WRONG, font=font)
-    return np.asarray(canvas)
-
-
-def tile_grid(tiles: Sequence[np.ndarray], columns: int = 4, pad: int = 4) -> np.ndarray:
-    """Equally sized uint8 (H, W, 3) tiles in a grid with white padding."""
-    height, width = tiles[0].shape[:2]
-    columns = max(1, min(columns, len(tiles)))
-    rows = (len(tiles) + columns - 1) // columns
-    grid = np.full((rows * (height + pad) + pad, columns * (width + pad) + pad, 3), 255, dtype=np.uint8)
-    for index, tile in enumerate(tiles):
-        row, col = divmod(index, columns)
-        top, left = pad + row * (height + pad), pad + col * (width + pad)
-        grid[top:top + height, left:left + width] = tile
-    return grid
-
-
-def attention_pages(tiles: Sequence[np.ndarray], title: str, columns: int = 4,
-                    per_page: int = PAGE_SIZE) -> list[np.ndarray]:
-    """``tiles`` (from :func:`captioned_pair`) on pages of ``per_page``, each page titled and with the overlay's
-    colour bar at its right."""
-    pages = []
-    count = (len(tiles) + per_page - 1) // per_page
-    for number, start in enumerate(range(0, len(tiles), per_page), 1):
-        grid = tile_grid(tiles[start:start + per_page], columns)
-        bar = colour_bar(min(grid.shape[0], 320), cv2.COLORMAP_JET, "high", "low", "attention")
-        page = Image.new("RGB", (grid.shape[1] + bar.shape[1], grid.shape[0] + 22), "white")
-        page.paste(Image.fromarray(grid), (0, 22))
-        page.paste(Image.fromarray(bar), (grid.shape[1], 22))
-        heading = title + (f" (page {number} of {count})" if count > 1 else "")
-        ImageDraw.Draw(page).text((4, 3), heading, fill=INK, font=text_font(14))
-        pages.append(np.asarray(page))
-    return pages
+def confusion_figure(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
+                     title: str | None = None) -> Figure:
+    """The row-normalised confusion matrix (rows: true class, columns: predicted class): class names on both axes
+    (the columns' turned upright), every non-zero cell's share of its row in %, a colour bar. 45 classes stay
+    legible."""
+    cm = np.asarray(cm, dtype=np.float64)
+    n = cm.shape[0]
+    names = [str(name) for name in class_names] if class_names else [str(i) for i in range(n)]
+    rows = cm.sum(axis=1, keepdims=True)
+    share = np.divide(cm, rows, out=np.zeros_like(cm), where=rows > 0) * 100.0
+    cell = float(np.clip(9.0 / max(n, 1), 0.24, 0.6))  # inches
+    label = 0.075 * max(map(len, names)) + 0.5
+    figure = new_figure(n * cell + label + 1.6, n * cell + label + (0.9 if title else 0.5))
+    axes = figure.add_subplot()
+    image = axes.imshow(share, cmap="viridis", vmin=0.0, vmax=100.0)
+    ticks = np.arange(n)
+    label_size = 10 if n <= 30 else 9
+    axes.set_xticks(ticks, names, rotation=90, fontsize=label_size)
+    axes.set_yticks(ticks, names, fontsize=label_size)
+    axes.set_xlabel("predicted class", fontsize=11)
+    axes.set_ylabel("true class", fontsize=11)
+    value_size = float(np.clip(cell * 72 * 0.4, 6.5, 11))
+    for i, j in zip(*np.nonzero(cm)):
+        axes.text(j, i, f"{share[i, j]:.0f}", ha="center", va="center", fontsize=value_size,
+                  color="black" if share[i, j] > 60 else "white").set_in_layout(False)  # inside: no margin
+    bar = figure.colorbar(image, ax=axes, shrink=min(1.0, 4.5 / (n * cell)), pad=0.02)
+    bar.set_label("share of the true class (%)", fontsize=10)
+    if title:
+        axes.set_title(title, fontsize=12)
+    return figure
 
 
 def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]],
                             class_names: Sequence[str] | None = None) -> np.ndarray:
-    """A row-normalised confusion matrix (rows: true class, columns: predicted class) as uint8 (H, W, 3): full
-    class names on both axes (the columns' turned upright), axis titles, every non-zero cell's percentage and a
-    colour bar. Cells stay at least 18 px, so 45 classes (NWPU-RESISC45) remain readable."""
-    cm = np.asarray(cm, dtype=np.float64)
-    n = cm.shape[0]
-    names = list(class_names) if class_names else [str(i) for i in range(n)]
-    rows = cm.sum(axis=1, keepdims=True)
-    norm = np.divide(cm, rows, out=np.zeros_like(cm), where=rows > 0)
-    cell = int(np.clip(900 // max(n, 1), 18, 48))
-    font, value_font = text_font(12), text_font(max(8, min(12, cell // 2 - 1)))
-    label = max(_text_width(name, font) for name in names) + 8
-    left, top = 20 + label, 20 + label
-    heat = cv2.applyColorMap(np.uint8(norm * 255.0 + 0.5), cv2.COLORMAP_VIRIDIS)
-    heat = cv2.resize(cv2.cvtColor(heat, cv2.COLOR_BGR2RGB), (n * cell, n * cell), interpolation=cv2.INTER_NEAREST)
-    bar = colour_bar(min(n * cell, 320), cv2.COLORMAP_VIRIDIS, "100 %", "0 %", "share of the true class")
-    canvas = Image.new("RGB", (left + n * cell + 8 + bar.shape[1], max(top + n * cell + 4, top + bar.shape[0])),
-                       "white")
-    canvas.paste(Image.fromarray(heat), (left, top))
-    canvas.paste(Image.fromarray(bar), (left + n * cell + 8, top))
-    draw = ImageDraw.Draw(canvas)
-    for i, name in enumerate(names):
-        draw.text((left - 4 - _text_width(name, font), top + i * cell + (cell - 12) // 2), name, fill=INK, font=font)
-        upright = Image.new("RGB", (label, 14), "white")
-        ImageDraw.Draw(upright).text((label - 4 - _text_width(name, font), 0), name, fill=INK, font=font)
-        canvas.paste(upright.rotate(90, expand=True), (left + i * cell + (cell - 14) // 2, 20))
-    _axis_titles(canvas, left, top, n * cell, font)
-    for i in range(n):
-        for j in range(n):
-            if cm[i, j]:
-                text = f"{norm[i, j] * 100:.0f}"
-                colour = INK if norm[i, j] > 0.6 else (255, 255, 255)
-                x = left + j * cell + (cell - _text_width(text, value_font)) // 2
-                draw.text((x, top + i * cell + cell // 4), text, fill=colour, font=value_font)
-    return np.asarray(canvas)
+    """:func:`confusion_figure` as a uint8 (H, W, 3) array."""
+    return figure_array(confusion_figure(cm, class_names))
 
 
-def _axis_titles(canvas: Image.Image, left: int, top: int, extent: int, font: ImageFont.ImageFont) -> None:
-    """"predicted class" above the columns, "true class" (turned upright) left of the rows."""
-    draw = ImageDraw.Draw(canvas)
-    draw.text((left + extent // 2 - _text_width("predicted class", font) // 2, 2), "predicted class", fill=INK,
-              font=font)
-    title = Image.new("RGB", (_text_width("true class", font) + 4, 16), "white")
-    ImageDraw.Draw(title).text((2, 1), "true class", fill=INK, font=font)
-    canvas.paste(title.rotate(90, expand=True), (2, top + extent // 2 - title.width // 2))
+@dataclass
+class AttentionTile:
+    """One image beside its attention overlay, captioned with the true class (None: unknown), the prediction and its
+    probability."""
+
+    image: np.ndarray
+    overlaid: np.ndarray
+    truth: str | None
+    predicted: str
+    probability: float | None = None
+
+
+def _fit(text: str, inches: float, points: float) -> str:
+    """``text``, cut with an ellipsis where it would be wider than ``inches`` at ``points`` pt."""
+    limit = max(int(inches * 72 / (0.62 * points)), 4)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _caption(axes: Axes, tile: AttentionTile, width: float, height: float) -> None:
+    """Below ``axes`` (``width`` x ``height`` inches): the true class, then the prediction and its probability, with
+    ✓ in green when right, ✗ in red when wrong; without a true class, the prediction alone."""
+    shown = tile.predicted + (f" {tile.probability:.0%}" if tile.probability is not None else "")
+    if tile.truth is None:
+        lines = [("predicted: " + shown, "black")]
+    else:
+        right = tile.truth == tile.predicted
+        lines = [("true: " + tile.truth, "black"), (("✓ " if right else "✗ ") + shown, RIGHT if right else WRONG)]
+    for number, (text, colour) in enumerate(lines):
+        axes.text(0.0, -0.03 - number * 0.18 / height, _fit(text, width, 9.5), transform=axes.transAxes,
+                  ha="left", va="top", fontsize=9.5, color=colour)
+
+
+def attention_pages(tiles: Sequence[AttentionTile], title: str, columns: int = 4,
+                    per_page: int = PAGE_SIZE) -> list[np.ndarray]:
+    """``tiles`` on pages of ``per_page`` (``columns`` a row) as uint8 (H, W, 3) arrays: each page titled, every
+    tile the image beside its overlay with its caption below, the overlay's colour bar at the page's right."""
+    pages = []
+    count = (len(tiles) + per_page - 1) // per_page
+    side = float(np.clip(tiles[0].image.shape[0], 112, 256)) / DPI  # inches: up to 256 px at full resolution
+    gap, caption, bar = 0.2, 0.42, 0.9
+    for number, start in enumerate(range(0, len(tiles), per_page), 1):
+        chunk = tiles[start:start + per_page]
+        across = max(1, min(columns, len(chunk)))
+        down = (len(chunk) + across - 1) // across
+        width = gap + across * (2 * side + gap) + bar
+        heading = textwrap.fill(title + (f" (page {number} of {count})" if count > 1 else ""),
+                                int((width - 2 * gap) * 72 / 6.5))
+        head = 0.3 + 0.2 * (heading.count("\n") + 1)
+        height = head + down * (side + caption + gap)
+        figure = new_figure(width, height, layout=None)
+        figure.text(gap / width, 1 - 0.12 / height, heading, ha="left", va="top", fontsize=11.5)
+        for index, tile in enumerate(chunk):
+            row, col = divmod(index, across)
+            left, top = gap + col * (2 * side + gap), head + row * (side + caption + gap)
+            for offset, picture in ((0.0, tile.image), (side, tile.overlaid)):
+                axes = figure.add_axes(((left + offset) / width, 1 - (top + side) / height, side / width,
+                                        side / height))
+                axes.imshow(picture, interpolation="bilinear" if picture.shape[0] < side * DPI else "antialiased")
+                axes.set_axis_off()
+                if offset == 0.0:
+                    _caption(axes, tile, 2 * side, side)
+        grid = min(down * (side + caption + gap) - gap, 3.2)
+        bar_axes = figure.add_axes(((width - bar + 0.15) / width, 1 - (head + grid) / height, 0.16 / width,
+                                    grid / height))
+        colour_bar = figure.colorbar(ScalarMappable(Normalize(0.0, 1.0), "jet"), cax=bar_axes, ticks=[0.0, 1.0])
+        colour_bar.ax.set_yticklabels(["low", "high"], fontsize=9.5)
+        colour_bar.set_label("attention", fontsize=10)
+        pages.append(figure_array(figure))
+    return pages
