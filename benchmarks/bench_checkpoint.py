@@ -20,7 +20,7 @@ import torch
 
 from rsnet.integrity import content_digest
 from rsnet.models import build_model
-from rsnet.trained_model import load_checkpoint, save_checkpoint
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
 
 
 def payload(backbone: str) -> dict:

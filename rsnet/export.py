@@ -1,7 +1,7 @@
 """Export a trained model (its main branch, or the full ensemble) with its metadata.
 
     from rsnet.export import export_checkpoint
-    from rsnet.trained_model import load_exported
+    from rsnet.exported_model import load_exported
     result = export_checkpoint("run/checkpoints/last.pt", "exported/")  # format="auto": timm's, main branch
     model = load_exported("exported/")          # callable: images (B, 3, H, W) -> logits (B, N)
     model.class_names, model.image_size, model.mean, model.std
@@ -38,9 +38,9 @@ from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
 from rsnet.integrity import file_digest
-from rsnet.trained_model import (DIGEST_KEY, FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportedModel,
-                                 ExportError, ModelSource, export_files, load_exported, model_from_training_checkpoint,
-                                 names_export_file, resolve_model_path)
+from rsnet.checkpoint import DIGEST_KEY
+from rsnet.exported_model import FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel, export_files, load_exported, names_export_file
+from rsnet.model_loading import ModelSource, model_from_training_checkpoint, resolve_model_path
 
 ONNX_OPSET = 18
 HEADS = ("main", "ensemble")

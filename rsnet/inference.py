@@ -28,8 +28,8 @@ from rsnet.data.normalize import to_float_chw
 from rsnet.data.specs import IMAGE_EXTENSIONS
 from rsnet.evaluation import TTAModel
 from rsnet.export import attention_model
-from rsnet.settings import resolve_device
-from rsnet.trained_model import load_model
+from rsnet.devices import resolve_device
+from rsnet.model_loading import load_model
 
 
 class UnreadableImageError(ValueError):
@@ -120,7 +120,7 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 def load_predictor(path: str | Path, device: str | torch.device = "auto", head: str | None = None,
                    tta: str = "none", attention: bool = False) -> Predictor:
-    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.trained_model.load_model`
+    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.model_loading.load_model`
     resolves ``path`` (a file, a run folder or an export folder), onto ``device`` (``auto``: CUDA when present).
     ``head``: the scored head of a checkpoint (default: its ensemble, else main); ``tta="d4"``: average the logits
     of the 8 dihedral views (:class:`rsnet.evaluation.TTAModel`); ``attention``: an export is also rebuilt as an

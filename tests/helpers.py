@@ -33,12 +33,13 @@ from torch import nn
 
 import rsnet
 import rsnet.data
-import rsnet.trained_model
+import rsnet.model_loading
 from rsnet.data import DATASETS
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.models import build_model
 from rsnet.models.output import MultiBranchOutput
-from rsnet.trained_model import LoadedModel, ModelSource, model_from_training_checkpoint, save_checkpoint
+from rsnet.checkpoint import save_checkpoint
+from rsnet.model_loading import LoadedModel, ModelSource, model_from_training_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -261,7 +262,7 @@ def run_evaluate_script(model: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_p
     loaded = LoadedModel(model, ModelSource(tmp_path / "run" / "checkpoints" / "best.pt", "checkpoint"),
                          {"class_names": STAND_IN_CLASSES, "image_size": 16, "mean": [0.5] * 3, "std": [0.5] * 3},
                          {"dataset": {"name": "stand_in", "train_ratio": 0.5}, "seed": 0})
-    monkeypatch.setattr(rsnet.trained_model, "load_model", lambda path, device: loaded)
+    monkeypatch.setattr(rsnet.model_loading, "load_model", lambda path, device: loaded)
     monkeypatch.setattr(rsnet.data, "build_datasets_from_config", lambda *args, **kwargs: SimpleNamespace(
         test=TensorDataset(n=8, size=16), class_names=STAND_IN_CLASSES))
     script.main(compose_command("evaluate", "checkpoint=stand_in", *overrides))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import training_config
 
-from rsnet.trained_model import load_checkpoint, save_checkpoint
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import ConfigError, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.lr_schedule import learning_rate
 

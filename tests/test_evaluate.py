@@ -119,7 +119,8 @@ def test_evaluate_list_of_batches() -> None:
 
 
 def test_inference_settings_name_themselves(tmp_path) -> None:
-    from rsnet.settings import check_writable, int_setting, resolve_device
+    from rsnet.commands.values import check_writable, int_setting
+    from rsnet.devices import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu") and resolve_device("auto").type in ("cpu", "cuda")
     with pytest.raises(ValueError, match=r"^device=tpu: not a device rsnet runs on; .*this machine has: cpu"):

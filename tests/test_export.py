@@ -22,7 +22,8 @@ from helpers import (EXPORT_CLASSES, EXPORT_SIZE, REPO, compose_command, depreca
 
 import rsnet.export
 from rsnet.export import ExportResult, export_checkpoint
-from rsnet.trained_model import ExportError, load_exported, save_checkpoint
+from rsnet.checkpoint import save_checkpoint
+from rsnet.exported_model import ExportError, load_exported
 from rsnet.models import build_model
 
 
@@ -181,7 +182,7 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
 
 def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path) -> None:
     """Was: a best.pt beside an export's model.json was taken for the export (predict used model.pt instead)."""
-    from rsnet.trained_model import resolve_model_path
+    from rsnet.model_loading import resolve_model_path
 
     run = tmp_path / "run"
     best = write_checkpoint(run / "checkpoints" / "best.pt")

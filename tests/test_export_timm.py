@@ -13,7 +13,8 @@ from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_
                      full_logits, load_export_script)
 
 from rsnet.export import ExportResult, export_checkpoint
-from rsnet.trained_model import ExportError, load_exported, load_model
+from rsnet.exported_model import ExportError, load_exported
+from rsnet.model_loading import load_model
 
 
 @pytest.fixture(scope="module")

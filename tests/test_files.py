@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rsnet.cli import user_errors
-from rsnet.trained_model import load_checkpoint, save_checkpoint
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.files import DiskFullError, atomic_write, check_writable_dir
 
 PAYLOAD = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones(2)}, "class_names": ["a"],

@@ -16,7 +16,7 @@ from PIL import Image
 from rsnet.export import export_checkpoint
 from rsnet.inference import list_images, load_predictor
 from rsnet.models import build_model
-from rsnet.trained_model import save_checkpoint
+from rsnet.checkpoint import save_checkpoint
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from helpers import REPO, compose_command
 from omegaconf import OmegaConf
 
 from rsnet.data import DATASETS
-from rsnet.trained_model import load_checkpoint, save_checkpoint
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.export import export_checkpoint
 from rsnet.models import build_model
 

@@ -24,7 +24,8 @@ from rsnet.export import export_checkpoint
 from rsnet.files import DiskFullError, disk_full_named
 from rsnet.integrity import content_digest
 from rsnet.models import build_model
-from rsnet.trained_model import ExportError, load_checkpoint, load_exported, save_checkpoint
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
+from rsnet.exported_model import ExportError, load_exported
 from rsnet.viz.tensorboard import TensorBoardLogger
 
 DAMAGED = "is damaged: its contents do not match the SHA-256 written with them"

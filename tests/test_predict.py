@@ -16,10 +16,11 @@ from PIL import Image
 from helpers import PREDICT_CLASSES, REPO, StandInModel, checkpoint_payload, compose_command, load_predict_script
 
 import rsnet.export
+import rsnet.exported_model
 import rsnet.inference
-import rsnet.trained_model
+import rsnet.model_loading
 from rsnet.data import to_float_chw
-from rsnet.trained_model import save_checkpoint
+from rsnet.checkpoint import save_checkpoint
 
 SCRIPT = REPO / "scripts" / "predict.py"
 
@@ -75,7 +76,7 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
 
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     out, attn = tmp_path / "preds.csv", tmp_path / "attn"
     rows = predict_mod.predict(predict_command(
@@ -151,7 +152,7 @@ def test_skip_corrupt(predict_mod, image_dir: Path, tmp_path: Path, monkeypatch,
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     (image_dir / "b2_broken.png").write_bytes(b"garbage")
     (image_dir / "d_broken.jpg").write_bytes(b"garbage")
@@ -172,7 +173,7 @@ def test_a_run_folder_without_best_pt_means_its_last(predict_mod, image_dir: Pat
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     run = tmp_path / "run"
     save_checkpoint(run / "checkpoints" / "last.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     predict_mod.predict(predict_command([f"checkpoint={run}", f"images={image_dir}"]))
@@ -197,7 +198,7 @@ def esd_checkpoint(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
 def test_an_export_predicts_like_the_main_branch_and_draws_its_attention(fmt, esd_checkpoint, image_dir: Path,
                                                                          tmp_path: Path, predict_mod) -> None:
     from rsnet.export import attention_model, export_checkpoint
-    from rsnet.trained_model import load_exported
+    from rsnet.exported_model import load_exported
     from rsnet.viz.attention import grad_cam
 
     model, ckpt = esd_checkpoint
@@ -250,7 +251,7 @@ def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoi
     from rsnet.models.main_branch import baseline_from_main_branch
 
     rsnet.export.export_checkpoint(esd_checkpoint[1], tmp_path / "exported", format="state_dict")
-    exported = rsnet.trained_model.load_exported(tmp_path / "exported")
+    exported = rsnet.exported_model.load_exported(tmp_path / "exported")
 
     def other_weights(state, backbone, num_classes):
         model = baseline_from_main_branch(state, backbone, num_classes)
@@ -258,7 +259,7 @@ def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoi
         return model
 
     monkeypatch.setattr(rsnet.export, "baseline_from_main_branch", other_weights)
-    with pytest.raises(rsnet.trained_model.ExportError, match="does not give the export's logits"):
+    with pytest.raises(rsnet.exported_model.ExportError, match="does not give the export's logits"):
         rsnet.export.attention_model(exported)
 
 
@@ -269,7 +270,7 @@ def test_16_bit_images_are_decoded_as_the_run_decoded_them(predict_mod, tmp_path
 
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     config = {"dataset": {"high_bit_depth": high_bit_depth}} if high_bit_depth else {}
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", {**checkpoint_payload({"arch": "stand_in"}, model.state_dict()),
                                                    "config": config})
@@ -294,7 +295,7 @@ def stand_in_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     return save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
 
 

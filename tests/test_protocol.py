@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.engine.epoch_end import evaluates_after
-from rsnet.settings import pretrained_tag, protocol_folder
+from rsnet.run_folders import pretrained_tag, protocol_folder
 
 TINY = ["backbone=test_resnet", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false",
         "trainer.devices=[cpu]", "model=baseline"]

@@ -21,7 +21,7 @@ from helpers import REPO, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rsnet.trained_model import load_checkpoint
+from rsnet.checkpoint import load_checkpoint
 
 TINY = ["backbone=test_resnet", "dataset.image_size=64", "batch_size=32", "log.progress_bar=false",
         "trainer.devices=[cpu]", "log.attention_every=1"]

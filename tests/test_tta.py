@@ -17,8 +17,8 @@ from rsnet.data import to_float_chw
 from rsnet.evaluation import TTAModel, compute_metrics, d4_views, evaluate
 from rsnet.inference import read_image
 from rsnet.models.output import MultiBranchOutput
-from rsnet.settings import tta_setting
-from rsnet.trained_model import save_checkpoint
+from rsnet.commands.values import tta_setting
+from rsnet.checkpoint import save_checkpoint
 
 
 class InvariantModel(nn.Module):
@@ -117,13 +117,13 @@ def test_evaluate_script_accepts_tta(monkeypatch, tmp_path: Path, capsys) -> Non
 
 
 def test_predict_accepts_tta(tmp_path: Path, monkeypatch, capsys) -> None:
-    import rsnet.trained_model
+    import rsnet.model_loading
 
     predict_mod = load_predict_script()
     torch.manual_seed(0)
     model = StandInModel(num_classes=4)
     model.model_config = {"arch": "stand_in"}
-    monkeypatch.setattr(rsnet.trained_model, "model_from_checkpoint", lambda ckpt, source=None: model)
+    monkeypatch.setattr(rsnet.model_loading, "model_from_checkpoint", lambda ckpt, source=None: model)
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", checkpoint_payload({"arch": "stand_in"}, model.state_dict()))
     images = tmp_path / "imgs"
     images.mkdir()

@@ -48,7 +48,7 @@ def shared_dataset_settings() -> dict[str, Any]:
 
 
 from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, config_groups, above
-from rsnet.settings import protocol_folder  # noqa: E402
+from rsnet.run_folders import protocol_folder
 
 register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)
 # run folder names: ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch

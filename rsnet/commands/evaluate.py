@@ -26,12 +26,13 @@ from rsnet.commands import hydra_config_path, shared_dataset_settings
 from rsnet.commands.overrides import check_overrides
 from rsnet.data.errors import CorruptImageError
 from rsnet.files import atomic_write
-from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device, tta_setting
+from rsnet.commands.values import bool_setting, check_writable, int_setting, tta_setting
+from rsnet.devices import resolve_device
 
 # the model and data code (torch, timm) is imported where the evaluation starts (main), not here: --help and a
 # refused setting answer without it
 if TYPE_CHECKING:
-    from rsnet.trained_model import ModelSource
+    from rsnet.model_loading import ModelSource
 
 SCORES = ("precision", "recall", "f1")
 
@@ -92,7 +93,7 @@ def main(cfg: DictConfig) -> None:
     """Score the model, print the main figures and per-class table, then write the metrics and confusion."""
     from rsnet.data import build_datasets_from_config
     from rsnet.evaluation import TTAModel, compute_metrics, evaluate
-    from rsnet.trained_model import load_model
+    from rsnet.model_loading import load_model
 
     with user_errors():
         device = resolve_device(str(cfg.device))

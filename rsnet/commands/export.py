@@ -25,7 +25,7 @@ from tqdm import tqdm
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
-from rsnet.settings import bool_setting, int_setting
+from rsnet.commands.values import bool_setting, int_setting
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")

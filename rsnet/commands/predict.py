@@ -38,7 +38,8 @@ from rsnet.cli import check_renamed_setting, user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
 from rsnet.files import atomic_write, check_writable_dir
-from rsnet.settings import bool_setting, check_writable, int_setting, resolve_device, tta_setting
+from rsnet.commands.values import bool_setting, check_writable, int_setting, tta_setting
+from rsnet.devices import resolve_device
 
 # the model code (torch, timm) is imported where images are classified (predict), not here: --help and a refused
 # setting answer without it

@@ -90,7 +90,7 @@ def stop(error: BaseException) -> NoReturn:
 def interrupted(config: dict) -> NoReturn:
     """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
     if os.environ.get("RANK", "0") == "0":
-        from rsnet.trained_model import last_checkpoint
+        from rsnet.checkpoint import last_checkpoint
 
         saved = last_checkpoint(config["run_dir"])
         if saved is not None:

@@ -138,7 +138,7 @@ def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
 
 def check_devices(devices: list[str]) -> None:
     """Refuse device names torch does not know and CUDA devices this machine does not have."""
-    from rsnet.settings import resolve_device
+    from rsnet.devices import resolve_device
 
     for name in devices:
         if name == "auto":
@@ -200,7 +200,7 @@ def _has(config: dict[str, Any], dotted: str) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
-    from rsnet.trained_model import run_checkpoint_path  # torch and timm: not for the commands' early checks
+    from rsnet.checkpoint import run_checkpoint_path
 
     last = run_checkpoint_path(run_dir)
     if resume and overwrite:

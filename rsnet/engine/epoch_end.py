@@ -28,8 +28,8 @@ from rsnet.evaluation import compute_metrics
 from rsnet.files import atomic_write
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
-from rsnet.settings import pretrained_tag
-from rsnet.trained_model import run_checkpoint_path, save_checkpoint
+from rsnet.run_folders import pretrained_tag
+from rsnet.checkpoint import run_checkpoint_path, save_checkpoint
 from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
 from rsnet.viz.tensorboard import TensorBoardLogger, hparam_metrics
 

@@ -42,7 +42,7 @@ from rsnet.models import backbone_data_config, build_model
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Claim, Strategy
-from rsnet.trained_model import last_checkpoint, load_checkpoint
+from rsnet.checkpoint import last_checkpoint, load_checkpoint
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,97 @@
+"""The one way from a ``checkpoint=``/``model=`` path to a model and its preprocessing (:func:`load_model`).
+
+A file is that file (a checkpoint, or an export's model file / model.json); a folder is a run (its
+``checkpoints/best.pt``, else ``last.pt``), a checkpoints folder, or an export folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rsnet.checkpoint import CHECKPOINT_NAMES, load_checkpoint, model_from_checkpoint, run_checkpoint_path
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
+from rsnet.exported_model import METADATA_FILE, ExportError, load_exported, names_export_file
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a ``checkpoint=``/``model=`` path resolved to: a checkpoint file, or an export (file or model.json)."""
+
+    path: Path
+    kind: str  # "checkpoint" or "export"
+    note: str = ""  # how a folder was resolved, for the log
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.path}" + (f" ({self.note})" if self.note else "")
+
+
+def _run_checkpoint(folder: Path) -> ModelSource | None:
+    """best.pt (else last.pt) of a run folder's checkpoints/ or of a checkpoints folder itself."""
+    candidates = [run_checkpoint_path(folder, name) for name in CHECKPOINT_NAMES]
+    for path in [*candidates, *(folder / name for name in CHECKPOINT_NAMES)]:
+        if path.is_file():
+            note = f"the best checkpoint of {folder}" if path.name == "best.pt" else \
+                f"the last checkpoint of {folder}: it has no best.pt"
+            return ModelSource(path, "checkpoint", note)
+    return None
+
+
+def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> ModelSource:
+    """Decide what ``path`` (the value of ``setting``) means; a file is never swapped for one beside it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{setting}={path} does not exist; pass a checkpoint file (.pt), a run folder or an "
+                                "exported model folder")
+    if path.is_file():
+        exported = path.suffix in (".json", ".ts", ".onnx") or names_export_file(path)
+        return ModelSource(path, "export" if exported else "checkpoint")
+    export = path / METADATA_FILE if (path / METADATA_FILE).is_file() else None
+    checkpoint = _run_checkpoint(path)
+    if export is not None and checkpoint is not None:
+        raise ValueError(f"{setting}={path} holds both training checkpoints and an export ({METADATA_FILE}); pass "
+                         f"the file you mean: {setting}={checkpoint.path} or {setting}={export}")
+    if export is not None:
+        return ModelSource(export, "export")
+    if checkpoint is not None:
+        return checkpoint
+    raise FileNotFoundError(f"{setting}={path} holds no model: pass a run folder (with checkpoints/best.pt or "
+                            f"last.pt), a checkpoint file or an exported model folder (with {METADATA_FILE})")
+
+
+def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """Load a checkpoint and rebuild its model (eval mode), with clear errors for files that don't fit."""
+    checkpoint = load_checkpoint(path)
+    try:
+        return model_from_checkpoint(checkpoint, source=path), checkpoint
+    except ValueError as error:
+        raise ExportError(str(error)) from error
+
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: ``model(images)`` gives a MultiBranchOutput (checkpoint) or logits (export)."""
+
+    model: nn.Module
+    source: ModelSource
+    metadata: dict[str, Any]  # class_names, image_size, mean, std (an export: all of its model.json)
+    train_config: dict[str, Any] | None = None  # a checkpoint's training config
+    epoch: int | None = None
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", setting: str = "checkpoint") -> LoadedModel:
+    """The one way from a ``checkpoint=``/``model=`` path to a model on ``device`` (see :func:`resolve_model_path`)."""
+    source = resolve_model_path(path, setting)
+    if source.kind == "export":
+        exported = load_exported(source.path, map_location=device)
+        return LoadedModel(exported.to(device), source, dict(exported.metadata))
+    model, checkpoint = model_from_training_checkpoint(source.path)
+    metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
+    dataset = (checkpoint.get("config") or {}).get("dataset") or {}
+    metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
+    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"))
