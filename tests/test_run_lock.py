@@ -1,4 +1,4 @@
-"""One run at a time in a run directory (was: two runs 2 s apart in one dir both finished, the first lost)."""
+"""One run at a time in a run directory, on any OS (was: two runs 2 s apart in one dir both finished, the first lost)."""
 
 from __future__ import annotations
 
@@ -109,3 +109,33 @@ def test_workers_end_with_a_killed_launcher_and_write_nothing_after(tmp_path: Pa
     assert before == after  # nothing written once the run dir is free again
     _, err = launcher.communicate(timeout=10)  # the workers' stderr too: closed once they are gone
     assert "frame #" not in err and "Traceback" not in err, err[-3000:]
+
+
+IMPORT_WITHOUT_POSIX_LOCKS = """
+import importlib, pkgutil, sys
+sys.modules["fcntl"] = None  # as on Windows: importing it raises ImportError
+import rsnet
+failed = []
+for module in pkgutil.walk_packages(rsnet.__path__, "rsnet."):
+    try:
+        importlib.import_module(module.name)
+    except ImportError as error:
+        failed.append(f"{module.name}: {error}")
+print("\\n".join(failed) or "all imported")
+"""
+
+
+def test_every_module_imports_where_there_is_no_fcntl() -> None:
+    """Was: run_lock imported fcntl at module level, so rsnet-train could not even import on Windows."""
+    result = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_POSIX_LOCKS], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.stdout.strip() == "all imported", result.stdout + result.stderr[-2000:]
+
+
+def test_a_worker_removes_its_lock_when_it_ends_and_a_crashed_workers_lock_is_cleared(tmp_path: Path) -> None:
+    with share_run_dir(tmp_path):
+        assert len(list(tmp_path.glob(".rsnet.worker-*.lock"))) == 1
+    assert not list(tmp_path.glob(".rsnet.worker-*.lock"))
+    (tmp_path / ".rsnet.worker-999999.lock").write_text("")  # left by a worker that was killed
+    with hold_run_dir(tmp_path):
+        assert not list(tmp_path.glob(".rsnet.worker-*.lock"))

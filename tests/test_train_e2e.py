@@ -207,9 +207,9 @@ def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: 
 
 
 def dir_contents(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (but the run lock, which holds the pid of its last holder) and its bytes."""
+    """Every file under ``folder`` (but the run lock and the pid of its last holder) and its bytes."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
-            if path.is_file() and path.name != ".rsnet.lock"}
+            if path.is_file() and path.name not in (".rsnet.lock", ".rsnet.pid")}
 
 
 def test_export_predict_and_evaluate(esd_run: Path, images: Path, tmp_path: Path) -> None:
