@@ -49,7 +49,7 @@ def load_decoded_once(dataset: dict[str, Any], build: Callable[[dict[str, Any]],
         folder = Path(tempfile.mkdtemp(prefix="rsnet-decode-", dir=shared_memory_folder()))
         try:
             data = build({**dataset, "cache": "disk", "cache_dir": str(folder)})
-        except DiskFullError as error:  # no room in /dev/shm: every worker decodes its own copy, as before
+        except DiskFullError as error:  # no room in /dev/shm: every worker decodes its own copy
             log.warning("no room to share the decoded images in %s (%s): every worker decodes its own", folder, error)
             shutil.rmtree(folder, ignore_errors=True)
             store.set(f"{key}/folder", "")
