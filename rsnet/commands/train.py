@@ -67,8 +67,9 @@ def main(cfg: DictConfig) -> float | None:
           f"(main branch {summary['oa']['main']:.2f} %, {selected}"
           f"{counted(summary['epochs'], 'epoch')}, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
     run_dir = Path(config["run_dir"])
-    print(f"curves: {run_dir / 'curves.png'} (table: history.csv); every figure and the attention maps: "
-          f"tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
+    suffix = "pdf" if config["log"]["figure_format"] == "pdf" else "png"
+    print(f"curves: {run_dir / 'curves'}.{suffix} (table: history.csv; confusion matrix: confusion.{suffix}); every "
+          f"figure and the attention maps: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
     return float(summary["accuracy"])
 
 

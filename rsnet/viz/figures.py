@@ -35,8 +35,10 @@ def check_figure_format(value: object) -> str:
 
 
 def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
-    """A ``width`` x ``height`` inch figure on its own Agg canvas."""
+    """A ``width`` x ``height`` inch figure on its own Agg canvas (constrained layout: 0.1 inch from its edges)."""
     figure = Figure(figsize=(width, height), dpi=DPI, layout=layout)
+    if layout == "constrained":
+        figure.get_layout_engine().set(w_pad=0.1, h_pad=0.1)
     FigureCanvasAgg(figure)
     return figure
 
