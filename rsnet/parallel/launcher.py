@@ -1,60 +1,39 @@
-"""Start one worker process per device and watch them.
+"""Start one worker per device: the same worker function on one machine or many.
 
-Three ways in, one worker function:
+Three ways in:
 
-* one device: the worker runs in this process, in a world of size 1 (the
-  same code path as many workers);
-* several devices on this machine (:mod:`~rsnet.parallel.spawn`): one spawned process per device; this
-  process hosts the c10d ``TCPStore`` on a free port of 127.0.0.1 and watches the children: when one dies,
-  raises or stops giving its heartbeat (stopped, hung), the others are terminated and :class:`WorkerError`
-  names the worker (rank and device). The children ignore Ctrl-C: this process gets it and stops them;
-* started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the
-  environment): this process *is* the worker; it takes ``devices[LOCAL_RANK]`` and joins the group through
-  the c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``.
+* one device: the worker runs in this process, in a world of size 1 (the same code path as many workers);
+* several devices on this machine (:mod:`~rsnet.parallel.elastic`): torch's elastic agent, the one torchrun runs,
+  starts one process per device and hosts the c10d store; each process is then a torchrun-style worker, as below.
+  When one dies, raises or stops giving its heartbeat (stopped, hung), the others are stopped and
+  :class:`WorkerError` names it (rank and device). The workers ignore Ctrl-C: this process gets it and stops them;
+* started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment): this process *is* the
+  worker; it takes ``devices[LOCAL_RANK]`` and joins the group through the c10d store on the rendezvous endpoint
+  ``MASTER_ADDR:MASTER_PORT``.
 
-The backend is gloo when any worker is on a CPU and NCCL when all are GPUs (override with
-``backend=``); under torchrun the workers of every node agree on it through the store (:func:`agree_backend`). Collectives and store waits time out after ``timeout_s``, so a dead peer never makes
-the survivors hang.
+The backend is gloo when any worker is on a CPU and NCCL when all are GPUs (override with ``backend=``); under
+torchrun the workers of every node agree on it through the store (:func:`agree_backend`). Collectives and store
+waits time out after ``timeout_s``, so a dead peer never makes the survivors hang.
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rsnet.parallel.spawn import spawn_local
-from rsnet.parallel.watch import WorkerError
-from rsnet.parallel.worker import LaunchSettings, WorkerContext, destroy_group, join_group, setup_device
+from rsnet.parallel.elastic import WorkerError, launch_local
+from rsnet.parallel.worker import (LaunchSettings, WorkerContext, agree_backend, choose_backend, destroy_group,
+                                   join_group, run_torchrun_worker, setup_device)
 
 __all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "agree_backend", "check_slowdown", "choose_backend",
            "launch", "launch_options", "started_by_torchrun"]
 
-log = logging.getLogger(__name__)
-
 DEFAULT_TIMEOUT_S = 600.0
-
-
-def choose_backend(devices: Sequence[str]) -> str:
-    """NCCL when every device is a GPU, gloo as soon as one worker is on a CPU."""
-    return "nccl" if devices and all(str(d).startswith("cuda") for d in devices) else "gloo"
-
-
-def agree_backend(store: dist.Store, rank: int, world: int, device: str) -> str:
-    """The backend of a torchrun launch, the same on every node: each worker publishes its device in the store and
-    reads everyone's (a read waits for the key, up to the store's timeout), then :func:`choose_backend` — so a node
-    of GPUs beside a node with a CPU worker takes gloo too."""
-    store.set(f"backend/device/{rank}", str(device))
-    devices = [store.get(f"backend/device/{other}").decode() for other in range(world)]
-    return choose_backend(devices)
-
-
 GPU_WORKER_CORES = 2  # the cores a GPU worker's host needs: the thread that launches its kernels, its prefetch thread
 
 
@@ -124,7 +103,7 @@ def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, ti
         backend = backend or os.environ.get("RSNET_BACKEND")
         run = run_torchrun_worker
     else:
-        run = run_in_process if len(devices) == 1 else spawn_local
+        run = run_in_process if len(devices) == 1 else launch_local
     # Under torchrun this node sees its own devices only: the workers agree on the backend through the store.
     settings = LaunchSettings(devices=devices, backend=backend or (None if torchrun else choose_backend(devices)),
                               timeout_s=timeout_s, slowdowns=slowdowns,
@@ -156,51 +135,3 @@ def started_by_torchrun() -> bool:
     return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
-                        settings: LaunchSettings) -> Any:
-    """Run ``worker_fn`` as global rank ``RANK`` on ``settings.devices[LOCAL_RANK]``."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if local_rank >= len(settings.devices):
-        raise ValueError(f"LOCAL_RANK {local_rank} has no device: trainer.devices={settings.devices} lists this "
-                         f"node's devices, one per process (torchrun --nproc-per-node={len(settings.devices)})")
-    setup_device(torch.device(settings.devices[local_rank]), settings.cpu_threads)
-    store = _rendezvous_store(rank, world, settings.timeout_s)
-    if settings.backend is None:
-        settings = replace(settings, backend=agree_backend(store, rank, world, settings.devices[local_rank]))
-        if rank == 0:
-            log.info("backend %s, agreed by the %d workers through the store", settings.backend, world)
-    ctx = join_group(settings, store, rank, world, local_rank)
-    try:
-        return worker_fn(ctx, *args, **kwargs)
-    finally:
-        destroy_group()
-
-
-def _rendezvous_store(rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, keyed by run id and restart.
-
-    torchrun's agent hosts a TCPStore there when ``TORCHELASTIC_USE_AGENT_STORE=True``; otherwise
-    (RANK, WORLD_SIZE, MASTER_* set by hand or by SLURM) rank 0 hosts it. The prefix keeps the keys of
-    a restarted attempt apart from those the failed attempt left behind.
-    """
-    host, port = _master_endpoint()
-    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(host, port, world, is_master=not agent_hosts and rank == 0,
-                          timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=not agent_hosts)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"rsnet/{run_id}/{restart}", store)
-
-
-def _master_endpoint() -> tuple[str, int]:
-    """``MASTER_ADDR`` and ``MASTER_PORT``, which torchrun (or whoever set RANK and WORLD_SIZE) must set."""
-    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(key)]
-    if missing:
-        raise ValueError(f"RANK, WORLD_SIZE and LOCAL_RANK are set (a torchrun-style start), but there is no "
-                         f"{' or '.join(missing)} in the environment: set MASTER_ADDR and MASTER_PORT to rank 0's "
-                         f"address and a free port (torchrun sets them)")
-    port = os.environ["MASTER_PORT"]
-    if not port.isdigit() or not 0 < int(port) < 2**16:
-        raise ValueError(f"MASTER_PORT={port!r} is not a port number (1..65535)")
-    return os.environ["MASTER_ADDR"], int(port)

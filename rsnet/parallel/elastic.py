@@ -1,0 +1,219 @@
+"""Several devices on this machine: torch's elastic agent (what torchrun runs) starts one worker per device.
+
+The agent starts the processes, stops them all when one fails and returns the workers' results. What it does not
+do, rsnet adds: a heartbeat that names a stopped or hung worker (the agent only sees a process that ended), each
+worker's exception with its type (so an input error stays one line), workers that die with their launcher, Ctrl-C
+for the launcher alone, and :class:`WorkerError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from rsnet.parallel.worker import LaunchSettings, run_torchrun_worker
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5  # each worker's heartbeat thread stamps the shared clock table this often
+_PEER_GRACE_S = 1.0  # a worker that failed because a peer did exits this much later: the agent sees the peer first
+_COMM_ERROR_HINTS = ("DistBackendError", "Connection closed", "Connection reset", "timed out", "Timeout",
+                     "Broken pipe", "DistNetworkError", "DistStoreError", "peer")
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_QUIET = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing.spawn")
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; ``rank`` and ``device`` name it, ``details`` has its traceback if any and
+    ``cause`` the exception it raised (when it could be sent back; None if it died or hung)."""
+
+    def __init__(self, rank: int, device: str, reason: str, details: str = "", others: str = "",
+                 cause: BaseException | None = None) -> None:
+        self.rank, self.device, self.reason, self.details, self.cause = rank, device, reason, details, cause
+        message = f"worker rank {rank} ({device}) failed: {reason}"
+        if details:
+            message += f"\n--- traceback of worker {rank} ---\n{details.rstrip()}"
+        if others:
+            message += f"\n--- other workers ---\n{others.rstrip()}"
+        super().__init__(message)
+
+
+def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings) -> Any:
+    """Run one worker per device of ``settings`` under the elastic agent; return rank 0's result or raise
+    :class:`WorkerError` naming the root cause."""
+    world = len(settings.devices)
+    context = mp.get_context("spawn")
+    clocks, pids = context.Array("d", world, lock=False), context.Array("i", world, lock=False)
+    watchdog = _Watchdog(clocks, pids, settings.timeout_s)
+    watchdog.start()  # before this thread blocks SIGINT: the watchdog's thread takes Ctrl-C for it
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_QUIET):  # the agent logs each failure with a traceback: WorkerError says it once
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="rsnet-workers-") as folder:
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=uuid.uuid4().hex,
+                              rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
+                              max_restarts=0, start_method="spawn", signals_to_handle="SIGTERM",
+                              logs_specs=DefaultLogsSpecs(log_dir=folder), shutdown_timeout=5)
+        log.info("launched %d workers on %s (backend %s) through torch's elastic agent", world, settings.devices,
+                 settings.backend)
+        try:
+            with _ctrl_c_for_the_launcher():
+                results = elastic_launch(config, _worker_main)(
+                    worker_fn, args, kwargs, settings, logging.getLogger().getEffectiveLevel(), clocks, pids,
+                    os.getpid(), folder)
+        except ChildFailedError as failed:
+            raise _root_cause(failed, watchdog.stopped, Path(folder), settings.devices) from None
+        except SignalException as ended:  # SIGTERM: the agent stopped the workers; end as SIGTERM would
+            raise SystemExit(128 + ended.sigval) from None
+        finally:
+            watchdog.done.set()
+    return pickle.loads(results[0])
+
+
+@contextmanager
+def _ctrl_c_for_the_launcher() -> Iterator[None]:
+    """SIGINT blocked in this thread while the agent starts the workers, so they start with it blocked (Ctrl-C is
+    for the launcher, which stops them); another thread takes it meanwhile and Python raises KeyboardInterrupt
+    here as usual. The agent's SIGTERM handler lasts only as long as the launch."""
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings,
+                 log_level: int, clocks: Any, pids: Any, parent: int, folder: str) -> bytes | None:
+    """A worker as the agent starts it (RANK, LOCAL_RANK, MASTER_* in its environment): ignore Ctrl-C, die with
+    the launcher, beat, run; a failure leaves its reason, traceback and exception in ``folder``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C that came while it was blocked
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with_parent(parent)
+    rank = int(os.environ["RANK"])
+    pids[rank] = os.getpid()
+    threading.Thread(target=_beat, args=(clocks, rank, parent), name="rsnet-heartbeat", daemon=True).start()
+    if not logging.getLogger().handlers:  # spawned: the launcher's logging setup (e.g. Hydra's) is not inherited
+        logging.basicConfig(level=log_level,
+                            format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")
+    try:
+        result = run_torchrun_worker(worker_fn, args, kwargs, settings)
+        atexit.register(_exit_without_teardown)
+        # pickled here: a result that cannot be sent is this worker's error, and tensors travel by value
+        return pickle.dumps(result) if rank == 0 else None
+    except BaseException as error:
+        reason = f"{type(error).__name__}: {error}"
+        report = (reason, traceback.format_exc(), _picklable(error), time.time())
+        Path(folder, f"{rank}.pickle").write_bytes(pickle.dumps(report))
+        if any(hint in reason for hint in _COMM_ERROR_HINTS):
+            time.sleep(_PEER_GRACE_S)
+        raise
+
+
+def _exit_without_teardown() -> None:
+    """A worker's end once its result is with the launcher: without the interpreter's teardown, about a second
+    of CPU per process with torch loaded, which the agent waits for before it returns."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker the moment its launcher ``parent`` ends, however it ends (``kill -9`` too): on Linux the
+    kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``; the launcher's thread that started the workers waits in the
+    agent for the whole run), so an orphan never writes into a run that is no longer locked; elsewhere
+    :func:`_beat` notices within ``HEARTBEAT_S``. A launcher that ended before the signal was armed is caught by
+    the check that follows."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the heartbeat's check remains
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _beat(clocks: Any, rank: int, parent: int) -> None:
+    """Stamp ``rank``'s slot of the shared clock table until the process ends (a daemon thread); end the worker
+    when its launcher is gone instead of leaving it waiting in a collective until the timeout."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)
+        clocks[rank] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
+        time.sleep(HEARTBEAT_S)
+
+
+def _picklable(error: BaseException) -> BaseException | None:
+    """``error`` if it survives a pickle round trip (so the launcher can re-raise its type), else None."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - e.g. an exception holding a lock or a C++ object
+        return None
+    return error
+
+
+class _Watchdog(threading.Thread):
+    """The launcher's reader of the clock table: the first worker silent for ``timeout_s`` (stopped, e.g. by
+    SIGSTOP or Ctrl-Z, or hung holding the interpreter) is named in ``stopped`` and killed, which the agent sees."""
+
+    def __init__(self, clocks: Any, pids: Any, timeout_s: float) -> None:
+        super().__init__(name="rsnet-watchdog", daemon=True)
+        self.clocks, self.pids, self.timeout_s = clocks, pids, timeout_s
+        self.stopped: dict[int, str] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(HEARTBEAT_S):
+            for rank, last in enumerate(self.clocks):
+                silent = time.monotonic() - last
+                if last and not self.stopped and silent >= self.timeout_s:
+                    try:
+                        os.kill(self.pids[rank], signal.SIGKILL)
+                    except ProcessLookupError:  # it ended meanwhile: the agent has seen it
+                        continue
+                    self.stopped[rank] = (f"stopped responding: no heartbeat for {silent:.0f} s (the process is "
+                                          "stopped, e.g. by SIGSTOP or Ctrl-Z, hung, or starved of CPU); the other "
+                                          "workers waited for it")
+
+
+def _root_cause(failed: ChildFailedError, stopped: dict[int, str], folder: Path, devices: list[str]) -> WorkerError:
+    """The root cause first: a worker that stopped beating, then one that died without a word (killed,
+    ``os._exit``, segfault), then one that raised, and last one that failed because a peer did (a comm error)."""
+    failures: dict[int, tuple[float, float, str, str, BaseException | None]] = {}
+    for path in folder.glob("*.pickle"):
+        reason, details, cause, at = pickle.loads(path.read_bytes())
+        comm = any(hint in reason for hint in _COMM_ERROR_HINTS)
+        failures[int(path.stem)] = (2 if comm else 1, at, reason, details, cause)
+    rank, failure = failed.get_first_failure()
+    if rank not in failures:
+        how = (f"killed by signal {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else
+               f"exited with code {failure.exitcode} without a result")
+        failures[rank] = (0, 0.0, how, "", None)
+    failures.update({rank: (-1, 0.0, reason, "", None) for rank, reason in stopped.items()})
+    order = sorted(failures, key=lambda rank: failures[rank][:2])
+    root = failures[order[0]]
+    others = "\n".join(f"worker rank {rank} ({devices[rank]}): {failures[rank][2]}" for rank in order[1:])
+    return WorkerError(order[0], devices[order[0]], root[2], root[3], others, root[4])
