@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dataclasses
 import logging
 import os
 import pickle
@@ -69,10 +70,14 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
         if name.startswith(_QUIET):  # the agent logs each failure with a traceback: WorkerError says it once
             logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="rsnet-workers-") as folder:
+        # torch < 2.9 has no signals_to_handle (its agent takes Ctrl-C too) and no shutdown_timeout (30 s)
+        known = {field.name for field in dataclasses.fields(LaunchConfig)}
+        newer = {key: value for key, value in (("signals_to_handle", "SIGTERM"), ("shutdown_timeout", 5))
+                 if key in known}
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=uuid.uuid4().hex,
                               rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
-                              max_restarts=0, start_method="spawn", signals_to_handle="SIGTERM",
-                              logs_specs=DefaultLogsSpecs(log_dir=folder), shutdown_timeout=5)
+                              max_restarts=0, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=folder),
+                              **newer)
         log.info("launched %d workers on %s (backend %s) through torch's elastic agent", world, settings.devices,
                  settings.backend)
         try:
@@ -82,7 +87,9 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
                     os.getpid(), folder)
         except ChildFailedError as failed:
             raise _root_cause(failed, watchdog.stopped, Path(folder), settings.devices) from None
-        except SignalException as ended:  # SIGTERM: the agent stopped the workers; end as SIGTERM would
+        except SignalException as ended:  # the agent stopped the workers; end as the signal would
+            if ended.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from None
             raise SystemExit(128 + ended.sigval) from None
         finally:
             watchdog.done.set()
@@ -93,16 +100,19 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
 def _ctrl_c_for_the_launcher() -> Iterator[None]:
     """SIGINT blocked in this thread while the agent starts the workers, so they start with it blocked (Ctrl-C is
     for the launcher, which stops them); another thread takes it meanwhile and Python raises KeyboardInterrupt
-    here as usual. The agent's SIGTERM handler lasts only as long as the launch."""
+    here as usual. The handlers the agent installs last only as long as the launch."""
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
     main = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    handlers = {getattr(signal, name): signal.getsignal(getattr(signal, name))
+                for name in names if main and hasattr(signal, name)}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        for number, handler in handlers.items():
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings,
