@@ -1,8 +1,6 @@
-"""Evaluation: run a model over a dataset, then overall / average accuracy, kappa, per-class accuracy,
-precision, recall and F1, and the confusion matrix (also written as CSV and PNG); test-time augmentation.
+"""Evaluation: run a model over a dataset, score it (docs/tensorboard.md, Metrics), test-time augmentation.
 
-Works the same for a full multi-branch model (``forward -> MultiBranchOutput``) and for an exported
-plain classifier (``forward -> Tensor`` logits, scored as the head ``"main"``).
+A plain classifier (``forward -> Tensor`` logits, e.g. an export) is scored as the single head ``"main"``.
 """
 
 from __future__ import annotations
@@ -27,14 +25,8 @@ from rsnet.viz.figures import render_confusion_matrix
 
 @dataclass
 class EvalResult:
-    """Predictions of every head over one dataset.
-
-    Attributes:
-        predictions: head name -> predicted labels, int64 array (N,).
-        probabilities: head name -> softmax probabilities, float32 array (N, C).
-        targets: true labels, int64 array (N,).
-        reported_head: the head the model is scored by (its ensemble head if it has one, else ``main``).
-    """
+    """Predictions (N,) and softmax probabilities (N, C) of every head over one dataset, and the true labels;
+    ``reported_head`` scores the model (its ensemble head if it has one, else ``main``)."""
 
     predictions: dict[str, np.ndarray]
     probabilities: dict[str, np.ndarray]
@@ -63,13 +55,9 @@ def d4_views(x: Tensor) -> list[Tensor]:
 
 
 class TTAModel(nn.Module):
-    """Test-time augmentation: ``model`` runs on the 8 :func:`d4_views` of its input and the **logits** of the
-    views are averaged, not their probabilities (softmax of the mean logits is the normalised geometric mean of
-    the views' probabilities).
-
-    Returns what ``model`` returns: a logits Tensor, or a ``MultiBranchOutput`` with every head averaged (its
-    feature maps, one per view, are not kept). One forward pass per view, so memory is that of ``model``.
-    """
+    """Test-time augmentation: the **logits** of ``model`` on the 8 :func:`d4_views` are averaged (softmax of the
+    mean logits is the normalised geometric mean of the views' probabilities); returns what ``model`` returns,
+    without its feature maps."""
 
     def __init__(self, model: nn.Module | Callable[[Tensor], Any]) -> None:
         super().__init__()
@@ -97,17 +85,8 @@ def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
 @torch.no_grad()
 def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoader | Iterable,
              device: str | torch.device = "cpu", batch_size: int = 64, progress: str | None = None) -> EvalResult:
-    """Predict every sample of ``data`` with every head of ``model``.
-
-    Args:
-        model: an rsnet model (returns ``MultiBranchOutput``) or any callable returning logits.
-        data: a dataset (``ds[i] -> (image, label)``), a ``DataLoader`` or an iterable of batches.
-        device: where the forward passes run.
-        batch_size: batch size when ``data`` is a dataset.
-        progress: a progress bar on stderr with this description (images done, every head at once); None: none.
-
-    The model runs in eval mode under ``no_grad``; its previous train/eval mode is restored.
-    """
+    """Predict every sample of ``data`` (a dataset, a ``DataLoader`` or an iterable of batches) with every head
+    of ``model``, in eval mode (each module's previous mode is restored); ``progress`` names a progress bar."""
     device = torch.device(device)
     modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
     if isinstance(model, nn.Module):
@@ -206,17 +185,7 @@ def write_confusion_png(path: str | Path, cm: np.ndarray | Sequence[Sequence[int
 
 
 def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str, Any]:
-    """JSON-safe metrics of an :class:`EvalResult` (accuracies in %).
-
-    Keys: ``oa`` (head -> overall accuracy), ``oa/<head>`` (the same, flat, for loggers),
-    ``accuracy`` and ``reported_head`` (the ensemble head if the model has one, else ``main``),
-    ``kappa``, ``average_accuracy`` (macro mean over classes with test samples),
-    ``per_class_accuracy`` (class -> %, ``None`` for a class without test samples),
-    ``per_class_precision`` / ``per_class_recall`` / ``per_class_f1`` (class -> %, 0 where undefined, see
-    :func:`precision_recall_f1`), ``macro_precision`` / ``macro_recall`` / ``macro_f1`` (their means over the
-    classes in the targets or the predictions), ``confusion_matrix`` (list of lists, rows = true class) and
-    ``num_samples`` -- all but the last of the reported head. ``kappa/<head>`` gives kappa of every head.
-    """
+    """JSON-safe metrics of an :class:`EvalResult`, accuracies in % (keys: docs/tensorboard.md, Metrics)."""
     num_classes = len(class_names)
     targets = result.targets
     n = result.num_samples

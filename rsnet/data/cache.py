@@ -1,13 +1,6 @@
-"""Building an :class:`~rsnet.data.store.ImageStore`: every file is decoded once, in one of three modes.
-
-- ``memory``: into one uint8 array in RAM.
-- ``disk``: into a ``.npy`` file under ``cache_dir``, opened with ``mmap_mode="r"``; every process maps the
-  same file, the OS page cache holds it once, and a later run skips decoding. The file name carries
-  a hash of (dataset, size, high-bit-depth rescaling, relative file list with sizes and mtimes); it is
-  written under a temporary name and renamed into place (atomic), with a JSON sidecar written last as
-  the completion marker. The sidecar holds a CRC-32 of the pixels, checked before the cache is reused.
-- ``none``: no cache; every access decodes the file (the classic ImageFolder path). The files are
-  still decoded once up front to find every undecodable one.
+"""Building an :class:`~rsnet.data.store.ImageStore`: every file is decoded once into memory, a memory-mapped
+``.npy`` disk cache (reused by later runs, checked by a CRC-32) or nowhere (mode ``none``: decoded only to find
+the undecodable files). docs/data.md, Input pipeline and the cache choice.
 """
 
 from __future__ import annotations
@@ -49,11 +42,8 @@ def default_cache_dir() -> Path:
 
 def decode_into(out: np.ndarray, paths: Sequence[str], size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
                 report: DecodeReport | None = None) -> dict[int, str]:
-    """Decode ``paths[i]`` into ``out[i]`` with a thread pool (PIL releases the GIL while decoding).
-
-    Every file is tried. Returns ``{i: reason}`` for the files that could not be decoded (their rows
-    are zero); files rescaled from high bit depth are recorded in ``report``.
-    """
+    """Decode ``paths[i]`` into ``out[i]`` with a thread pool (PIL releases the GIL while decoding); returns
+    ``{i: reason}`` for the undecodable files (their rows are zero)."""
     threads = min(8, (os.cpu_count() or 1) + 1)
 
     def work(i: int) -> tuple[int, str] | None:
@@ -86,24 +76,10 @@ def cache_key(dataset: str, size: int, names: Sequence[str], paths: Sequence[str
 def build_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int, mode: str = "memory",
                 cache_dir: str | os.PathLike | None = None, skip_corrupt: bool = False,
                 high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> ImageStore:
-    """Decode (or reuse) the images of ``paths`` at ``size`` px.
+    """Decode (or reuse) the images of ``paths`` (``names``: their relative names, part of the disk-cache key).
 
-    Every file is decoded once up front, also for mode "none" (which keeps no pixels), so all
-    undecodable files are found in one pass.
-
-    Args:
-        dataset: dataset name (part of the disk-cache key and file name).
-        names: relative file names ("<class>/<file>"), parallel to ``paths``; part of the key.
-        paths: absolute file paths.
-        size: working size in pixels.
-        mode: "memory" | "disk" | "none".
-        cache_dir: folder of the disk cache (default :func:`default_cache_dir`).
-        skip_corrupt: record undecodable files in ``store.corrupt`` instead of raising.
-        high_bit_depth: rescaling of 16-bit/float files (:data:`HIGH_BIT_DEPTH_MODES`).
-
-    Raises:
-        CorruptImageError: undecodable files (all of them, in one message) unless ``skip_corrupt``.
-        ValueError: unknown mode or ``high_bit_depth``; unusable ``cache_dir``.
+    Every file is decoded once up front, also for mode "none", so all undecodable files are found in one pass
+    and raised as one CorruptImageError unless ``skip_corrupt`` (then recorded in ``store.corrupt``).
     """
     if mode not in CACHE_MODES:
         raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
@@ -155,7 +131,7 @@ def _rescaled_rows(paths: Sequence[str], report: DecodeReport) -> dict[int, str]
 
 def _disk_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
                 cache_dir: str | os.PathLike | None, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
-    """Mode "disk": reuse or write ``<cache_dir>/<dataset>_<size>px_n<N>_<key>.npy`` (see the module docstring)."""
+    """Mode "disk": reuse or write ``<cache_dir>/<dataset>_<size>px_n<N>_<key>.npy`` (docs/data.md)."""
     n = len(paths)
     folder, setting = _cache_folder(cache_dir)
     npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, names, paths, high_bit_depth)}.npy"
@@ -176,11 +152,7 @@ def _disk_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: 
 
 
 def _cache_folder(cache_dir: str | os.PathLike | None) -> tuple[Path, str]:
-    """The disk-cache folder, created if missing, and the setting it came from (for messages).
-
-    Raises:
-        ValueError: the path is a file, or the folder cannot be created.
-    """
+    """The disk-cache folder, created if missing, and the setting it came from (for messages)."""
     if cache_dir:
         folder, setting = Path(cache_dir).expanduser(), "dataset.cache_dir"
     else:
@@ -229,9 +201,8 @@ def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...]) -> tuple[np.
 
 def _write_cache(npy: Path, setting: str, dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
                  high_bit_depth: str) -> tuple[dict[int, str], dict[int, str]]:
-    """Decode every image into ``npy``, then write its sidecar (the completion marker).
-
-    Returns the undecodable rows (row -> reason) and the rescaled ones (row -> source pixel format)."""
+    """Decode every image into ``npy``, then write its sidecar (the completion marker); returns the undecodable
+    rows (row -> reason) and the rescaled ones (row -> source pixel format)."""
     started = time.perf_counter()
     report = DecodeReport()
     corrupt, digest = _decode_to_file(npy, setting, paths, size, high_bit_depth, report)
@@ -248,9 +219,8 @@ def _write_cache(npy: Path, setting: str, dataset: str, names: Sequence[str], pa
 
 def _decode_to_file(npy: Path, setting: str, paths: Sequence[str], size: int, high_bit_depth: str,
                     report: DecodeReport) -> tuple[dict[int, str], str]:
-    """Decode into a temporary ``.npy`` beside ``npy`` and rename it into place once complete.
-
-    Returns the undecodable rows (row -> reason) and the pixels' checksum."""
+    """Decode into a temporary ``.npy`` beside ``npy``, renamed into place once complete; returns the undecodable
+    rows (row -> reason) and the pixels' checksum."""
     n = len(paths)
     tmp = npy.with_name(f".{npy.name}.tmp-{os.getpid()}")
     try:

@@ -1,12 +1,6 @@
 """Scene-classification datasets: locate the class folders, validate them, split, decode once.
 
-``build_datasets`` is the one entry point used by the trainer::
-
-    bundle = build_datasets("ucmerced_mini", "data/ucmerced-mini", train_ratio=0.5, seed=0, image_size=128)
-    x, y = bundle.train.get_batch([0, 1, 2])      # (3, 3, 128, 128) float, (3,) int64
-    bundle.split.save(run_dir / "split.json")     # reproduce later with split_file=...
-
-With ``val_ratio`` > 0 a validation part is carved from the training part (``bundle.val``).
+``build_datasets`` is the trainer's one entry point (docs/data.md, Python API).
 """
 
 from __future__ import annotations
@@ -38,23 +32,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DataBundle:
-    """What ``build_datasets`` returns.
-
-    Attributes:
-        train, test: the two splits (train augments on the host, :class:`~rsnet.data.transforms.HostAugment`;
-            test uses the eval transform).
-        val: the validation part carved from the training part (eval transform), None without one.
-        class_names: label order.
-        mean, std: normalisation used by the transforms (store them in checkpoints).
-        image_size: working size in pixels.
-        split: the file lists (``split.save(path)`` to reproduce the run).
-        skipped: relative names of undecodable files that were skipped (``skip_corrupt=True``).
-        root: the folder holding the class folders.
-        spec: the dataset's metadata.
-        train_augment, eval_augment: the same training augmentation (the same draw per sample) and evaluation
-            normalisation for whole uint8 batches on a worker's device
-            (:class:`~rsnet.data.device_augment.DeviceAugment`; ``augment.on_device``).
-    """
+    """What ``build_datasets`` returns: the splits as views into one decoded store, the normalisation (stored in
+    checkpoints) and the split's file lists (``split.save(path)`` reproduces the run). ``train_augment`` and
+    ``eval_augment`` do the same augmentation and normalisation to whole uint8 batches on a worker's device."""
 
     train: SceneDataset
     test: SceneDataset
@@ -77,32 +57,12 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, augment: Mapping[str, Any] | None = None,
                    val_ratio: float = 0.0) -> DataBundle:
-    """Locate, validate, split and decode a dataset.
+    """Locate, validate, split and decode a dataset (docs/data.md).
 
-    Args:
-        name: a key of :data:`DATASETS` ("ucmerced", "nwpu_resisc45", "aid", "ucmerced_mini"), or
-            "image_folder": the user's own data at ``root`` (one sub-folder of images per class).
-        root: the archive's top folder or any folder down to the class folders (None: the bundled
-            sample for ucmerced_mini).
-        train_ratio: fraction of every class used for training, in (0, 1).
-        val_ratio: fraction of every class's training part held out for validation, in [0, 1) (0: none).
-        seed: seed of the stratified split.
-        image_size: working size; images are decoded once and resized to it.
-        cache: "memory" (one uint8 array in RAM), "disk" (memory-mapped .npy under ``cache_dir``, default
-            ``$RSNET_CACHE_DIR`` or ``~/.cache/rsnet``, reused by later runs) or "none" (decode on every access).
-        skip_corrupt: skip undecodable images (reported by a :class:`CorruptImageWarning` and
-            ``bundle.skipped``) instead of raising one :class:`CorruptImageError` naming them all.
-        split_file: a split saved by ``Split.save``: its file lists (validation too) are used instead of
-            drawing one, and ``train_ratio``/``val_ratio`` are ignored.
-        check_counts: warn when class counts differ from the official archive.
-        mean, std: normalisation (ImageNet by default).
-        high_bit_depth: how 16-bit/float images become 8 bit: "percentile" (2nd-98th percentile
-            stretch per image), "minmax" or "refuse"; one :class:`HighBitDepthWarning` gives the count.
-        augment: the training augmentation settings (:func:`~rsnet.data.transforms.augmentation_options`).
-
-    Raises:
-        DatasetValidationError: a class is left without a train or a test image (fewer than 2 images,
-            e.g. after skipping undecodable files), or without a validation image when the split has one.
+    ``name`` is a key of ``DATASETS`` or "image_folder" (one sub-folder per class under ``root``); ``root`` is any
+    folder down to the class folders (None: the bundled sample); ``cache`` is "memory", "disk" or "none";
+    ``split_file`` (a saved ``Split``) replaces the drawn split and its ratios. Raises DatasetValidationError when
+    a class is left without a train, test or (with a validation part) validation image.
     """
     spec = get_spec(name, root)
     if split_file is None:
@@ -243,9 +203,7 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
                                split_file: str | os.PathLike | None = None, mean: Sequence[float] = IMAGENET_MEAN,
                                std: Sequence[float] = IMAGENET_STD,
                                augment: Mapping[str, Any] | None = None) -> DataBundle:
-    """:func:`build_datasets` from a composed ``dataset:`` config (every key of conf/_base/dataset.yaml;
-    ``image_size`` overrides the config's; ``mean``/``std``: the model's normalisation; ``augment``: the
-    ``augment:`` settings)."""
+    """:func:`build_datasets` from a composed ``dataset:`` config; ``image_size`` overrides the config's."""
     return build_datasets(
         dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset["cache"], cache_dir=dataset["cache_dir"],

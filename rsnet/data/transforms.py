@@ -1,13 +1,5 @@
 """The training augmentation on the host (:class:`HostAugment`: OpenCV uint8 kernels, image by image) and the
-evaluation transform (``A.Compose``: resize, normalise, to tensor).
-
-:class:`HostAugment` applies the parameters that :meth:`~rsnet.data.augment_params.AugmentSettings.draw` gives each
-sample from (seed, epoch, dataset index), the same draw the device path applies in torch
-(:class:`~rsnet.data.device_augment.DeviceAugment`): per image a crop and one ``cv2.resize`` (``INTER_LINEAR``), one
-of the 8 flips/rotations by ``cv2.flip``/``cv2.rotate``/``cv2.transpose``, and on a share of the images
-brightness/contrast/saturation as one colour matrix (``cv2.transform``), all on uint8; then one normalisation of
-the whole batch (:func:`~rsnet.data.normalize.to_float_chw`). albumentations is used for the evaluation transform
-only, through its public API (docs/data.md says why; tests/test_data_transforms.py checks the rule).
+evaluation transform (albumentations: resize, normalise, to tensor). docs/data.md, Training augmentation.
 """
 
 from __future__ import annotations
@@ -63,14 +55,10 @@ def resized_crop(image: np.ndarray, box: Sequence[int], size: int) -> np.ndarray
 
 
 def jitter_matrix(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
-    """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) of brightness b, contrast c, saturation s
-    (``factors``, 1 = unchanged) for the RGB ``image``.
-
-    Brightness ``x·b``; contrast ``c·x + (1 - c)·mean(gray(x))``; saturation ``s·x + (1 - s)·gray(x)`` (``gray =
-    0.299 R + 0.587 G + 0.114 B``), as ``A.ColorJitter``/torchvision define them. The three maps are affine in the
-    RGB vector and, without clipping in between, commute (saturation keeps the gray level, contrast keeps the mean
-    gray level), so in any order they compose to ``b·c·Sat_s(x) + b·(1 - c)·mean(gray(x))``. Plain Python
-    arithmetic on 12 numbers: numpy calls on 3×3 arrays cost more than they compute."""
+    """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) of brightness, contrast, saturation
+    ``factors`` (1 = unchanged) for the RGB ``image``, as ``A.ColorJitter`` defines them. Without clipping in
+    between the three affine maps commute and compose to ``b·c·Sat_s(x) + b·(1 - c)·mean(gray(x))``; plain Python
+    arithmetic, as numpy calls on 3×3 arrays cost more than they compute."""
     b, c, s = (float(f) for f in factors)
     wr, wg, wb = LUMA
     k = b * c
@@ -84,9 +72,8 @@ def jitter_matrix(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
 
 
 def jitter_image(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
-    """Brightness/contrast/saturation ``factors`` on a uint8 H×W×3 RGB image: :func:`jitter_matrix` applied by one
-    ``cv2.transform``, which rounds and saturates to uint8 once (``A.ColorJitter`` also clips between the steps).
-    No hue jitter."""
+    """Brightness/contrast/saturation ``factors`` on a uint8 H×W×3 RGB image by one ``cv2.transform``, which
+    rounds and saturates once (``A.ColorJitter`` also clips between the steps)."""
     if image.ndim != 3 or image.shape[2] != 3:
         raise TypeError(f"colour jitter needs H×W×3 RGB images, got shape {image.shape}")
     return cv2.transform(image, jitter_matrix(image, factors))
@@ -94,18 +81,13 @@ def jitter_image(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class HostAugment(AugmentSettings):
-    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, on the calling thread with OpenCV, with the
-    parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw` (the settings are its fields).
-
-    Per image: the crop box (mapped to the stored image's frame, :meth:`~rsnet.data.augment_params.AugmentParams.
-    source_boxes`) resized to S × S (or the whole image, when there is no crop and the stored size is not S), then
-    the flip/rotation, then the colour jitter of the images drawn for it; the pixels of the device path's order
-    (flip/rotation first), as the symmetries commute with a square resize."""
+    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, with OpenCV on the calling thread, with
+    the parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw`. It resizes the crop before the
+    flip/rotation, which gives the device path's pixels as the symmetries commute with a square resize."""
 
     def apply(self, images: Sequence[np.ndarray], indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
               epoch: int = 0) -> torch.Tensor:
-        """Augment and normalise ``images`` of the samples ``indices`` with their parameters of (``seed``,
-        ``epoch``): :meth:`draw` and the call in one."""
+        """Augment and normalise ``images`` of the samples ``indices`` with their draw of (``seed``, ``epoch``)."""
         height, width = np.asarray(images[0]).shape[:2]
         return self(images, self.draw(seed, epoch, indices, height, width))
 
@@ -140,24 +122,14 @@ AUTO_CROP_SCALE = (0.5, 1.0)
 
 def train_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                     scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2) -> HostAugment:
-    """The host training augmentation: random resized crop (``scale`` = its area range; None: no crop), the 8
-    flips/rotations, mild colour jitter, normalisation.
-
-    Aerial scenes have no canonical orientation, so all eight dihedral transforms are used. ``color_jitter`` is
-    the brightness/contrast/saturation strength, applied to half the images (``color_jitter=0`` drops the step);
-    hue is not jittered. :class:`~rsnet.data.device_augment.DeviceAugment` ``.for_training`` with the same
-    arguments is the same augmentation on a worker's device.
-    """
+    """The host training augmentation: random resized crop (``scale``: its area range; None: no crop), the 8
+    flips/rotations (aerial scenes have no canonical orientation), colour jitter on half the images, normalisation."""
     return HostAugment.for_training(image_size, mean, std, scale, color_jitter)
 
 
 def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> dict[str, Any]:
-    """:func:`train_transform` keyword arguments from the ``augment:`` settings.
-
-    ``crop_scale: auto`` crops only from :data:`AUTO_CROP_MIN_SIZE` px up: images are cached at the working
-    size, so a crop of a small image is an upsampled, blurred part of it; a list ``[lo, hi]`` is the crop's
-    area range, ``null`` no crop.
-    """
+    """:func:`train_transform` keyword arguments from the ``augment:`` settings. ``crop_scale: auto`` crops only
+    from :data:`AUTO_CROP_MIN_SIZE` px up: a crop of a small cached image is an upsampled blur of part of it."""
     augment = dict(augment or {})
     scale = augment.get("crop_scale", "auto")
     if scale == "auto":
@@ -176,16 +148,8 @@ def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> 
     return {"scale": scale, "color_jitter": float(jitter)}
 
 
-def eval_transform(
-    image_size: int,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
-) -> A.Compose:
+def eval_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN,
+                   std: Sequence[float] = IMAGENET_STD) -> A.Compose:
     """Resize to the working size (no-op for cached images), normalize, to tensor."""
-    return A.Compose(
-        [
-            A.Resize(height=image_size, width=image_size, interpolation=cv2.INTER_AREA),
-            A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0),
-            ToTensorV2(),
-        ]
-    )
+    return A.Compose([A.Resize(height=image_size, width=image_size, interpolation=cv2.INTER_AREA),
+                      A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0), ToTensorV2()])

@@ -1,13 +1,7 @@
 """Attention maps: CAM of every linear head, Grad-CAM of the main branch, and colour overlays.
 
-CAM needs no hooks: every rsnet model exposes ``cam_classifiers()`` (head -> its ``nn.Linear``, with
-``logits[k] == linear(GAP(features[k]))``) and returns the feature maps in ``MultiBranchOutput``.
-Grad-CAM differentiates the head's logit with respect to the returned feature map directly
-(``torch.autograd.grad``), so nothing is registered on the model and nothing lingers.
-
-A main head with layers between S4 and its global pool (VGG: pool5 and timm's ConvMlp, whose output
-is 1x1 at the papers' 224 px) is drawn on S4, the last spatial map (VGG's conv5_3); no linear layer
-reads S4 there, so its CAM takes Grad-CAM's channel weights (see :func:`attention_source`).
+No hooks: the models return their feature maps and expose their heads (``cam_classifiers()``), and Grad-CAM
+uses ``torch.autograd.grad``. VGG's main branch is drawn on S4 (docs/tensorboard.md, What is logged).
 """
 
 from __future__ import annotations
@@ -79,15 +73,9 @@ def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
 
 def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
                           size: tuple[int, int] | None = None) -> dict[str, Tensor]:
-    """CAM of every head in ``model.cam_classifiers()``.
-
-    CAM_k = ReLU(sum_c W_k[class, c] * features[k][c]) normalised to [0, 1] and upsampled to ``size``
-    (default: the image size). ``class_idx`` None: each head's own predicted class. A main head that
-    pools after further layers (VGG) has no linear layer on S4: its CAM is its Grad-CAM on S4.
-
-    Returns:
-        head -> float Tensor (B, H, W) in [0, 1], on the images' device, detached.
-    """
+    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: each head's prediction): head ->
+    detached (B, H, W) in [0, 1], upsampled to ``size`` (default: the image size). A main head that pools after
+    further layers (VGG) has no linear layer on S4: its CAM is its Grad-CAM on S4."""
     return _maps_and_logits(model, images, class_idx, size)[0]
 
 
@@ -113,10 +101,9 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
 
 def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
                         labels: Sequence[int] | None = None) -> dict[str, list[AttentionTile]]:
-    """Per CAM head, one tile per image (:class:`rsnet.viz.figures.AttentionTile`): the uint8 image beside its
-    overlay at the head's predicted class, captioned with the prediction and its probability, and with the true
-    class (``labels``) when known; classes by name (``class <i>`` without names). One forward pass gives both the
-    maps and the predictions. ``inputs`` are the normalised ``images`` on the model's device."""
+    """Per CAM head, one :class:`AttentionTile` per image: the uint8 image beside its overlay at the head's
+    predicted class, captioned with the prediction, its probability and the true class (``labels``) when known.
+    ``inputs`` are the normalised ``images`` on the model's device."""
     def name(index: int) -> str:
         return str(class_names[index]) if class_names is not None else f"class {index}"
 
@@ -132,17 +119,9 @@ def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, cl
 
 def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: int | Tensor | None = None,
              size: tuple[int, int] | None = None) -> Tensor:
-    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) w.r.t. ``attention_source(output, head)``
-    (``features[head]``; S4 for a main head that pools after further layers, e.g. VGG's conv5_3).
-
-    alpha_c = mean_{i,j} d logit / d F[c, i, j];  map = ReLU(sum_c alpha_c F[c]), normalised to [0, 1]
-    and upsampled to ``size`` (default: the image size). For a GAP -> Linear head this equals its CAM.
-    The model runs in eval mode (its previous modes are restored); gradients are taken with
-    ``torch.autograd.grad`` so parameter ``.grad`` fields are left untouched and no hooks are used.
-
-    Returns:
-        float Tensor (B, H, W) in [0, 1], detached.
-    """
+    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) on ``attention_source(output, head)``:
+    detached (B, H, W) in [0, 1]. For a GAP -> Linear head this equals its CAM; parameters' ``.grad`` stay
+    untouched."""
     size = tuple(images.shape[-2:]) if size is None else size
     # The input requires grad, so the features are in the graph even when every parameter is frozen.
     inputs = images.detach().clone().requires_grad_(True)
@@ -159,16 +138,8 @@ def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: in
 
 
 def overlay(image: np.ndarray, cam: np.ndarray | Tensor, alpha: float = 0.5) -> np.ndarray:
-    """Blend a [0, 1] map over an image with the jet colour map.
-
-    Args:
-        image: uint8 (H, W, 3) RGB.
-        cam: (h, w) values in [0, 1]; resized to (H, W) when it differs.
-        alpha: weight of the heat map.
-
-    Returns:
-        uint8 (H, W, 3) RGB.
-    """
+    """Blend a [0, 1] (h, w) map, resized to the image, over a uint8 (H, W, 3) RGB image with the jet colour
+    map; ``alpha`` weighs the heat map."""
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"overlay expects an (H, W, 3) image, got shape {image.shape}")
