@@ -1,12 +1,7 @@
-"""The training augmentation's one random draw, shared by the host path (OpenCV, :class:`~rsnet.data.transforms.
-HostAugment`) and the device path (torch, :class:`~rsnet.data.device_augment.DeviceAugment`).
+"""The training augmentation's one random draw, shared by the host path (OpenCV) and the device path (torch).
 
-Each sample's parameters are a pure function of (seed, epoch, dataset index): a counter-based hash gives every
-sample its own uniforms (:func:`sample_uniforms`), from which :meth:`AugmentSettings.draw` makes its dihedral
-element (three coin flips: transpose, upside down, left-right), its crop box (torchvision's ``RandomResizedCrop``
-draw: 10 attempts, then the central crop) and its colour jitter (applied or not, brightness/contrast/saturation
-factors). So an image gets the same augmentation on a CPU and on a GPU worker, whichever worker claims it, in
-whichever batch, in whatever order.
+Each sample's parameters are a pure function of (seed, epoch, dataset index), so an image gets the same
+augmentation whichever worker claims it, in whichever batch (docs/data.md, Training augmentation).
 """
 
 from __future__ import annotations
@@ -56,10 +51,8 @@ def sample_uniforms(seed: int, epoch: int, indices: Sequence[int] | np.ndarray, 
 
 def _crop_boxes(u: np.ndarray, height: int, width: int, scale: tuple[float, float],
                 ratio: tuple[float, float]) -> np.ndarray:
-    """(N, 4) int64 boxes (top, left, h, w), torchvision's ``RandomResizedCrop.get_params`` vectorised: up to 10
-    attempts of area ``height·width·U(scale)`` and log-uniform aspect ratio (w/h) in ``ratio``, ``w = round(sqrt(
-    area·ratio))``, ``h = round(sqrt(area/ratio))``; the first that fits gets a uniform top-left corner, else the
-    central crop (the whole image, or its largest central part with the aspect ratio clamped to ``ratio``)."""
+    """(N, 4) int64 boxes (top, left, h, w): torchvision's ``RandomResizedCrop.get_params`` vectorised (10
+    attempts, then the central crop with the aspect ratio clamped to ``ratio``)."""
     area = height * width * (scale[0] + (scale[1] - scale[0]) * u[:, _AREAS])
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(log_lo + (log_hi - log_lo) * u[:, _RATIOS])
@@ -86,10 +79,9 @@ def _crop_boxes(u: np.ndarray, height: int, width: int, scale: tuple[float, floa
 
 @dataclass(frozen=True)
 class AugmentParams:
-    """Per-sample parameters of one batch (host tensors): ``dihedral`` (N, 3) bool (transpose, upside down,
-    left-right, applied in that order), ``factors`` (N, 3) float32 brightness/contrast/saturation (1 = unchanged),
-    ``boxes`` (N, 4) int64 crop boxes (top, left, h, w) in the frame of the flipped/rotated image; None: no such
-    step."""
+    """Per-sample parameters of one batch (host tensors; None: no such step): ``dihedral`` (N, 3) bool
+    (transpose, upside down, left-right, in that order), ``factors`` (N, 3) brightness/contrast/saturation,
+    ``boxes`` (N, 4) crop boxes in the frame of the flipped/rotated image."""
 
     dihedral: torch.Tensor | None
     factors: torch.Tensor | None
@@ -106,9 +98,8 @@ class AugmentParams:
         return None if self.factors is None else (self.factors.numpy() != 1.0).any(axis=1)
 
     def source_boxes(self, height: int, width: int) -> np.ndarray | None:
-        """(N, 4) int64 crop boxes in the frame of the ``height`` × ``width`` image before its flip/rotation:
-        cropping there, resizing to a square and then flipping/rotating gives the pixels of flipping/rotating,
-        then cropping ``boxes`` and resizing."""
+        """(N, 4) int64 crop boxes in the frame of the image before its flip/rotation, so the host can crop and
+    resize first, then flip/rotate, for the same pixels."""
         if self.boxes is None:
             return None
         top, left, h, w = (column.copy() for column in self.boxes.numpy().T)
@@ -124,12 +115,9 @@ class AugmentParams:
 
 @dataclass(frozen=True)
 class AugmentSettings:
-    """The training augmentation's settings and its draw, shared by the host and the device kernels.
-
-    ``image_size``: the model's input side; ``mean``, ``std``: its normalisation; ``crop_scale``: the random
-    resized crop's area range (None: no crop); ``crop_ratio``: its aspect-ratio range; ``color_jitter``:
-    brightness/contrast/saturation strength, applied to a ``jitter_p`` share of the images (0: none);
-    ``dihedral``: the 8 flips and rotations. All three off: evaluation's normalisation only."""
+    """The augmentation's settings and its draw, shared by the host and the device kernels. ``crop_scale``: the
+    crop's area range (None: no crop); ``color_jitter`` applies to a ``jitter_p`` share of the images. With no
+    crop, jitter or dihedral it only normalises (evaluation)."""
 
     image_size: int
     mean: tuple[float, ...]
@@ -143,8 +131,7 @@ class AugmentSettings:
     @classmethod
     def for_training(cls, image_size: int, mean: Sequence[float], std: Sequence[float],
                      scale: Sequence[float] | None, color_jitter: float) -> AugmentSettings:
-        """The training augmentation with the ``augment:`` settings (via
-        :func:`~rsnet.data.transforms.augmentation_options`): crop, 8 flips/rotations, jitter."""
+        """The training augmentation: crop, 8 flips/rotations, jitter (see ``augmentation_options``)."""
         crop = None if scale is None else (float(scale[0]), float(scale[1]))
         return cls(int(image_size), tuple(float(m) for m in mean), tuple(float(s) for s in std), crop,
                    color_jitter=float(color_jitter), jitter_p=COLOR_JITTER_P, dihedral=True)
@@ -156,8 +143,8 @@ class AugmentSettings:
 
     def draw(self, seed: int, epoch: int, indices: Sequence[int] | np.ndarray | torch.Tensor, height: int,
              width: int) -> AugmentParams:
-        """The parameters of the samples ``indices`` (dataset positions) of ``epoch`` for images of
-        ``height`` × ``width``: a pure function of (seed, epoch, index) per sample."""
+        """The parameters of the samples ``indices`` (dataset positions) of ``epoch`` for ``height`` × ``width``
+    images."""
         if isinstance(indices, torch.Tensor):
             indices = indices.cpu().numpy()
         if not self.augments:

@@ -1,8 +1,5 @@
-"""Decoding one image file to the uint8 RGB array every model input starts from.
-
-8-bit files are converted by PIL. 16-bit and float products (common in remote sensing) are stretched to
-0..255 per image as ``dataset.high_bit_depth`` says: "percentile" (2nd..98th percentile, the default),
-"minmax", or "refuse" (stop, naming the file and its pixel format).
+"""Decoding one image file to the uint8 RGB array every model input starts from; 16-bit and float pixels are
+stretched to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery).
 """
 
 from __future__ import annotations
@@ -18,14 +15,8 @@ from PIL import Image, UnidentifiedImageError
 
 from .errors import CorruptImageError
 
-__all__ = [
-    "DEFAULT_HIGH_BIT_DEPTH",
-    "HIGH_BIT_DEPTH_MODES",
-    "DecodeReport",
-    "check_high_bit_depth",
-    "decode_image",
-    "describe_rescaled",
-]
+__all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "check_high_bit_depth", "decode_image",
+           "describe_rescaled"]
 
 HIGH_BIT_DEPTH_MODES = ("percentile", "minmax", "refuse")
 DEFAULT_HIGH_BIT_DEPTH = "percentile"
@@ -52,11 +43,8 @@ def describe_rescaled(sources: Iterable[str], total: int, high_bit_depth: str) -
 
 
 class DecodeReport:
-    """What decoding changed, collected across threads.
-
-    ``rescaled`` maps a file to its source pixel format (e.g. "I;16", "F", "RGB;16") when it was
-    rescaled from 16-bit or float pixels; :func:`describe_rescaled` turns it into one warning line.
-    """
+    """What decoding changed, collected across threads: ``rescaled`` maps a file to its source pixel format
+    (e.g. "I;16", "F", "RGB;16") when it was stretched from 16-bit or float pixels."""
 
     def __init__(self) -> None:
         self.rescaled: dict[str, str] = {}
@@ -67,22 +55,10 @@ class DecodeReport:
             self.rescaled[path] = source
 
 
-def decode_image(
-    path: str | os.PathLike,
-    size: int,
-    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
-    report: DecodeReport | None = None,
-) -> np.ndarray:
-    """Decode one image file to uint8 ``size × size × 3`` RGB (resized when needed).
-
-    8-bit files are converted by PIL. 16-bit and float files (gray, RGB or RGBA) are stretched to
-    0..255 per image as ``high_bit_depth`` says ("percentile": 2nd..98th percentile, "minmax",
-    "refuse": raise); such files are recorded in ``report`` so the caller can warn once.
-
-    Raises:
-        CorruptImageError: the file cannot be read, decoded or converted; names the file.
-        ValueError: unknown ``high_bit_depth``.
-    """
+def decode_image(path: str | os.PathLike, size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+                 report: DecodeReport | None = None) -> np.ndarray:
+    """Decode one image file to uint8 ``size × size × 3`` RGB; a stretched high-bit-depth file is recorded in
+    ``report`` so the caller warns once. CorruptImageError names a file that cannot be read or converted."""
     check_high_bit_depth(high_bit_depth)
     try:
         arr, source = _decode(path, size, high_bit_depth)
@@ -169,11 +145,8 @@ def _from_high_bit(path: str | os.PathLike, pixels: np.ndarray, source: str, siz
 
 
 def _stretch(pixels: np.ndarray, high_bit_depth: str) -> np.ndarray:
-    """Map ``[lo, hi]`` linearly to 0..255 (clipped), over all bands at once.
-
-    ``lo, hi`` are the 2nd/98th percentiles ("percentile"; the min/max when they coincide) or the
-    min/max ("minmax") of the finite values. NaN/inf become ``lo``/``hi``; a constant image becomes 0.
-    """
+    """Map ``[lo, hi]`` (2nd/98th percentiles, else min/max, of the finite values) linearly to 0..255, clipped,
+    over all bands at once; NaN/inf become ``lo``/``hi``, a constant image 0."""
     x = pixels.astype(np.float64)
     finite = x[np.isfinite(x)]
     if finite.size == 0:

@@ -1,22 +1,8 @@
 """Augmentation and normalisation of whole uint8 batches on the worker's device (GPU or CPU), in torch.
 
-The cache holds uint8 pixels at the working size, so all a host thread must do for a worker is gather a uint8
-(N, H, W, C) batch (a quarter of float32's bytes to upload); :class:`DeviceAugment` turns it into the model's
-normalised float input on the device with a few vectorised ops for the whole batch:
-
-1. the 8 flips/rotations of the square (three independent coin flips: transpose, upside down, left-right — a
-   uniform draw over the dihedral group, as ``A.D4``), on the uint8 pixels;
-2. random resized crop (torchvision's draw), resized with OpenCV's ``INTER_LINEAR`` sampling (half-pixel centres,
-   edges clamped inside the crop) as two separable gathers;
-3. brightness/contrast/saturation jitter on a share of the images, as one 3×3 colour matrix per image
-   (:func:`~rsnet.data.transforms.jitter_matrix`'s map: ``b·c·Sat_s(x) + b·(1 − c)·mean(gray(x))``), clamped
-   to [0, 255];
-4. normalisation, written in NHWC order: the result is an (N, C, S, S) view in ``torch.channels_last`` (or a
-   contiguous copy when the model wants that).
-
-The random parameters are the host path's (:class:`~rsnet.data.transforms.HostAugment`): one draw per sample from
-(seed, epoch, dataset index), :meth:`~rsnet.data.augment_params.AugmentSettings.draw`. Evaluation uses the same
-class without dihedral, crop and jitter (normalise, and resize if the stored size is not the working size).
+The host only gathers a uint8 batch (a quarter of float32's bytes to upload); :class:`DeviceAugment` applies the
+host path's draw (flips/rotations, resized crop, colour jitter) and normalises with a few vectorised ops for the
+whole batch. Evaluation uses it without randomness. docs/data.md, Training augmentation.
 """
 
 from __future__ import annotations
@@ -40,9 +26,8 @@ def check_on_device(setting: object) -> None:
 
 
 def augments_on_device(setting: object, device: torch.device) -> bool:
-    """Whether a worker on ``device`` augments its batches here: ``augment.on_device`` true or false, or auto — on a
-    GPU (on a CPU worker the host's OpenCV pipeline is the faster one: uint8 SIMD kernels against torch's float
-    passes, docs/data.md)."""
+    """Whether a worker on ``device`` augments its batches here; ``auto``: on a GPU only, as on a CPU worker the
+    host's OpenCV uint8 kernels are faster than torch's float passes."""
     check_on_device(setting)
     return device.type == "cuda" if setting == "auto" else bool(setting)
 
@@ -83,14 +68,13 @@ class DeviceAugment(AugmentSettings):
 
     def apply(self, images: torch.Tensor, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
               epoch: int = 0, memory_format: torch.memory_format = torch.channels_last) -> torch.Tensor:
-        """Augment and normalise the uint8 batch ``images`` of the samples ``indices`` with their parameters of
-        (``seed``, ``epoch``): :meth:`draw` and the call in one."""
+        """Augment and normalise the uint8 batch ``images`` of the samples ``indices`` with their draw of
+    (``seed``, ``epoch``)."""
         return self(images, self.draw(seed, epoch, indices, images.shape[1], images.shape[2]), memory_format)
 
     def __call__(self, images: torch.Tensor, params: AugmentParams,
                  memory_format: torch.memory_format = torch.channels_last) -> torch.Tensor:
-        """Augment and normalise ``images`` (uint8 (N, H, W, C), on the device that should do the work) with
-        ``params`` from :meth:`draw`; returns float32 (N, C, S, S) in ``memory_format``."""
+        """Augment and normalise uint8 (N, H, W, C) ``images`` on their device with ``params`` from :meth:`draw`."""
         n, height, width, channels = images.shape
         device = images.device
         if params.dihedral is not None:

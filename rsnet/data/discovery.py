@@ -26,10 +26,8 @@ _MAX_DIRS = 5000  # stop searching after this many folders
 
 
 def default_root(name: str) -> Path | None:
-    """Default root: the bundled sample for ``ucmerced_mini``, else None.
-
-    The sample is the package data ``rsnet.sample`` (the checkout's data/ folder, installed inside the package);
-    where that cannot be imported as a folder, the checkout's data/ucmerced-mini."""
+    """Default root: the bundled sample for ``ucmerced_mini`` (package data ``rsnet.sample``, else the checkout's
+    data/ucmerced-mini), else None."""
     if get_spec(name).name != "ucmerced_mini":
         return None
     try:
@@ -65,15 +63,8 @@ def _subdirs(d: Path) -> list[Path]:
 
 
 def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
-    """The folder whose sub-folders are the class folders, searched breadth-first from ``root``.
-
-    ``root`` may be the archive's top folder, its parent, or any folder down to the class folders
-    (e.g. ``UCMerced_LandUse``, ``UCMerced_LandUse/Images``). The folder with the most sub-folders
-    named like classes wins (the shallowest on ties).
-
-    Raises:
-        DatasetNotFoundError: root missing, empty, or no class folder found below it.
-    """
+    """The folder whose sub-folders are the class folders, searched breadth-first from ``root``: the one with
+    the most sub-folders named like classes wins (the shallowest on ties)."""
     spec = get_spec(spec, root)
     root = Path(root).expanduser()
     if not root.exists():
@@ -109,14 +100,8 @@ def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
 
 @dataclass
 class ScanResult:
-    """Files found in a dataset's class folders.
-
-    Attributes:
-        spec: the dataset's spec.
-        class_root: the folder holding the class folders.
-        names: relative file names "<class>/<file>", grouped by class in class order.
-        labels: class index of every file.
-    """
+    """Files found in a dataset's class folders: relative ``names`` "<class>/<file>" in class order, and their
+    ``labels``."""
 
     spec: DatasetSpec
     class_root: Path
@@ -133,12 +118,8 @@ class ScanResult:
 
 
 def scan_dataset(spec: DatasetSpec | str, root: str | os.PathLike, check_counts: bool = True) -> ScanResult:
-    """Find and validate the class folders of ``spec`` under ``root``.
-
-    Errors (:class:`DatasetValidationError`): missing classes, unexpected class folders, classes
-    without images. Warning (:class:`DatasetCountWarning`): per-class counts that differ from the
-    official archive (only when ``check_counts``). Hidden folders and non-image files are ignored.
-    """
+    """Find and validate the class folders of ``spec`` under ``root``: DatasetValidationError for missing,
+    unexpected or empty class folders; DatasetCountWarning for unusual counts (``check_counts``)."""
     spec = get_spec(spec, root)
     class_root = find_class_root(spec, root)
     dirs = {p.name: p for p in _subdirs(class_root)}

@@ -5,15 +5,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-__all__ = [
-    "DatasetNotFoundError",
-    "DatasetValidationError",
-    "CorruptImageError",
-    "SplitMismatchError",
-    "DatasetCountWarning",
-    "CorruptImageWarning",
-    "HighBitDepthWarning",
-]
+__all__ = ["DatasetNotFoundError", "DatasetValidationError", "CorruptImageError", "SplitMismatchError",
+           "DatasetCountWarning", "CorruptImageWarning", "HighBitDepthWarning"]
 
 _LISTED = 10  # files named in a CorruptImageError message; the rest are counted
 
@@ -31,15 +24,8 @@ class SplitMismatchError(DatasetValidationError):
 
 
 class CorruptImageError(OSError):
-    """Image file(s) that could not be decoded, in one line.
-
-    Attributes:
-        path: the first file.
-        paths: every file (one for a single image, all of a decode pass).
-        reason: why the first file failed ("OSError: image file is truncated"), or None.
-        cause: the exception behind ``reason`` (None after unpickling or when given as text).
-        switch: the override that skips such files, as the user types it for the script at hand.
-    """
+    """Image file(s) that could not be decoded, in one line: ``path`` is the first of ``paths``, ``reason`` why it
+    failed; ``switch`` is the override that skips such files, as the user types it for the command at hand."""
 
     def __init__(self, paths: str | os.PathLike | Sequence[str], cause: BaseException | str | None = None,
                  switch: str = "dataset.skip_corrupt=true") -> None:

@@ -1,11 +1,7 @@
 """Prepare the next batch on a background thread while the current one computes.
 
-The thread takes the next request (for training: the next claimed batch, which may cost a store round
-trip), loads its images (by default a uint8 gather from the cache) and, for a GPU, copies them from pinned
-host memory on a side stream, where ``finish`` (the batch's augmentation on the device,
-:class:`~rsnet.data.device_augment.DeviceAugment`) runs too; the training stream waits for that stream only
-when it uses the batch. So the device never idles while the host prepares the next batch, and the loop's only
-wait is :attr:`BatchPrefetcher.wait_s` — the data stall.
+On a GPU the batch is copied from pinned memory and finished (augmented) on a side stream, which the training
+stream waits for only when it uses the batch; the loop's only wait is :attr:`BatchPrefetcher.wait_s`, the data stall.
 """
 
 from __future__ import annotations
@@ -113,9 +109,8 @@ class BatchPrefetcher(Generic[Request]):
 def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: torch.device,
                    on_device: DeviceAugment, memory_format: torch.memory_format = torch.contiguous_format
                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) batches of ``dataset`` items ``indices`` in order: each gathered as uint8 on the host
-    (``dataset.uint8_batch``), uploaded, and made the model's input by ``on_device`` on ``device`` (evaluation:
-    normalisation only)."""
+    """(images, labels) batches of ``dataset`` items ``indices`` in order, gathered as uint8 on the host and
+    made the model's input by ``on_device`` on ``device``."""
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         images, labels = dataset.uint8_batch(chunk)

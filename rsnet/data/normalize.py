@@ -14,14 +14,9 @@ __all__ = ["to_float_chw"]
 
 def to_float_chw(images: np.ndarray | torch.Tensor, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, max_pixel_value: float = 255.0) -> torch.Tensor:
-    """uint8 (H, W, C) or (N, H, W, C) -> float32 (C, H, W) or (N, C, H, W), ``(x / max_pixel_value - mean) / std``.
-
-    Without ``mean``/``std`` the result is ``x / max_pixel_value`` (in [0, 1]). Computed as
-    ``(x - max_pixel_value·mean) / (max_pixel_value·std)`` on the calling thread with numpy/OpenCV: one
-    ``cv2.split`` de-interleaves the batch into channel planes, each cast and normalised in place. No torch
-    intra-op threads: on a machine whose cores are busy (or beside the training step) they can stall
-    waiting for a descheduled worker.
-    """
+    """uint8 (H, W, C) or (N, H, W, C) -> float32 (C, H, W) or (N, C, H, W), ``(x / max_pixel_value - mean) / std``
+    (without ``mean``/``std``: in [0, 1]). numpy/OpenCV on the calling thread, no torch intra-op threads: on busy
+    cores those can stall waiting for a descheduled worker."""
     pixels = np.asarray(images)
     batch = pixels if pixels.ndim == 4 else pixels[None]
     n, h, w, c = batch.shape

@@ -17,24 +17,11 @@ __all__ = ["SceneDataset"]
 
 
 class SceneDataset(Dataset):
-    """One split of a scene dataset: an index view into a shared decoded :class:`ImageStore`.
+    """One split of a scene dataset: an index view (``rows``) into a shared decoded :class:`ImageStore`.
 
-    ``ds.get_batch(indices, seed, epoch)`` transforms and stacks a batch on the host; ``ds[i] -> (FloatTensor[3, S,
-    S] normalized, int label)`` is item ``i`` of ``get_batch`` with the dataset's ``seed`` and ``epoch``;
-    ``ds.raw(i)`` is the stored uint8 image (resized, not augmented); ``ds.uint8_batch(indices)`` gathers the
-    stored pixels for augmentation on the worker's device.
-
-    Attributes:
-        paths: absolute file paths of this split, in index order.
-        names: relative file names "<class>/<file>" (as in the saved split).
-        labels: int64 labels.
-        class_names: class order.
-        transform: a :class:`~rsnet.data.transforms.HostAugment` (training: each sample's parameters drawn from
-            (seed, epoch, index)), an albumentations-style per-image pipeline ``transform(image=x)["image"]``
-            (evaluation, your own), or None (the stored pixels scaled to [0, 1]).
-        store: the shared store (``store.array`` is the one (N, S, S, 3) uint8 array).
-        seed, epoch: the draw ``ds[i]`` and ``get_batch`` use when not given one (set ``ds.epoch`` per epoch
-            when a ``DataLoader`` reads ``ds[i]``).
+    ``transform`` is a :class:`~rsnet.data.transforms.HostAugment` (each sample's draw of (seed, epoch, index)),
+    an albumentations-style per-image pipeline, or None (pixels scaled to [0, 1]). ``seed`` and ``epoch`` are
+    the draw ``ds[i]`` uses: set ``ds.epoch`` every epoch when a ``DataLoader`` reads it.
     """
 
     def __init__(self, store: ImageStore, rows: np.ndarray, labels: np.ndarray, names: Sequence[str],
@@ -76,18 +63,19 @@ class SceneDataset(Dataset):
         images, labels = self.get_batch([i])
         return images[0], int(labels[0])
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int | None = None,
-                  epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform items ``indices`` of this split and stack them: (B, 3, S, S) float, (B,) int64.
-
-        A :class:`~rsnet.data.transforms.HostAugment` draws each item's parameters from (``seed``, ``epoch``, its
-        index; None: the dataset's ``seed``/``epoch``), as the device path does. A pipeline ending with
-        ``Normalize`` + ``ToTensorV2`` normalises the whole batch at once
-        (:class:`~rsnet.data.batch_transform.BatchTransform`)."""
+    def _indices_and_labels(self, indices: Sequence[int] | np.ndarray | torch.Tensor
+                            ) -> tuple[np.ndarray, torch.Tensor]:
         if isinstance(indices, torch.Tensor):
             indices = indices.cpu().numpy()
         idx = np.asarray(indices, np.int64).reshape(-1)
-        labels = torch.from_numpy(self.labels[idx].copy())
+        return idx, torch.from_numpy(self.labels[idx].copy())
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int | None = None,
+                  epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transform items ``indices`` of this split and stack them: (B, 3, S, S) float, (B,) int64 (``seed``,
+    ``epoch`` None: the dataset's). A pipeline ending with ``Normalize`` + ``ToTensorV2`` normalises the whole
+    batch at once (:class:`~rsnet.data.batch_transform.BatchTransform`)."""
+        idx, labels = self._indices_and_labels(indices)
         if len(idx) == 0:
             return torch.empty(0), labels
         images = [self.raw(i) for i in idx]
@@ -99,12 +87,9 @@ class SceneDataset(Dataset):
         return self._batch(images), labels
 
     def uint8_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored pixels of items ``indices``, not transformed: uint8 (B, S, S, 3) and int64 (B,) labels — all
-        a host thread prepares for :class:`~rsnet.data.device_augment.DeviceAugment` (one gather from the cache)."""
-        if isinstance(indices, torch.Tensor):
-            indices = indices.cpu().numpy()
-        idx = np.asarray(indices, np.int64).reshape(-1)
-        labels = torch.from_numpy(self.labels[idx].copy())
+        """The stored pixels of items ``indices``: uint8 (B, S, S, 3) and int64 (B,) labels, all a host thread
+    prepares for :class:`~rsnet.data.device_augment.DeviceAugment`."""
+        idx, labels = self._indices_and_labels(indices)
         if self.store.array is not None:
             return torch.from_numpy(self.store.array[self.rows[idx]]), labels
         size = self.store.size

@@ -1,9 +1,7 @@
 """One decode per machine: with ``dataset.cache=memory`` the workers of a machine share one decoded array.
 
-The machine's first worker decodes into a file in shared memory (``/dev/shm``; the disk cache's format), the others
-map the same pages, and the file is removed once every worker of the machine has mapped it: the mappings keep the
-pixels, and nothing is left behind. One copy and one decoding instead of W: NWPU-RESISC45 at 256 px is
-31,500 × 256 × 256 × 3 B = 6.2 GB.
+The first worker decodes into a file in ``/dev/shm`` (the disk cache's format), the others map it, and the file is
+removed once all have mapped it (docs/data.md, Input pipeline and the cache choice).
 """
 
 from __future__ import annotations

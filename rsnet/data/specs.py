@@ -1,10 +1,7 @@
 """Dataset metadata: class lists, expected counts, archive layouts and download locations.
 
-Each supported archive is described by one frozen :class:`DatasetSpec` (torchgeo style: the metadata
-lives in data, the loader code is shared). ``DATASETS`` maps the config name to its spec.
-
-The user's own dataset (``dataset=image_folder``, one sub-folder of images per class) has no fixed spec:
-:func:`image_folder_spec` reads it from ``dataset.root`` when the data is loaded.
+``DATASETS`` maps a config name to its frozen :class:`DatasetSpec`; the user's own ``image_folder`` dataset gets
+its spec from ``dataset.root`` (:func:`image_folder_spec`).
 """
 
 from __future__ import annotations
@@ -25,18 +22,9 @@ IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """Static description of one scene-classification archive.
-
-    Attributes:
-        name: config name (``dataset.name``).
-        title: human-readable name.
-        classes: class-folder names, in label order (label i = ``classes[i]``).
-        counts: expected number of images per class (a mismatch is a warning, not an error).
-        base_dir: name of the archive's top folder.
-        images_subdir: folder between ``base_dir`` and the class folders ("" when none).
-        file_pattern: how one file is named, for messages (e.g. ``<class>NN.tif``).
-        url: where the official archive can be downloaded (page or direct link).
-    """
+    """Static description of one scene-classification archive: ``classes`` in label order, expected ``counts``
+    (a mismatch warns), the folders ``base_dir``/``images_subdir`` above the class folders, and for messages
+    ``file_pattern`` and the download ``url``."""
 
     name: str
     title: str
@@ -118,16 +106,8 @@ def is_image_file(f: Path) -> bool:
 
 
 def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
-    """The spec of the user's own dataset at ``root`` (``dataset=image_folder``, torchvision ImageFolder layout).
-
-    The classes are the sorted names of ``root``'s sub-folders that hold at least one image file
-    (:data:`IMAGE_EXTENSIONS`, any case); sub-folders without images (and hidden ones) are not classes. The
-    counts are the images found, so the count check never warns.
-
-    Raises:
-        ValueError: ``root`` not set, or fewer than 2 sub-folders with images.
-        DatasetNotFoundError: (a FileNotFoundError) ``root`` missing or not a folder.
-    """
+    """The spec of the user's own dataset at ``root`` (torchvision ImageFolder layout): the classes are the
+    sorted sub-folders holding at least one image, the counts those found (so the count check never warns)."""
     if root is None or str(root) == "":
         raise ValueError(f"dataset.root=... is required for dataset={IMAGE_FOLDER}: {_IMAGE_FOLDER_LAYOUT}")
     path = Path(root).expanduser()
@@ -158,10 +138,8 @@ def image_folder_spec(root: str | os.PathLike | None) -> DatasetSpec:
 
 
 def get_spec(name: str | DatasetSpec, root: str | os.PathLike | None = None) -> DatasetSpec:
-    """The :class:`DatasetSpec` of a config name; ValueError listing valid names.
-
-    ``image_folder`` (the user's own data) has no fixed spec: it is read from ``root`` (required) by
-    :func:`image_folder_spec`; the other names ignore ``root``."""
+    """The :class:`DatasetSpec` of a config name (``image_folder``: read from ``root``); ValueError listing valid
+    names."""
     if isinstance(name, DatasetSpec):
         return name
     if name == IMAGE_FOLDER:

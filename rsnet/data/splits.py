@@ -1,9 +1,6 @@
-"""Protocol splits: stratified per-class train ratio, seeded, saved as file lists.
-
-A :class:`Split` holds relative file names (``<class>/<file>``) so it stays valid when the dataset is
-moved; ``Split.save`` writes JSON (atomically) and ``Split.load`` reads it back, so a run can be
-reproduced exactly from its run directory. An optional validation part is carved from the training part
-(``val_ratio``), leaving the test part as it is.
+"""Protocol splits: stratified per-class train ratio, seeded, saved as relative file lists so a run can be
+reproduced after the dataset moved; an optional validation part is carved from the training part (docs/data.md,
+Splits).
 """
 
 from __future__ import annotations
@@ -59,17 +56,8 @@ class SplitRows(NamedTuple):
 
 @dataclass
 class Split:
-    """A train/val/test partition of one dataset, as relative file names.
-
-    Attributes:
-        dataset: dataset name.
-        train_ratio: fraction of every class put in train (before validation is carved from it).
-        seed: the seed that drew it.
-        class_names: class order (label i = class_names[i]).
-        train, test: relative file names "<class>/<file>".
-        val: relative file names held out of train for validation (empty: no validation part).
-        val_ratio: fraction of every class's training part moved to ``val``.
-    """
+    """A train/val/test partition of one dataset, as relative file names ``<class>/<file>``; ``val`` is held out
+    of the training part (``train_ratio`` of every class) at ``val_ratio``."""
 
     dataset: str
     train_ratio: float
@@ -102,11 +90,8 @@ class Split:
             raise ValueError(f"split file '{path}' is not a valid rsnet split: {exc}") from exc
 
     def indices(self, names: Sequence[str], class_names: Sequence[str] | None = None, root: str = "") -> SplitRows:
-        """Positions of the train, val and test files in ``names`` (the dataset's file list).
-
-        Raises:
-            SplitMismatchError: the split names classes or files the dataset does not have.
-        """
+        """Positions of the train, val and test files in ``names`` (the dataset's file list); SplitMismatchError
+    if the split names classes or files the dataset does not have."""
         if class_names is not None and list(class_names) != list(self.class_names):
             raise SplitMismatchError(
                 f"split of '{self.dataset}' has classes {self.class_names[:5]}... which differ from the "
@@ -137,23 +122,12 @@ def _part_size(ratio: float, n: int) -> int:
     return min(max(k, 1), n - 1) if n >= 2 else k
 
 
-def stratified_split(
-    names: Sequence[str],
-    labels: Sequence[int] | np.ndarray,
-    train_ratio: float,
-    seed: int,
-    class_names: Sequence[str],
-    dataset: str = "",
-    val_ratio: float = 0.0,
-) -> Split:
-    """Draw ``round(train_ratio · n_c)`` files of every class c for train (at least one file in
-    each part when the class has two or more), the rest for test; then move ``round(val_ratio · t_c)``
-    of the t_c train files of class c to val (at least one, and one left in train, when t_c >= 2).
-
-    The validation draw has its own generator, so the test part of a seed does not depend on
-    ``val_ratio`` and train ∪ val is the train part drawn with ``val_ratio=0``. Deterministic in
-    (file set, ratios, seed), independent of the order of ``names``.
-    """
+def stratified_split(names: Sequence[str], labels: Sequence[int] | np.ndarray, train_ratio: float, seed: int,
+                     class_names: Sequence[str], dataset: str = "", val_ratio: float = 0.0) -> Split:
+    """Draw ``round(train_ratio · n_c)`` files of every class for train, the rest for test, then hold out
+    ``round(val_ratio · t_c)`` of the train files for val (each part keeps at least one file where it can).
+    The validation draw has its own generator, so a seed's test part does not depend on ``val_ratio``;
+    deterministic in (file set, ratios, seed), independent of the order of ``names``."""
     ratio = check_train_ratio(train_ratio)
     val_ratio = check_val_ratio(val_ratio)
     labels = np.asarray(labels)

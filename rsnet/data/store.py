@@ -1,11 +1,6 @@
 """The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array, of which the train and test
-datasets are index views, shared (never copied) with loader workers.
-
-- ``memory``: a numpy array. Workers started by ``fork`` (the Linux default) see the parent's pages
-  copy-on-write and never write them. Pickled to a ``spawn``/``forkserver`` worker, the array is moved once
-  into torch shared memory and the workers map that segment.
-- ``disk``: a memory-mapped ``.npy`` file, which a pickled store reopens by its path (one copy in the page cache).
-- ``none``: no array; every access decodes the file.
+datasets are index views, shared (never copied) with loader workers: by fork's copy-on-write pages, moved once into
+torch shared memory for a spawned worker, or reopened by path for the disk cache (docs/data.md, Input pipeline).
 """
 
 from __future__ import annotations
@@ -23,16 +18,9 @@ __all__ = ["ImageStore"]
 class ImageStore:
     """Decoded images of one ordered file list. ``store[i]`` → uint8 H×W×3 (a view, never a copy).
 
-    Attributes:
-        paths: absolute file paths, in row order.
-        size: side of the stored images.
-        mode: "memory", "disk" or "none".
-        array: the (N, S, S, 3) uint8 array (``None`` for mode "none").
-        cache_path: the ``.npy`` file for mode "disk".
-        corrupt: row indices whose file could not be decoded (rows are zero).
-        decoded: number of images decoded while building this store (0 when the disk cache was reused).
-        high_bit_depth: how 16-bit/float files are rescaled (see :func:`decode_image`).
-        rescaled: row -> source pixel format of the files rescaled from 16-bit or float pixels.
+    ``array`` is None for mode "none"; ``corrupt`` holds the rows whose file could not be decoded (zeros);
+    ``decoded`` counts the images decoded to build it (0: the disk cache was reused); ``rescaled`` maps a row to
+    its source pixel format where 16-bit or float pixels were stretched.
     """
 
     def __init__(self, paths: Sequence[str], size: int, mode: str, array: np.ndarray | None = None,

@@ -1,22 +1,7 @@
 """timm backbones split into trunk (up to S3), S4 and the classifier head.
 
-The backbone *is* the full timm classifier ``timm.create_model(name, num_classes=N)`` stored as
-``self.net``; rsnet only records which of its children form the trunk, S4, the tail of
-``forward_features`` and the head. Because the weights live under one prefix (``net.``), the main
-branch of every rsnet model loads into a plain timm classifier without any key remapping.
-
-Levels: timm's ``feature_info`` lists the model's feature levels. A level whose stage has no
-parameters (VGG's last max-pool, ``features.30``) is merged into the tail, so S1..S4 are the last
-four levels that end in learned layers:
-
-* resnet*: S1..S4 = layer1..layer4 (strides 4..32);
-* densenet121: S1 = denseblock1 ... S3 = denseblock3, S4 = transition3 + denseblock4 + norm5;
-* vgg16: S1..S4 = relu of conv2_2, conv3_3, conv4_3, conv5_3 (strides 2..16); the last
-  max-pool, timm's ConvMlp (fc6 as a 7x7 conv, fc7) and fc form the main head, exactly as in timm.
-
-Names and weights are timm's: ``backbone.name`` is anything ``timm.create_model`` takes (``resnet50``,
-``resnet50.a1_in1k``, ``hf-hub:org/name``, ``local-dir:/folder``); ``backbone.pretrained`` is false, true (the
-weights the name selects) or a weights file that timm loads through the model's own checkpoint filter.
+The backbone *is* the full timm classifier (``self.net``): rsnet only records which of its children form each
+part, so the main branch loads into a plain timm classifier without key remapping. docs/models.md, Backbones.
 """
 
 from __future__ import annotations
@@ -167,10 +152,8 @@ def _parse_pretrained(pretrained: bool | str | Path | None) -> bool | Path:
 
 
 def _create_from_file(name: str, num_classes: int, path: Path, **kwargs: Any) -> nn.Module:
-    """Load a weights file through timm (``pretrained_cfg_overlay=dict(file=path)``; ``source="file"`` so that a
-    local-dir: or hf-hub: name reads the file, not its folder or repo), so the model's own checkpoint filter applies
-    (torchvision key names, VGG's fc6/fc7 as convs). The load is strict: timm builds the classifier of the weights'
-    pretrained config and loads every key, then ``reset_classifier(num_classes)`` replaces that classifier."""
+    """Load a weights file through timm so the model's own checkpoint filter applies (``source="file"``: a
+    local-dir: or hf-hub: name reads the file, not its folder or repo); strict, then the classifier is replaced."""
     if not path.is_file():
         raise BackboneError(f"backbone.pretrained={path} does not exist; set false, true or the path of a weights "
                             f"file for backbone.name={name!r}")
@@ -218,8 +201,7 @@ class TimmBackbone(nn.Module):
         self.level_names: list[str] = layout["levels"]
         self.channels: list[int] = layout["channels"]
         self.reductions: list[int] = layout["reductions"]
-        self._trunk = [(path, ordered[i][1]) for i, path in
-                       ((i, ordered[i][0]) for i in layout["trunk"])]
+        self._trunk = [ordered[i] for i in layout["trunk"]]
         self._stage4 = [ordered[i][1] for i in layout["stage4"]]
         self._tail = [ordered[i][1] for i in layout["tail"]]
         self._trunk_levels = set(self.level_names[:3])
@@ -297,22 +279,12 @@ def backbone_layout(name: str) -> dict[str, Any]:
 
 
 def backbone_data_config(name: str) -> dict[str, Any]:
-    """Preprocessing that the weights ``name`` selects expect, from their pretrained config (no weights loaded).
-
-    Returns ``mean`` and ``std`` (3-tuples of floats), ``input_size`` ((C, H, W)), ``interpolation``, ``crop_pct``
-    and ``crop_mode``, as ``timm.data.resolve_model_data_config`` resolves them: from the tag's registry config
-    (``inception_v3.tv_in1k``: mean 0.5; an untagged name: its default tag), a ``local-dir:`` folder's or a
-    ``hf-hub:`` repo's config.json. A ``backbone.pretrained`` file carries no config: name the tag it comes from.
-    """
+    """Preprocessing (mean, std, input_size, interpolation, crop_pct, crop_mode) that the weights ``name``
+    selects expect, from their pretrained config, no weights loaded (docs/models.md, Names and weights)."""
     config = resolve_model_data_config(_meta_model(name))
-    return {
-        "mean": tuple(float(v) for v in config["mean"]),
-        "std": tuple(float(v) for v in config["std"]),
-        "input_size": tuple(int(v) for v in config["input_size"]),
-        "interpolation": str(config["interpolation"]),
-        "crop_pct": float(config["crop_pct"]),
-        "crop_mode": str(config["crop_mode"]),
-    }
+    return {"mean": tuple(float(v) for v in config["mean"]), "std": tuple(float(v) for v in config["std"]),
+            "input_size": tuple(int(v) for v in config["input_size"]), "interpolation": str(config["interpolation"]),
+            "crop_pct": float(config["crop_pct"]), "crop_mode": str(config["crop_mode"])}
 
 
 def validate_image_size(backbone: str, image_size: int) -> None:
