@@ -71,12 +71,8 @@ def memory_format(config: dict[str, Any], device: torch.device) -> torch.memory_
 
 
 def compiled_forward(module: nn.Module, config: dict[str, Any], fixed_batch_sizes: bool) -> Callable[..., Any]:
-    """``torch.compile(module)`` when ``compile=true``, else the module itself; parameters stay shared with ``module``.
-
-    ``fixed_batch_sizes`` (the strategy's :attr:`~rsnet.parallel.strategies.base.Strategy.fixed_batch_sizes`): the
-    worker's batches take a few sizes fixed for the run (its batch and an epoch's last one), so the forward is
-    compiled for static shapes, once per size; otherwise (several adaptive workers, whose claims take any size) for
-    a dynamic batch dimension, compiled once."""
+    """``torch.compile(module)`` when ``compile=true``, else the module itself: for static shapes (once per size)
+    when the strategy's batch sizes are fixed for the run, else for a dynamic batch dimension."""
     return torch.compile(module, dynamic=not fixed_batch_sizes) if config["compile"] else module
 
 

@@ -12,9 +12,8 @@ class ConfigError(ValueError):
 
 
 def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
-    """Raise :class:`ConfigError` for settings that would fail later, before any training starts: finiteness
-    here (the types were the schema's), ranges by the code that uses each setting, and the model and loss built as
-    training will."""
+    """Raise :class:`ConfigError` for settings that would fail later, before any training starts; each range
+    is checked by the code that uses the setting, and the model and loss are built as training will."""
     from rsnet.models import validate_image_size
 
     check_finite(config)
@@ -69,8 +68,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
 
 def check_finite(config: dict[str, Any]) -> None:
     """Refuse nan and inf anywhere in the config, naming the setting: they pass the schema's float type and every
-    comparison a range check makes (or fail all). The types themselves are the schema's (rsnet/config_schema.py),
-    refused while Hydra composes."""
+    range comparison (or fail all)."""
     for key, value in _numbers(config, ""):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r}: must be a finite number")
@@ -78,8 +76,7 @@ def check_finite(config: dict[str, Any]) -> None:
 
 def check_model_and_loss(config: dict[str, Any]) -> None:
     """Build the model (on the meta device: no memory, no weights) and its loss as training will, so that
-    ``model.options.*`` and ``model.loss.*`` are checked by the code that uses them before any data is decoded;
-    the loss's teacher and cross-entropy heads must be heads of that model."""
+    ``model.options.*`` and ``model.loss.*`` are checked before any data is decoded."""
     import torch
 
     from rsnet.losses import MultiBranchLoss, check_loss_heads

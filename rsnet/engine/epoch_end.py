@@ -1,11 +1,6 @@
-"""What happens after every epoch: every worker evaluates its shard of the test (and validation) split (every
-``eval_every`` epochs and at the last); the primary selects the model on validation, logs, writes checkpoints,
-metrics.json, the history and the figures (history.csv, curves and confusion matrix as PNG and/or PDF).
-
-Selection: with a validation part (``dataset.val_ratio`` > 0) ``best.pt`` is the epoch with the highest
-validation accuracy and the headline figure is that epoch's test accuracy; without one nothing is selected
-(choosing an epoch on test accuracy would leak the test set into the figure) and the headline is the last
-epoch's test accuracy.
+"""What happens after every epoch: every worker evaluates its shard of the test (and validation) split; the
+primary selects the model on validation, logs, writes checkpoints, metrics.json, the history and the figures.
+Selection and the headline figure: docs/data.md, Splits.
 """
 
 from __future__ import annotations
@@ -37,9 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunState:
-    """The run's progress, as checkpoints carry it (top-level keys of the payload): epochs done, the wall time spent
-    training, one history row per evaluated epoch, the last evaluation's metrics and the epoch selected on
-    validation."""
+    """The run's progress, as checkpoints carry it (top-level keys of the payload)."""
 
     epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -72,9 +65,8 @@ class EpochEvaluation:
 
 def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
                    epoch: int, shares: Sequence[float] | None = None) -> EpochEvaluation | None:
-    """Every worker, after the 1-based ``epoch``: when it is evaluated, the test (and validation) metrics, computed
-    from shards evaluated by all workers in proportion to ``shares`` (the same list on every worker; None: equal);
-    the primary gets them, the other workers None (as for an epoch that is not evaluated)."""
+    """Every worker, after the 1-based ``epoch``: when it is evaluated, the test (and validation) metrics from
+    shards evaluated by all workers in proportion to ``shares`` (None: equal); the primary gets them, others None."""
     if not evaluates_after(epoch, config):
         return None
     on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
@@ -151,13 +143,10 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
                       optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState,
                       improved: bool) -> None:
     """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
-    payload = {
-        "model_config": model.model_config, "model_state": model.state_dict(),
-        "class_names": data.class_names, "image_size": data.image_size,
-        "mean": list(data.mean), "std": list(data.std),
-        "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(),
-        "config": config, **state.as_payload(),
-    }
+    payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
+               "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
+               "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,
+               **state.as_payload()}
     save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
     if improved:
         save_checkpoint(run_checkpoint_path(config["run_dir"], "best.pt"), payload)
@@ -165,9 +154,8 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
 
 def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
                             attention_ids: list[int], epoch: int) -> None:
-    """Attention maps of every branch, and the main branch's pooled features of test images in the embedding
-    projector (the same class-balanced subset of at most ``log.embedding_images`` every time: the projector writes
-    text, about 10 bytes a number, so a whole test set of VGG features would take gigabytes)."""
+    """Attention maps of every branch, and the main branch's pooled features of at most
+    ``log.embedding_images`` test images in the projector (its text format makes a whole test set gigabytes)."""
     images = np.stack([data.test.raw(index) for index in attention_ids])
     tb.attention_maps(model, images, data.mean, data.std, epoch, data.class_names,
                       [int(data.test.labels[index]) for index in attention_ids])
@@ -180,13 +168,10 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
     """What makes two runs comparable: the evaluation protocol and the training budget (recorded in metrics.json,
     grouped by in ``rsnet-aggregate``)."""
     dataset = config["dataset"]
-    return {
-        "dataset": dataset["name"], "train_ratio": data.split.train_ratio,
-        "val_ratio": data.split.val_ratio, "image_size": data.image_size,
-        "pretrained": pretrained_tag(config["backbone"]["pretrained"]),
-        "epochs": config["epochs"], "eval_every": int(config["eval_every"]),
-        "selection": "validation" if data.val is not None else "last epoch",
-    }
+    return {"dataset": dataset["name"], "train_ratio": data.split.train_ratio, "val_ratio": data.split.val_ratio,
+            "image_size": data.image_size, "pretrained": pretrained_tag(config["backbone"]["pretrained"]),
+            "epochs": config["epochs"], "eval_every": int(config["eval_every"]),
+            "selection": "validation" if data.val is not None else "last epoch"}
 
 
 def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,

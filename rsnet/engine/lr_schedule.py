@@ -33,22 +33,10 @@ def check_schedule_settings(lr_schedule: dict) -> None:
                          "e.g. [0.5, 0.75]")
 
 
-def learning_rate(
-    epoch: float,
-    *,
-    base_lr: float,
-    epochs: int,
-    name: str = "cosine",
-    warmup_epochs: float = 0.0,
-    milestones: Sequence[float] = (0.5, 0.75),
-    gamma: float = 0.1,
-    min_lr_ratio: float = 0.0,
-) -> float:
-    """Learning rate at ``epoch`` (a float: 2.5 is half-way through the third epoch).
-
-    Linear warm-up over ``warmup_epochs``, then ``cosine`` decay to ``min_lr_ratio * base_lr`` or
-    ``step`` decay by ``gamma`` at each milestone (fractions of ``epochs``).
-    """
+def learning_rate(epoch: float, *, base_lr: float, epochs: int, name: str = "cosine", warmup_epochs: float = 0.0,
+                  milestones: Sequence[float] = (0.5, 0.75), gamma: float = 0.1, min_lr_ratio: float = 0.0) -> float:
+    """Learning rate at the fractional ``epoch``: linear warm-up, then ``cosine`` decay to ``min_lr_ratio *
+    base_lr`` or ``step`` decay by ``gamma`` at each milestone (fractions of ``epochs``)."""
     check_schedule_name(name)
     if warmup_epochs > 0 and epoch < warmup_epochs:
         return base_lr * (epoch + 1e-3) / warmup_epochs

@@ -1,7 +1,5 @@
 """A run's history and figures outside TensorBoard, rewritten beside metrics.json after every evaluation:
-``history.csv`` (one row per evaluated epoch, nested figures as ``oa/main``-style columns), ``curves.<png|pdf>``
-(accuracy, then the training loss, against the epoch) and ``confusion.<png|pdf>`` (the headline epoch's test
-confusion matrix), in the formats of ``log.figure_format``."""
+``history.csv``, ``curves.<png|pdf>`` and ``confusion.<png|pdf>`` (docs/usage.md, docs/tensorboard.md)."""
 
 from __future__ import annotations
 

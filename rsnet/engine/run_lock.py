@@ -1,10 +1,6 @@
 """One run at a time in a run directory: a lock that dies with the process holding it, and one lock per worker of
-the run, held until that worker is gone.
-
-The locks are :class:`filelock.FileLock` (``flock`` on Linux and macOS, ``msvcrt.locking`` on Windows): the
-operating system releases them when their holder exits, however it exits, so a crashed or killed run never leaves
-the directory locked. They are advisory and may not reach across machines on network file systems; under torchrun
-only rank 0 takes the run's lock.
+the run, held until that worker is gone. The locks are advisory ``filelock`` locks, which the operating system
+releases however their holder exits; under torchrun only rank 0 takes the run's lock.
 """
 
 from __future__ import annotations
@@ -52,8 +48,8 @@ def _read_owner(run_dir: Path) -> str:
 
 
 def _check_no_workers_left(run_dir: Path) -> None:
-    """Refuse while a worker of an earlier run still holds its lock (its launcher is gone, it is not yet: a killed
-    launcher's lock is released before its workers end); remove the locks of workers that have ended."""
+    """Refuse while a worker of an earlier run still holds its lock (a killed launcher's lock is released
+    before its workers end); remove the locks of workers that have ended."""
     for path in sorted(run_dir.glob(WORKER_LOCK_GLOB)):
         lock = FileLock(path, timeout=0)
         try:
@@ -67,9 +63,8 @@ def _check_no_workers_left(run_dir: Path) -> None:
 
 @contextmanager
 def share_run_dir(run_dir: Path) -> Iterator[None]:
-    """Held by each worker for its whole run (``<run_dir>/.rsnet.worker-<pid>.lock``, released by the operating
-    system when the worker ends; removed when it ends cleanly): :func:`hold_run_dir` refuses a new run until the
-    last is gone."""
+    """Held by each worker for its whole run (released by the operating system when it ends): :func:`hold_run_dir`
+    refuses a new run until the last is gone."""
     path = Path(run_dir) / f".rsnet.worker-{os.getpid()}.lock"
     with FileLock(path):
         yield

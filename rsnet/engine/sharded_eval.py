@@ -1,10 +1,5 @@
-"""Evaluation sharded over the workers: each predicts a contiguous slice whose size follows its share of the work,
-the primary gathers the predictions.
-
-Every worker evaluates, so none waits at a barrier while the primary evaluates alone (with a CPU primary and a large
-test set, longer than the process-group timeout). The slices follow the workers' measured speeds
-(:meth:`Strategy.work_shares`), so a CPU worker beside a GPU takes a small slice and a worker the scheduler left out
-none.
+"""Evaluation sharded over the workers in proportion to their measured speeds, gathered by the primary: none
+waits at a barrier while the primary evaluates alone (longer than the process-group timeout on a CPU primary).
 """
 
 from __future__ import annotations
@@ -36,11 +31,9 @@ def sharded_evaluate(ctx: WorkerContext, model: nn.Module, dataset: Dataset, bat
                      on_device: DeviceAugment | None = None,
                      memory_format: torch.memory_format = torch.contiguous_format,
                      shares: Sequence[float] | None = None) -> EvalResult | None:
-    """:func:`rsnet.evaluation.evaluate` of ``dataset`` with the work split over the workers: worker r predicts the
-    contiguous slice :func:`shard_bounds` gives it for ``shares`` (every worker the same list; None: equal). The
-    primary gets the predictions of the whole dataset in its order (what one process evaluating all of it gets),
-    the other workers None. Every worker must call it (a collective). ``on_device``: normalise uint8 batches
-    (``dataset.uint8_batch``) on the model's device instead of transforming images on the host."""
+    """:func:`rsnet.evaluation.evaluate` of ``dataset``, each worker its :func:`shard_bounds` slice for
+    ``shares`` (a collective: every worker calls it with the same list). The primary gets the whole dataset's
+    predictions in order, the others None; ``on_device`` normalises uint8 batches on the model's device."""
     device = next(model.parameters()).device
     bounds = shard_bounds(len(dataset), shares if shares is not None else [1.0] * ctx.world_size)
     shard = range(bounds[ctx.rank], bounds[ctx.rank + 1])

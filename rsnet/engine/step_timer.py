@@ -8,13 +8,9 @@ import torch
 
 
 class StepTimer:
-    """Sums the compute time of the steps between two :meth:`pop_total` calls.
-
-    On a CPU a step's time is known at once (wall clock). On a GPU each step records a pair of CUDA events
-    and the times are read in :meth:`pop_total`, which waits for the GPU once — so a merge interval costs
-    one host synchronisation, not one per step — unless ``every_step`` asks for each step's time at once
-    (a simulated slowdown sleeps in proportion to it).
-    """
+    """Sums the compute time of the steps between two :meth:`pop_total` calls. On a GPU the CUDA events are
+    read in :meth:`pop_total` (one host sync per merge interval), unless ``every_step`` asks for each step's time
+    at once (a simulated slowdown sleeps in proportion to it)."""
 
     def __init__(self, device: torch.device, every_step: bool = False) -> None:
         self.cuda = torch.device(device).type == "cuda"

@@ -22,14 +22,8 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_device, build_datasets_from_config
 from rsnet.data.shared_decode import load_decoded_once
-from rsnet.engine.acceleration import (
-    StepPrecision,
-    compiled_forward,
-    memory_format,
-    set_deterministic,
-    tune_convolutions,
-    use_channels_last,
-)
+from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_format, set_deterministic,
+                                      tune_convolutions, use_channels_last)
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
 from rsnet.engine.lr_schedule import learning_rate
@@ -53,13 +47,9 @@ class NonFiniteLossError(RuntimeError):
 
 
 def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = None) -> dict[str, Any] | None:
-    """Run a whole training job from a resolved config (a plain dict); return the final metrics (None on a
-    torchrun rank other than 0).
-
-    ``on_accepted(run_dir)`` runs on the primary once every check has passed and the run dir is held, before
-    any worker starts: nothing that records the run should touch the run dir earlier (a refused re-run must
-    leave the earlier run as it was).
-    """
+    """Run a whole training job from a resolved config; return the final metrics (None on a torchrun rank
+    other than 0). ``on_accepted(run_dir)`` runs on the primary once every check has passed and the run dir is
+    held: a refused re-run must leave the earlier run as it was."""
     trainer = config["trainer"]
     devices = resolve_devices(trainer["devices"])
     workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
@@ -214,14 +204,9 @@ def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
                     criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer) -> EpochMeter:
-    """Train one epoch on the batches the strategy hands this worker, interval by interval.
-
-    The next batch is prepared on a background thread while the current one computes (``prefetch``). The
-    host waits for the device once per interval, where the loss is checked for NaN/inf and the strategy
-    communicates (:meth:`Strategy.end_interval`). A batch that runs out of CUDA memory is retried in the
-    smaller size the strategy returns from ``on_out_of_memory()`` (the adaptive strategy halves this
-    worker's batch cap; static strategies stop).
-    """
+    """Train one epoch on the batches the strategy hands this worker, interval by interval: the host waits for
+    the device once per interval (NaN/inf check, :meth:`Strategy.end_interval`); a batch that runs out of CUDA
+    memory is retried in the smaller size ``strategy.on_out_of_memory()`` returns."""
     model = strategy.model
     model.train()
     meter = EpochMeter()
@@ -254,9 +239,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
 
 def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle
                      ) -> BatchPrefetcher[Claim]:
-    """The epoch's claimed batches, prepared one ahead, each sample augmented with its parameters of (seed, epoch,
-    index): uint8 pixels gathered on the host and augmented on the worker's device (``augment.on_device``; auto: on
-    GPU workers), or augmented image by image on the host by OpenCV (``SceneDataset.get_batch``)."""
+    """The epoch's claimed batches, prepared one ahead and augmented with each sample's draw of (seed, epoch,
+    index): on the worker's device from uint8 pixels (``augment.on_device``), or on the host by OpenCV."""
     enabled = bool(config["prefetch"])
     augment = data.train_augment
     seed = int(config["seed"])
