@@ -49,10 +49,8 @@ def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
                     verify: bool | None = None) -> dict[str, Any]:
-    """Load an rsnet checkpoint, with a clear error when the file is missing, damaged (its contents no longer match
-    the SHA-256 written with them) or not one of ours. ``mmap``: map the tensors from the file instead of reading
-    them (cheap when only the metadata, e.g. the config or epoch, is needed). ``verify``: check the SHA-256
-    (default: unless ``mmap``, which would read every tensor for it)."""
+    """Load an rsnet checkpoint, with a one-line error for a missing, damaged (SHA-256) or foreign file.
+    ``mmap`` maps the tensors instead of reading them, for the metadata only; ``verify`` defaults to ``not mmap``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
@@ -90,11 +88,8 @@ def _verify_digest(path: Path, payload: dict[str, Any]) -> None:
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any], source: str | Path = "the checkpoint") -> nn.Module:
-    """Rebuild the trained model from a loaded checkpoint (eval mode, no pretrained download).
-
-    Raises ``ValueError`` naming ``source`` when the model config is incomplete, the class names do not match
-    ``num_classes``, or the weights do not fit the model the config names.
-    """
+    """Rebuild the trained model from a loaded checkpoint (eval mode, no pretrained download); ValueError naming
+    ``source`` when its config, class names and weights do not fit together."""
     config = checkpoint["model_config"]
     if not isinstance(config, dict) or not {"arch", "backbone", "num_classes"} <= set(config):
         raise ValueError(f"{source}: model_config {config!r} lacks arch/backbone/num_classes; not an rsnet checkpoint")

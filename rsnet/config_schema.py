@@ -1,15 +1,8 @@
 """The types of rsnet-train's settings: Hydra structured configs, one dataclass per config group.
 
-The yaml files under conf/ hold every value with its comment (``--help`` renders them) and inherit shared keys
-(``conf/_base/``); these dataclasses hold every key's type, so Hydra refuses ``optimizer.lr=abc`` or
-``epochs=1.5`` while composing, before anything is built. A field has no default: its value comes from the yaml
-(a missing one is reported as required). ``Any`` marks a setting that takes several kinds of value (``auto`` or a
-number, a path or a boolean); the code that reads it checks it. Ranges are checked by the code that uses each
-setting (``rsnet.engine.config_checks``).
-
-``conf/config.yaml`` names :class:`TrainSchema` first in its defaults list; each ``conf/trainer/<name>.yaml``
-names its strategy's schema (``<name>_schema``, stored in the ``trainer`` group). A trainer yaml without one (a
-strategy of your own) is composed untyped and checked by its strategy's ``check_config``.
+The values and their comments stay in conf/ (so no field has a default); Hydra refuses a wrong type while
+composing. ``Any`` marks a setting that takes several kinds of value, checked by the code that reads it. Ranges:
+``rsnet.engine.config_checks``; a strategy's schema: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -44,8 +37,7 @@ class DatasetSchema:
 
 @dataclass
 class ModelSchema:
-    """``model.*`` (conf/model/): the options and the loss differ per architecture; the model and
-    :class:`rsnet.losses.MultiBranchLoss` check them, built on the meta device before any data is decoded."""
+    """``model.*`` (conf/model/): options and loss differ per architecture; the model and the loss check them."""
     arch: str
     options: Dict[str, Any]
     loss: Dict[str, Any]
@@ -187,9 +179,8 @@ TRAINER_SCHEMAS = {"adaptive": AdaptiveSchema, "sync": SyncSchema, "static": Sta
 
 
 def register_schemas() -> None:
-    """Store the schemas in Hydra's ConfigStore (``train_schema``; ``trainer/<name>_schema``); idempotent. Only
-    rsnet-train registers them: Hydra copies the whole store whenever it lists config groups, which cost the other
-    commands' ``--help`` 0.13 s."""
+    """Store the schemas in Hydra's ConfigStore (idempotent). Only rsnet-train registers them: Hydra copies the
+    whole store whenever it lists config groups, which slows every other command's ``--help``."""
     store = ConfigStore.instance()
     store.store(name=PRIMARY_SCHEMA, node=TrainSchema)
     for name, schema in TRAINER_SCHEMAS.items():

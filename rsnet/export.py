@@ -1,21 +1,8 @@
-"""Export a trained model (its main branch, or the full ensemble) with its metadata.
+"""Export a trained model (its main branch, or the full ensemble) with its metadata (model.json).
 
-    from rsnet.export import export_checkpoint
-    from rsnet.exported_model import load_exported
-    result = export_checkpoint("run/checkpoints/last.pt", "exported/")  # format="auto": timm's, main branch
-    model = load_exported("exported/")          # callable: images (B, 3, H, W) -> logits (B, N)
-    model.class_names, model.image_size, model.mean, model.std
-
-``head="main"`` writes the pruned main branch, a plain ``timm.create_model(backbone, num_classes=N)``
-classifier; ``head="ensemble"`` writes the full multi-branch model returning its ensemble logits.
-Files: ``model.ts`` (TorchScript), ``model.onnx`` (ONNX through ``torch.export``, opset 18, dynamic
-batch), ``model.pt`` (a state dict) or, for ``format="timm"`` (main branch only), timm's own
-``model.safetensors`` + ``config.json`` (``timm.create_model("local-dir:<folder>", pretrained=True)``
-rebuilds it), always with ``model.json`` (class names, image size, mean/std, backbone, ...). ``format="auto"`` (the
-default) is timm's for the main branch and the state dict for the ensemble: neither is deprecated, unlike
-TorchScript (torch 2.14 warns on every trace and load), and neither needs a Python model trace. Every export is
-loaded back and its logits checked against the full model's. An export is never written where it would
-overwrite or shadow a training checkpoint.
+``format="auto"`` writes timm's own files for the main branch and a state dict for the ensemble: neither is
+deprecated (unlike TorchScript) nor needs a trace. Every export is loaded back and its logits checked against the
+full model's; none is written where it would overwrite or shadow a checkpoint. docs/models.md, Export.
 """
 
 from __future__ import annotations
@@ -196,15 +183,14 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
         output = model(x)
         reference = output.main_logits if head == "main" else output.prediction_logits
         path = _write_model(out_dir, module, model, x, format, head, metadata)
-    meta = {
-        "rsnet_export": EXPORT_VERSION, "format": format, "head": head, "file": path.name,
-        "class_names": list(metadata["class_names"]), "image_size": image_size,
-        "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
-        "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
-        "backbone": config["backbone"], "num_classes": int(config["num_classes"]), "arch": config["arch"],
-        "model_config": {**config, "pretrained": False}, "output_size": int(reference.shape[-1]),
-        DIGEST_KEY: {name: file_digest(out_dir / name) for name in export_files({"format": format, "file": path.name})},
-    }
+    meta = {"rsnet_export": EXPORT_VERSION, "format": format, "head": head, "file": path.name,
+            "class_names": list(metadata["class_names"]), "image_size": image_size,
+            "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
+            "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
+            "backbone": config["backbone"], "num_classes": int(config["num_classes"]), "arch": config["arch"],
+            "model_config": {**config, "pretrained": False}, "output_size": int(reference.shape[-1]),
+            DIGEST_KEY: {name: file_digest(out_dir / name)
+                         for name in export_files({"format": format, "file": path.name})}}
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
     diff = None
     on_stage("reloading the export")
@@ -242,9 +228,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str =
 
 
 def attention_model(exported: ExportedModel) -> nn.Module:
-    """The export as an rsnet model for CAM / Grad-CAM (feature maps, gradients), rebuilt from the export's own
-    weights: the main branch as a ``Baseline``, an ensemble export as its full model. It is checked to give the
-    export's logits; an ONNX file keeps neither gradients nor the layers' weights (batch norms are folded)."""
+    """The export as an rsnet model for CAM / Grad-CAM, rebuilt from its own weights (the main branch as a
+    ``Baseline``) and checked to give the export's logits. ONNX keeps neither gradients nor the layers' weights."""
     meta = exported.metadata
     if exported.module is None:
         raise ExportError(f"attention maps cannot be drawn from the ONNX export {meta['file']}: it keeps neither "

@@ -1,15 +1,5 @@
-"""Classify images from Python with a trained model: a training checkpoint (every head, attention maps) or what
-``rsnet-export`` wrote. ``rsnet-predict`` is a command-line shell over this module.
-
-    from rsnet.inference import list_images, load_predictor
-
-    predictor = load_predictor("outputs/aid/esd_mbenet/resnet50/r0.5_224px_imagenet/seed0", device="auto")
-    paths = list_images("my_scenes/")
-    for path, top in zip(paths, predictor.top_k(predictor.read_images(paths), k=3)):
-        print(path.name, top)                                   # [("forest", 0.97), ("meadow", 0.02), ...]
-
-Images are decoded exactly as the datasets decode them (:func:`rsnet.data.decode_image`: RGB, resized to the model's
-image size, 16-bit and float pixels rescaled as in training) and normalised with the model's mean/std.
+"""Classify images from Python with a training checkpoint (every head, attention maps) or an export; images are
+decoded as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs/usage.md, Python API).
 """
 
 from __future__ import annotations
@@ -120,11 +110,9 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 def load_predictor(path: str | Path, device: str | torch.device = "auto", head: str | None = None,
                    tta: str = "none", attention: bool = False) -> Predictor:
-    """Load a training checkpoint (full model) or an exported model, as :func:`rsnet.model_loading.load_model`
-    resolves ``path`` (a file, a run folder or an export folder), onto ``device`` (``auto``: CUDA when present).
-    ``head``: the scored head of a checkpoint (default: its ensemble, else main); ``tta="d4"``: average the logits
-    of the 8 dihedral views (:class:`rsnet.evaluation.TTAModel`); ``attention``: an export is also rebuilt as an
-    rsnet model for its attention maps (:func:`rsnet.export.attention_model`)."""
+    """Load a training checkpoint (full model) or an export, as :func:`rsnet.model_loading.load_model` resolves
+    ``path``. ``head``: a checkpoint's scored head (default: its ensemble, else main); ``attention``: an export is
+    also rebuilt as an rsnet model for its attention maps."""
     device = resolve_device(device) if isinstance(device, str) else device
     loaded = load_model(path, device, setting="checkpoint")
     meta, model = loaded.metadata, loaded.model

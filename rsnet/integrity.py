@@ -1,9 +1,5 @@
-"""Is a file on disk what rsnet wrote? Content hashes (SHA-256) of checkpoints and exports, checked on every load,
-and one plain reason when torch cannot read a weights file at all.
-
-A checkpoint carries the digest of its own contents (:func:`content_digest`: every tensor's dtype, shape and bytes
-and every plain value, in a fixed order), so one file stays one atomic write. An export's model.json records the
-SHA-256 of each file it describes (:func:`file_digest`).
+"""Is a file on disk what rsnet wrote? SHA-256 of checkpoints (of their own contents, so one file stays one atomic
+write) and of export files, checked on every load; and one plain reason when torch cannot read a weights file.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Losses: cross-entropy on every head plus self-distillation from the ensemble into the main branch.
-
-L = sum_k CE(z_k) + w(t) * [alpha * T^2 * KL(softmax(z_teacher/T) || softmax(z_main/T))
-                            + beta * D(F_main, F_ens)]
-
-with the teacher sides detached, ``w(t)`` a sigmoid ramp-up ``exp(-5 (1 - t/R)^2)`` over the first R
-epochs (1 afterwards), and D the attention-transfer distance (mean squared difference of L2-normalised
-spatial attention maps, ``feature_loss="attention"``) or plain MSE of the maps (``"mse"``).
-The loss never asks which model it has: the teacher is ``output.ensemble`` (or ``teacher=``), the
-student the main head; the feature term needs ``features["stage4"]`` and ``features["feature_ensemble"]``
-and is 0 for models without them (baseline, MGML-FENet). A model with one head gets CE only.
+"""Losses: cross-entropy on every head plus self-distillation (logits and feature maps, teacher detached, with a
+ramp-up weight) from the ensemble into the main branch. The loss never asks which model it has: a term whose heads
+or maps the output lacks is 0. Formula and defaults: docs/models.md, Losses.
 """
 
 from __future__ import annotations

@@ -72,7 +72,6 @@ def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[st
         raise ExportError(str(error)) from error
 
 
-
 @dataclass
 class LoadedModel:
     """A model ready to run: ``model(images)`` gives a MultiBranchOutput (checkpoint) or logits (export)."""

@@ -22,11 +22,8 @@ MODELS: Registry[type[RSNetModel]] = Registry("model.arch", key="arch")  # fille
 
 
 class RSNetModel(nn.Module):
-    """Common interface: ``forward(x) -> MultiBranchOutput``, ``model_config``, ``cam_classifiers()``.
-
-    ``self.backbone.net`` is a complete timm classifier; it computes the main branch and is what
-    ``rsnet.models.main_branch.extract_main_branch`` returns.
-    """
+    """Common interface: ``forward(x) -> MultiBranchOutput``, ``model_config``, ``cam_classifiers()``;
+    ``self.backbone.net`` is a complete timm classifier, the main branch."""
 
     arch = "base"
 
@@ -38,8 +35,7 @@ class RSNetModel(nn.Module):
         self.model_config: dict[str, Any] = {
             "arch": self.arch, "backbone": backbone, "num_classes": num_classes,
             "pretrained": pretrained if isinstance(pretrained, bool) else str(pretrained),
-            "drop_rate": float(drop_rate), **options,
-        }
+            "drop_rate": float(drop_rate), **options}
 
     def main_branch(self, s3: Tensor) -> MainBranch:
         """Run the main branch (the backbone's stage 4 and its own classifier) on S3."""

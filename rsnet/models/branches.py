@@ -34,20 +34,14 @@ def conv_bn_relu(cin: int, cout: int, kernel: int = 1, stride: int = 1, dilation
 
 
 class FeatureAugmentation(nn.Module):
-    """ESD-MBENet feature augmentation module: S3 -> an S4-shaped map through a dilated 3x3 conv.
-
-    Bottleneck form (1x1 reduce -> 3x3 dilation d, stride = S4/S3 reduction -> 1x1 expand), each with
-    BN + ReLU; ``width`` is the bottleneck width. The output is resized to S4's size if the backbone's
-    downsampling rounds differently (VGG/DenseNet pool with floor, a strided conv with ceil).
-    """
+    """ESD-MBENet feature augmentation module: S3 -> an S4-shaped map through a bottleneck with a dilated,
+    strided 3x3 conv; resized to S4's size where a backbone rounds odd sizes differently."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, dilation: int, width: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            conv_bn_relu(in_channels, width, 1),
-            conv_bn_relu(width, width, 3, stride=stride, dilation=dilation),
-            conv_bn_relu(width, out_channels, 1),
-        )
+        self.body = nn.Sequential(conv_bn_relu(in_channels, width, 1),
+                                  conv_bn_relu(width, width, 3, stride=stride, dilation=dilation),
+                                  conv_bn_relu(width, out_channels, 1))
 
     def forward(self, s3: Tensor, size: Sequence[int]) -> Tensor:
         out = self.body(s3)
@@ -57,10 +51,8 @@ class FeatureAugmentation(nn.Module):
 
 
 class ChannelSeparateGenerator(nn.Module):
-    """CS-FG: split channels into len(grids) groups; group g is pooled over a g x g grid; concat.
-
-    The pooled features together cost one pass over all channels (each channel is pooled once).
-    """
+    """CS-FG: split channels into len(grids) groups; group g is pooled over a g x g grid; concat (each channel
+    is pooled once)."""
 
     def __init__(self, channels: int, grids: Sequence[int]) -> None:
         super().__init__()

@@ -1,10 +1,7 @@
 """ESD-MBENet (reconstruction): compact multi-branch ensemble with embedded self-distillation.
 
-Main branch = trunk -> S4 -> timm head (the baseline). K-1 auxiliary branches share the trunk and
-start from S3: a feature augmentation module (dilated 3x3 conv bottleneck, ``aux_branch="dilated"``)
-or an independent copy of S4 (``aux_branch="copy"``) gives an S4-shaped map F_i -> GAP -> FC_i.
-Ensembles: gated logits z_gate = sum_i g_i z_i with g = softmax(Linear(GAP(S3))); feature maps
-F_ens = mean_i F_i (main included) -> GAP -> FC_ens; "ensemble" = (z_gate + z_feature) / 2.
+K-1 auxiliary branches share the trunk and start from S3; a gated and a feature-map ensemble are averaged into
+``ensemble`` (docs/models.md, Models).
 """
 
 from __future__ import annotations

@@ -11,12 +11,8 @@ from rsnet.models.baseline import Baseline
 
 
 def extract_main_branch(model: nn.Module) -> nn.Module:
-    """Return ``timm.create_model(backbone, num_classes=N)`` carrying the main branch's weights.
-
-    Every rsnet model keeps its main branch as a complete timm classifier under ``backbone.net``, so
-    this is a strict state-dict load with no key remapping; the result is in eval mode and its logits
-    equal ``model(x).main_logits`` (eval mode) up to float rounding.
-    """
+    """Return ``timm.create_model(backbone, num_classes=N)`` carrying the main branch's weights (a strict load
+    of ``backbone.net``, no key remapping), in eval mode."""
     backbone = getattr(model, "backbone", None)
     net = getattr(backbone, "net", None)
     if net is None or not hasattr(model, "model_config"):

@@ -1,10 +1,5 @@
-"""MGML-FENet (reconstruction): multi-granularity multi-level feature ensemble network.
-
-Levels S2, S3, S4 (``levels``); grids {1, 2, 4} (``grids``).
-* MGML-FFB: CS-FG on every level -> Linear+BN+ReLU to ``ffb_width`` -> concat levels -> FC = z_ffb.
-* MGML-FEM: FC-FG for every (level, grid): pool all channels over the grid -> FC = z_{l,g};
-  z_fem = mean of the z_{l,g} (each is also a head, "fem_s<l>_g<g>", trained with its own CE).
-* Main branch = S4 -> timm head (the baseline); "ensemble" = mean(z_main, z_ffb, z_fem).
+"""MGML-FENet (reconstruction): multi-granularity multi-level feature ensemble network: a fusion branch (MGML-FFB)
+and per-level, per-grid heads (MGML-FEM) beside the main branch, averaged into ``ensemble`` (docs/models.md, Models).
 """
 
 from __future__ import annotations

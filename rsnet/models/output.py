@@ -9,13 +9,9 @@ from torch import Tensor
 
 @dataclass
 class MultiBranchOutput:
-    """Logits of every head and the feature maps the losses and attention maps need.
-
-    ``logits`` always holds ``main`` (the branch that survives pruning). ``ensemble`` names the
-    head a model is scored by (``None``: the model has a single head and is scored by ``main``).
-    ``features`` holds (B, C, h, w) maps; ``features[k]`` for a head ``k`` of the form
-    GAP -> Linear is the map that head pools (used for CAM and Grad-CAM).
-    """
+    """Logits of every head and the feature maps the losses and attention maps need. ``logits`` always holds
+    ``main`` (the branch that survives pruning); ``ensemble`` names the scored head (None: ``main``);
+    ``features[k]`` of a GAP -> Linear head ``k`` is the (B, C, h, w) map it pools (for CAM)."""
 
     logits: dict[str, Tensor]
     features: dict[str, Tensor] = field(default_factory=dict)

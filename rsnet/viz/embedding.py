@@ -1,8 +1,5 @@
-"""Inputs of TensorBoard's embedding projector: pooled main-branch features, class names, thumbnails.
-
-The features are what the main classifier reads: the globally pooled S4 for resnet* / densenet*, the
-pooled fc7 output (timm's ConvMlp) for vgg*, i.e. timm's ``forward_head(..., pre_logits=True)`` of the
-main branch ``model.backbone.net`` (the complete timm classifier every rsnet model holds).
+"""Inputs of TensorBoard's embedding projector: pooled main-branch features (what the main classifier reads,
+timm's ``forward_head(..., pre_logits=True)``), class names, thumbnails.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ THUMBNAIL_SIDE = 32  # px: thumbnail side when the sprite has room
 
 
 def main_branch_features(model: nn.Module, batches: Iterable[Tensor]) -> Tensor:
-    """(N, D) float32 CPU features of normalised (B, 3, H, W) image batches: the main classifier's input.
-
-    D is the backbone's pre-logits width (``model.backbone.classifier.in_features``). Only the main
-    branch runs, in eval mode under ``no_grad``, on the model's device; previous modes are restored.
-    """
+    """(N, D) float32 CPU features of normalised (B, 3, H, W) image batches: the main classifier's input. Only
+    the main branch runs, in eval mode, on the model's device."""
     net = model.backbone.net
     device = next(net.parameters()).device
     rows = []
@@ -65,11 +59,8 @@ def pick_embedding_images(labels: Sequence[int] | np.ndarray, max_images: int | 
 
 def dataset_embedding(model: nn.Module, dataset: Any, indices: Sequence[int], batch_size: int = 64
                       ) -> tuple[Tensor, list[str], Tensor]:
-    """Features, class names and thumbnails of ``dataset`` items ``indices`` for ``TensorBoardLogger.embeddings``.
-
-    ``dataset`` is an rsnet ``SceneDataset`` (``get_batch`` gives the eval-transformed images, ``raw`` the
-    stored uint8 ones, ``labels`` / ``class_names`` the classes).
-    """
+    """Features, class names and thumbnails of ``SceneDataset`` items ``indices`` for
+    ``TensorBoardLogger.embeddings``."""
     indices = list(indices)
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
     features = main_branch_features(model, (dataset.get_batch(chunk)[0] for chunk in chunks))

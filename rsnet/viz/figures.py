@@ -86,9 +86,8 @@ def line_figure(panels: Sequence[tuple[str, Series]], title: str, xlabel: str) -
 
 def confusion_figure(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
                      title: str | None = None) -> Figure:
-    """The row-normalised confusion matrix (rows: true class, columns: predicted class): class names on both axes
-    (the columns' turned upright), every non-zero cell's share of its row in %, a colour bar. 45 classes stay
-    legible."""
+    """The row-normalised confusion matrix (rows: true class): class names on both axes, every non-zero cell's
+    share of its row in %, a colour bar; 45 classes stay legible."""
     cm = np.asarray(cm, dtype=np.float64)
     n = cm.shape[0]
     names = [str(name) for name in class_names] if class_names else [str(i) for i in range(n)]

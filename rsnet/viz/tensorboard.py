@@ -1,10 +1,5 @@
-"""TensorBoard logging: scalars, a confusion-matrix image, attention-map grids, hparams, projector.
-
-Tags (see docs/tensorboard.md): whatever the caller passes to ``scalars`` (``split/metric``, e.g.
-``train/loss``, ``test/oa_main``), ``test/confusion_matrix``, ``attention/cam_<head>`` for every CAM
-head (``.../page<n>`` after 16 images), ``hparam/<metric>`` with the run config in the HParams tab, and
-projector embeddings (``<step>/<tag>/`` next to the event files). A logger built with
-``enabled=False`` (non-primary ranks) does nothing and creates no files.
+"""TensorBoard logging: scalars, a confusion-matrix image, attention-map pages, hparams, projector (tags:
+docs/tensorboard.md). A logger built with ``enabled=False`` (non-primary ranks) does nothing and creates no files.
 """
 
 from __future__ import annotations
@@ -35,11 +30,8 @@ def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | 
 def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
                       std: Sequence[float], class_names: Sequence[str] | None = None,
                       labels: Sequence[int] | None = None, title_suffix: str = "") -> dict[str, np.ndarray]:
-    """``{"attention/cam_<head>": page, ...}`` for every CAM head; pages after the first of 16 images are tagged
-    ``attention/cam_<head>/page<n>``. Every tile is the image beside its overlay at the head's predicted class,
-    captioned with the true class (``labels``) and the prediction, right or wrong. No Grad-CAM page: for every head
-    here (GAP -> linear, or VGG's main head, whose CAM is its Grad-CAM) it equals the CAM. Runs on the model's
-    device."""
+    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head, on the model's device. No Grad-CAM
+    page: for every head here (GAP -> linear, or VGG's main head, whose CAM is its Grad-CAM) it equals the CAM."""
     images = np.asarray(images_uint8)
     if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
@@ -76,8 +68,8 @@ def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _keep_projector_entries(config_path: Path, earlier: str) -> None:
-    """Re-add to ``projector_config.pbtxt`` the entries of ``earlier`` (the file as an earlier writer, i.e.
-    the run before a resume, left it) that the current writer did not rewrite."""
+    """Re-add to ``projector_config.pbtxt`` the entries of ``earlier`` (as the run before a resume left it) that
+    the current writer did not rewrite."""
     from google.protobuf import text_format
     from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 
@@ -107,9 +99,8 @@ def _quiet_full_disk_in_writer_thread() -> None:
 
 
 def metadata_label(name: str) -> str:
-    """A class name as one line of the projector's metadata.tsv: control characters (a tab or a newline would split
-    it into other columns or rows) and bytes that are not UTF-8 (kept by the file system as surrogates) as escapes,
-    e.g. ``tab\\there``, ``caf\\udce9``."""
+    """A class name as one line of the projector's metadata.tsv: control characters (which would split rows or
+    columns) and non-UTF-8 bytes as escapes, e.g. ``tab\\there``, ``caf\\udce9``."""
     text = name.encode("utf-8", "backslashreplace").decode("utf-8")
     return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
 
