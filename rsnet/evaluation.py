@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
+from rsnet.viz.attention import eval_mode
 from rsnet.viz.figures import render_confusion_matrix
 
 
@@ -88,16 +90,13 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
     """Predict every sample of ``data`` (a dataset, a ``DataLoader`` or an iterable of batches) with every head
     of ``model``, in eval mode (each module's previous mode is restored); ``progress`` names a progress bar."""
     device = torch.device(device)
-    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
-    if isinstance(model, nn.Module):
-        model.eval()
     probs: dict[str, list[np.ndarray]] = {}
     targets: list[np.ndarray] = []
     reported = "main"
     loader = _loader(data, batch_size)
     total = len(loader.dataset) if isinstance(loader, DataLoader) and hasattr(loader.dataset, "__len__") else None
     bar = tqdm(total=total, unit="img", desc=progress, disable=progress is None, leave=False, dynamic_ncols=True)
-    try:
+    with eval_mode(model) if isinstance(model, nn.Module) else nullcontext(), bar:
         for images, labels in loader:
             output = _as_output(model(images.to(device)))
             bar.update(len(labels))
@@ -106,10 +105,6 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
             for head, logits in output.logits.items():
                 probs.setdefault(head, []).append(torch.softmax(logits.float(), dim=1).cpu().numpy())
             targets.append(torch.as_tensor(labels).cpu().numpy().astype(np.int64))
-    finally:
-        bar.close()
-        for module, training in modes:  # restore every module's own mode (e.g. frozen BatchNorm)
-            module.training = training
     if not targets:
         raise ValueError("evaluate() got an empty dataset")
     probabilities = {head: np.concatenate(parts).astype(np.float32) for head, parts in probs.items()}

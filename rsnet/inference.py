@@ -1,5 +1,5 @@
 """Classify images from Python with a training checkpoint (every head, attention maps) or an export; images are
-decoded as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs/usage.md, Python API).
+decoded as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs/usage.md, Prediction).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The command-line tools (rsnet-train, rsnet-evaluate, rsnet-export, rsnet-predict, rsnet-aggregate); scripts/*.py
-in a checkout are thin wrappers that run the same code.
-
-The Hydra configs are the package ``rsnet.conf``: the checkout's conf/ folder, installed inside the package
-(pyproject.toml maps it; an editable install reads the checkout's own). Where that package cannot be imported
-(rsnet on ``PYTHONPATH``, or an editable install made before the mapping existed) the checkout's conf/ is used.
+in a checkout are thin wrappers that run the same code. Their Hydra configs are the package ``rsnet.conf``.
 """
 
 from __future__ import annotations
@@ -21,7 +17,8 @@ CHECKOUT_CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def conf_folder() -> Traversable:
-    """The folder of the configs: the package ``rsnet.conf``, else the checkout's conf/."""
+    """The folder of the configs: the package ``rsnet.conf``, else (rsnet on ``PYTHONPATH``, an older editable
+    install) the checkout's conf/."""
     try:
         return files("rsnet.conf")
     except ModuleNotFoundError:

@@ -1,9 +1,5 @@
-"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds, grouped by protocol (``rsnet-aggregate``; in a checkout also
-``python scripts/aggregate.py``; its setting is in conf/aggregate.yaml).
-
-    rsnet-train -m model=baseline,esd_mbenet,mgml_fenet seed=0,1,2      # or python scripts/train.py -m ...
-    rsnet-aggregate folders=multirun/                                   # every metrics.json below the folder(s)
-    rsnet-aggregate folders=[multirun/a,outputs/aid]
+"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds, grouped by protocol
+(``rsnet-aggregate folders=multirun/``; in a checkout also ``python scripts/aggregate.py``).
 """
 
 from __future__ import annotations

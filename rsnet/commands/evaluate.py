@@ -1,14 +1,6 @@
-"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON
-(``rsnet-evaluate``; in a checkout also ``python scripts/evaluate.py``).
-
-    rsnet-evaluate checkpoint=outputs/.../checkpoints/best.pt
-    rsnet-evaluate checkpoint=outputs/.../seed0                # a run folder: its best.pt, else last.pt
-    rsnet-evaluate checkpoint=exported/ dataset=ucmerced dataset.root=/data/UCMerced_LandUse
-    rsnet-evaluate checkpoint=outputs/.../seed0 tta=d4         # average the logits of 8 flips/rotations
-
-The summary and a per-class precision / recall / F1 table are printed before the metrics JSON is written, with
-the confusion matrix beside it (``<out stem>_confusion.csv`` and ``.png``); an unwritable ``out`` is refused
-before evaluating.
+"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON, with the
+confusion matrix beside it (``rsnet-evaluate``; in a checkout also ``python scripts/evaluate.py``). docs/usage.md,
+Evaluation and the protocol.
 """
 
 from __future__ import annotations

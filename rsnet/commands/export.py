@@ -1,17 +1,5 @@
 """Export a trained model's main branch (a plain timm classifier) or its full ensemble (``rsnet-export``; in a
-checkout also ``python scripts/export_main_branch.py``). Every setting, with its default, is in conf/export.yaml
-(``--help`` lists them).
-
-    rsnet-export checkpoint=outputs/run [format=auto|timm|state_dict|onnx|torchscript] [head=main|ensemble] \
-        [out=exported/] [batch_size=2] [seed=0]
-
-``checkpoint`` is a training checkpoint file or a run folder (its checkpoints/best.pt, else last.pt).
-Writes timm's ``model.safetensors`` + ``config.json`` (format=timm, the default for the main branch:
-``timm.create_model("local-dir:out", pretrained=True)`` loads it) or ``out/model.{pt,onnx,ts}`` (state_dict, the
-default for head=ensemble; onnx; torchscript, which torch deprecates), and ``out/model.json``
-(class names, image size, mean/std, backbone, num_classes, head) and prints the largest absolute difference
-between the exported model's logits and the full model's main-branch (or ensemble) logits on a random batch.
-``out`` must not hold training checkpoints (an export there would overwrite or shadow them).
+checkout also ``python scripts/export_main_branch.py``); settings in conf/export.yaml. docs/models.md, Export.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""``--help`` of every rsnet command, written from the command's own config file.
-
-Each command's config (``conf/<name>.yaml``) sets ``hydra.help.template: ${rsnet_help:<name>}``; this resolver
-renders the file's leading comment (what the command does, how to call it), the config groups its ``defaults``
-list composes with their options, and its own settings with their comments. So a command's help lists exactly the
-keys it reads (rsnet-evaluate does not list the training groups it ignores) and cannot drift from its config.
+"""``--help`` of every rsnet command, written from the command's own config file (``hydra.help.template:
+${rsnet_help:<name>}``), so it lists exactly the keys the command reads (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -94,9 +90,8 @@ def _chosen_groups(config_name: str, choices: dict[str, str | None]) -> list[str
 
 
 def command_help(config_name: str, *, _root_: Any = None) -> str:
-    """The help text of the command whose config is ``conf/<config_name>.yaml``: what it does, its config groups,
-    the settings of the groups' chosen options (the defaults, or those on the command line: OmegaConf passes the
-    composed config as ``_root_`` when Hydra renders the template) and its own settings."""
+    """The help text of the command whose config is ``conf/<config_name>.yaml``; ``_root_`` is the composed
+    config OmegaConf passes when Hydra renders the template (the chosen group options)."""
     text = conf_folder().joinpath(f"{config_name}.yaml").read_text()
     lines = text.splitlines()
     sections = ["\n".join(_header(lines))]

@@ -26,9 +26,8 @@ HELP_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")  # 
 
 
 def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None:
-    """Compose ``conf/<config_name>.yaml`` with the ``key=value`` arguments of ``argv`` as Hydra will (a sweep
-    ``-m key=a,b``: with each of its values), and turn a composition error into one ValueError naming the override
-    and what is valid (``command --help`` for more)."""
+    """Compose ``conf/<config_name>.yaml`` with the ``key=value`` arguments of ``argv`` as Hydra will (a sweep:
+    with each of its values); a composition error becomes one ValueError naming the override and what is valid."""
     flags = {arg.split("=", 1)[0] for arg in argv}
     if flags & set(HYDRA_CONFIG_FLAGS):
         return

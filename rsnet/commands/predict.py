@@ -1,24 +1,6 @@
 """Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``; in a checkout
-also ``python scripts/predict.py``). Every setting, with its default, is in conf/predict.yaml (``--help`` lists them).
-
-    rsnet-predict checkpoint=outputs/run images=my_scenes/ [out=preds.csv] [topk=3] [attention_dir=attn/] \
-        [head=main|ensemble] [device=auto] [batch_size=32] [recursive=false] [skip_corrupt=false] [tta=none|d4]
-
-``checkpoint`` is a checkpoint written by rsnet-train (the full model: every head and attention maps), a
-run folder (its checkpoints/best.pt, else last.pt) or what rsnet-export wrote (its folder,
-``model.ts``/``model.onnx``/``model.pt``/``model.safetensors`` or ``model.json``); a file path always means that file.
-Images (.tif .tiff .jpg .jpeg .png .bmp, any case) are resized to the model's image size (as the datasets decode them)
-and normalised with its mean/std. One line per image is printed (and written to ``out`` as CSV): the
-predicted class, its probability and the top-k classes. With ``attention_dir`` every image gets
-``<name>_cam_<head>.png`` for each CAM head (the image beside its overlay, the prediction, a colour bar; ``<name>``
-from :func:`picture_names`, one per image); an export
-(main branch: its CAM) is rebuilt as a PyTorch model from its own weights for them, which an ONNX file does not
-allow.
-An unreadable image stops the run, listing every unreadable image, unless ``skip_corrupt=true`` (then
-they are skipped and listed). ``out`` and ``attention_dir`` are checked writable before any image is classified;
-the CSV is written atomically. ``tta=d4`` classifies every image by the mean logits of its 8 flips and 90-degree
-rotations (attention maps stay those of the image itself). From Python, :mod:`rsnet.inference` does the same
-(``load_predictor``, ``read_image``, ``list_images``): this command is a shell over it.
+also ``python scripts/predict.py``): one line per image, a CSV, attention maps. Settings: conf/predict.yaml
+(``--help``); docs/tensorboard.md, Prediction. A shell over :mod:`rsnet.inference`.
 """
 
 from __future__ import annotations
@@ -81,8 +63,7 @@ def _relative(path: Path, root: Path) -> Path:
 
 def picture_names(paths: Sequence[Path], root: Path) -> dict[Path, str]:
     """Each image's name for its attention pictures: its path under ``root`` without the extension, folders joined
-    by ``__`` (``a/b.jpg`` -> ``a__b``); where two images would share a name (``x.jpg`` and ``x.png``, ``a/b__c.jpg``
-    and ``a__b/c.jpg``), each of them gets the first 8 hex digits of its relative path's SHA-1 appended, so no
+    by ``__``; where two images would share a name, each gets 8 hex digits of its relative path's SHA-1, so no
     picture overwrites another."""
     relative = {path: _relative(path, root) for path in paths}
     plain = {path: "__".join(name.with_suffix("").parts) for path, name in relative.items()}
@@ -138,8 +119,8 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, Any], batch_size: int, topk: int,
                   attention_dir: Path | None) -> tuple[list[dict[str, Any]], list[UnreadableImageError], DecodeReport]:
-    """Classify ``paths`` batch by batch under a progress bar, printing each row as it comes: the rows, the
-    unreadable images (skipped with ``skip_corrupt=true``, else an error listing them all) and the decode report."""
+    """Classify ``paths`` batch by batch, printing each row as it comes: the rows, the unreadable images and the
+    decode report."""
     import numpy as np
     from tqdm import tqdm
 
@@ -180,8 +161,7 @@ def _rows(predictor: Predictor, inputs: Tensor, paths: list[Path], k: int) -> li
 
 def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths: list[Path], names: dict[Path, str],
                     attention_dir: Path, class_names: Sequence[str]) -> None:
-    """One PNG per image and CAM head: the image beside its overlay (enlarged to a readable size), the head's
-    prediction and a colour bar. (Grad-CAM equals the CAM for every head: not written twice.)"""
+    """One PNG per image and CAM head (Grad-CAM equals the CAM for every head: not written twice)."""
     from PIL import Image
 
     from rsnet.viz.attention import captioned_attention

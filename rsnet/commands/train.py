@@ -1,8 +1,5 @@
 """Train a scene classifier: ``rsnet-train dataset=aid model=esd_mbenet backbone=resnet50`` (in a checkout also
-``python scripts/train.py ...``).
-
-Every setting lives in ``conf/`` (Hydra; installed as the package ``rsnet.conf``); outputs go to the run directory
-(``hydra.run.dir``): checkpoints/, metrics.json, split.json, tensorboard/. ``resume=true`` continues a run.
+``python scripts/train.py ...``); settings in ``conf/``, outputs in ``hydra.run.dir`` (docs/usage.md, Training).
 """
 
 from __future__ import annotations
@@ -39,10 +36,8 @@ register_schemas()  # the types of the settings, named by conf/config.yaml's def
 
 @hydra.main(config_path=hydra_config_path(), config_name=TRAIN_CONFIG, version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps).
-
-    Under torchrun only rank 0 gets the figures; the other ranks return None without printing.
-    """
+    """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps); None on a
+    torchrun rank other than 0."""
     from rsnet.engine.config_checks import check_top_level_keys
     from rsnet.engine.trainer import NonFiniteLossError, train
     from rsnet.parallel.launcher import WorkerError
@@ -119,9 +114,8 @@ def interpreter() -> str:
 
 
 def record_config(cfg: DictConfig, run_dir: Path) -> None:
-    """Write what Hydra would write to ``<run_dir>/.hydra/`` (config, hydra config, overrides), once the run is
-    accepted: conf/config.yaml sets ``hydra.output_subdir: null`` so that a refused re-run leaves the earlier
-    run's record untouched."""
+    """Write what Hydra would write to ``<run_dir>/.hydra/`` once the run is accepted (conf/config.yaml sets
+    ``hydra.output_subdir: null``), so that a refused re-run leaves the earlier run's record untouched."""
     hydra_cfg = HydraConfig.get()
     folder = run_dir / RECORD_SUBDIR
     folder.mkdir(exist_ok=True)
@@ -138,12 +132,8 @@ def known_top_level_keys() -> set[str]:
 
 
 def argv_for_this_rank(argv: list[str]) -> list[str]:
-    """``argv`` plus, on a torchrun rank other than 0, an override that keeps Hydra out of the run dir.
-
-    Every rank runs Hydra, so without it all would append to ``train.log`` in the shared run dir at once.
-    Appended last, it wins over the user's: console-only logging (the ``stdout`` job logging evaluate.py
-    uses too). Rank 0 keeps the file, and only rank 0 records the config (:func:`record_config`).
-    """
+    """``argv`` plus, on a torchrun rank other than 0, console-only logging: every rank runs Hydra, and all would
+    append to the shared run dir's ``train.log`` at once."""
     if os.environ.get("RANK", "0") == "0":
         return argv
     return [*argv, "hydra/job_logging=stdout"]

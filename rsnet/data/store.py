@@ -1,6 +1,7 @@
 """The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array, of which the train and test
 datasets are index views, shared (never copied) with loader workers: by fork's copy-on-write pages, moved once into
-torch shared memory for a spawned worker, or reopened by path for the disk cache (docs/data.md, Input pipeline).
+torch shared memory for a spawned worker, or reopened by path for the disk cache.
+docs/data.md, Input pipeline and the cache choice.
 """
 
 from __future__ import annotations

@@ -146,8 +146,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
     state = RunState()
     if resume_from:
-        # its SHA-256 was checked by train() before any worker started (in the launcher; under torchrun in every
-        # rank's own process), under the run dir's lock: not read and hashed once more per worker
+        # train() checked its SHA-256 before any worker started: not hashed again per worker
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device, verify=False)
         model.load_state_dict(checkpoint["model_state"])
         optimizer.load_state_dict(checkpoint["optimizer_state"])
@@ -212,8 +211,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     meter = EpochMeter()
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
     prefetcher = train_prefetcher(ctx, config, epoch, data)
-    # With several workers the primary sees only the images it claims (a share that follows its speed), so the
-    # bar counts them without a total rather than show a wrong estimate.
+    # with several workers the primary sees only the images it claims: a count without a total, not a wrong estimate
     bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:

@@ -171,15 +171,6 @@ class TensorBoardLogger:
                                    global_step=step, tag=tag)
         _keep_projector_entries(config_path, self._earlier_projector)
 
-    def image(self, tag: str, image_uint8: np.ndarray, step: int) -> None:
-        """Log one uint8 (H, W, 3) image."""
-        if self._writer is not None:
-            self._writer.add_image(tag, np.asarray(image_uint8), step, dataformats="HWC")
-
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
-
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
