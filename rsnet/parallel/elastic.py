@@ -199,14 +199,15 @@ class _Watchdog(threading.Thread):
         while not self.done.wait(HEARTBEAT_S):
             for rank, last in enumerate(self.clocks):
                 silent = time.monotonic() - last
-                if last and not self.stopped and silent >= self.timeout_s:
-                    try:
-                        os.kill(self.pids[rank], signal.SIGKILL)
-                    except ProcessLookupError:  # it ended meanwhile: the agent has seen it
-                        continue
+                if last and self.pids[rank] and not self.stopped and silent >= self.timeout_s:
+                    # named before the kill: the agent may see the death before this thread runs again
                     self.stopped[rank] = (f"stopped responding: no heartbeat for {silent:.0f} s (the process is "
                                           "stopped, e.g. by SIGSTOP or Ctrl-Z, hung, or starved of CPU); the other "
                                           "workers waited for it")
+                    try:
+                        os.kill(self.pids[rank], signal.SIGKILL)
+                    except ProcessLookupError:  # it ended meanwhile: the agent has seen it
+                        del self.stopped[rank]
 
 
 def _root_cause(failed: ChildFailedError, stopped: dict[int, str], folder: Path, devices: list[str]) -> WorkerError:
