@@ -16,7 +16,8 @@ WHEELS=${WHEELS:-.whl}
 packages=$("$PY" - <<'PYTHON'
 from importlib.metadata import version
 names = ["albumentations", "albucore", "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
-         "typing_extensions", "simsimd", "stringzilla", "hydra-core", "omegaconf"]
+         "typing_extensions", "simsimd", "stringzilla", "hydra-core", "omegaconf", "matplotlib", "contourpy",
+         "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "filelock"]
 print(" ".join(f"{name}=={version(name)}" for name in names))
 PYTHON
 )
