@@ -18,8 +18,8 @@ demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU 
 	$(PY) scripts/train.py overwrite=true
 	@echo "next: source $(VENV)/bin/activate (rsnet is installed there), then README.md, 'Your first hour'"
 
-test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data)
-	$(PY) -m pytest -q
+test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data), one test process per core
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 bench: install  ## every benchmark of benchmarks/, one after the other
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

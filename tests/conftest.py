@@ -6,12 +6,28 @@ The plain helpers and test doubles they use live in helpers.py (``from helpers i
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 from helpers import MINI_ROOT, TIF_SAMPLE_ROOT, make_fake_archive, write_checkpoint
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) each test process gets its own share of the cores, and what it starts (the
+    training workers of an end-to-end test) inherits that share: N processes with a torch thread per core each
+    would overload the machine and slow every test down."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[int(worker.removeprefix("gw")) % len(cores)::count] or cores
+    os.sched_setaffinity(0, share)
+    torch.set_num_threads(len(share))
 
 
 @pytest.fixture

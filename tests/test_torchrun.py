@@ -158,8 +158,9 @@ def _key_tree(value: Any) -> Any:
 
 
 @pytest.mark.slow
-def test_torchrun_trains_like_the_spawn_launcher(tmp_path: Path) -> None:
-    """Exit 0 on every rank; the same outputs as a spawned run; only rank 0 writes Hydra's files."""
+def test_torchrun_trains_like_rsnets_own_launch(tmp_path: Path) -> None:
+    """Exit 0 on every rank; the same outputs as rsnet's own launch of the same workers; only rank 0 writes Hydra's
+    files."""
     done = _train(tmp_path / "torchrun", torchrun=True)
     output = done.stdout + done.stderr
     assert "ChildFailedError" not in output and "Traceback" not in output, output
@@ -168,13 +169,13 @@ def test_torchrun_trains_like_the_spawn_launcher(tmp_path: Path) -> None:
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "train.log").read_text().count("[rsnet.data.datasets]") == 1  # rank 0's line only
-    _train(tmp_path / "spawn", torchrun=False)
+    _train(tmp_path / "own", torchrun=False)
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    spawned = json.loads((tmp_path / "spawn" / "metrics.json").read_text())
+    own = json.loads((tmp_path / "own" / "metrics.json").read_text())
     # the document's shape, but for the per-epoch train scalars: a rank that claimed no batch in an epoch (the
     # scheduler may give the other worker all of a small epoch) has no loss terms to report for it
-    assert _key_tree({**metrics, "history": None}) == _key_tree({**spawned, "history": None})
-    assert [row["epoch"] for row in metrics["history"]] == [row["epoch"] for row in spawned["history"]]
+    assert _key_tree({**metrics, "history": None}) == _key_tree({**own, "history": None})
+    assert [row["epoch"] for row in metrics["history"]] == [row["epoch"] for row in own["history"]]
 
 
 def _two_nodes(run_dir: Path, *overrides: str) -> list[subprocess.CompletedProcess]:
