@@ -1,5 +1,7 @@
-"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds, grouped by protocol
-(``rsnet-aggregate folders=multirun/``; in a checkout also ``python scripts/aggregate.py``).
+"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds (``rsnet-aggregate
+folders=multirun/``; in a checkout also ``python scripts/aggregate.py``). A row averages only runs that are one
+experiment but for the seed: the same dataset (root, classes, sample counts), protocol, model, backbone and every
+other setting of the run's ``.hydra/config.yaml`` but those in :data:`IGNORED_SETTINGS`.
 """
 
 from __future__ import annotations
@@ -7,13 +9,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
+import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rsnet.cli import check_no_bare_words, counted, user_errors
 from rsnet.commands import hydra_config_path
@@ -21,7 +27,41 @@ from rsnet.commands.overrides import check_overrides
 
 
 PROTOCOL_KEYS = ("train_ratio", "val_ratio", "image_size", "pretrained", "epochs")
-Group = tuple[str, tuple[Any, ...], str, str]  # dataset, protocol values (PROTOCOL_KEYS), model, backbone
+CONFIG_RECORD = Path(".hydra") / "config.yaml"
+# Settings that do not change what a run measures: the seed (what a row's runs differ in), where and how the run
+# was started or continued, what it logs, and speed, memory or hardware choices that give the same numbers up to
+# float rounding (the number of workers, which does change training, is compared from metrics.json instead).
+IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_batch_size", "prefetch", "channels_last",
+                    "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "trainer.devices",
+                    "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
+# Settings shown in the table's own columns (from metrics.json), so not repeated among the other settings.
+COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
+                   "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")
+# Facts of metrics.json compared besides the columns: the trainer, the dataset's classes and sample counts
+# (train/val/test), the number of workers and how often the run was evaluated.
+RECORDED_FACTS = ("trainer", "classes", "samples", "workers", "eval_every")
+NUMBER = (int, float)
+SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "dataset": str, "model": str, "backbone": str, "seed": int, "epochs": int, "epochs_planned": int,
+    "reported_head": str, "oa": dict, "accuracy": NUMBER, "average_accuracy": NUMBER, "kappa": NUMBER,
+    "wall_time_s": NUMBER}
+Setting = tuple[str, str]  # a dotted setting name and its value as text
+
+
+class Group(NamedTuple):
+    """What a row's runs share: everything but the seed."""
+    dataset: str
+    protocol: tuple[Any, ...]  # the values of PROTOCOL_KEYS
+    model: str
+    backbone: str
+    settings: tuple[Setting, ...]  # every other compared setting, sorted by name
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run: its metrics.json and what it records."""
+    path: Path
+    summary: dict[str, Any]
 
 
 def run_protocol(run: dict[str, Any]) -> tuple[Any, ...]:
@@ -30,21 +70,189 @@ def run_protocol(run: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(recorded.get(key, run.get(key, "?")) for key in PROTOCOL_KEYS)
 
 
-def collect(folders: list[Path]) -> dict[Group, list[dict[str, Any]]]:
-    """Group every finished run's metrics.json below ``folders`` by dataset, protocol, model and backbone:
-    runs that differ in train ratio, validation ratio, image size, weights or epochs are never averaged."""
-    groups: dict[Group, list[dict[str, Any]]] = defaultdict(list)
+def setting_text(value: Any) -> str:
+    """A setting's value as text: a string as it is, anything else as JSON (``null``, ``[1.0, 2.0]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def flat_settings(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted names and their values (``{"model.loss.alpha": 1.0, ...}``)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix.removesuffix("."): node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flat_settings(value, f"{prefix}{key}."))
+    return flat
+
+
+def is_one_of(name: str, settings: tuple[str, ...]) -> bool:
+    """Whether ``name`` is one of ``settings``, ``log.*`` standing for every setting below ``log``."""
+    return any(name == setting or setting.endswith(".*") and name.startswith(setting[:-1]) for setting in settings)
+
+
+def summary_problems(summary: Any) -> list[str]:
+    """Why a metrics.json document is not rsnet-train's run summary (nothing when it is)."""
+    if not isinstance(summary, dict):
+        return [f"a JSON {type(summary).__name__}, not an object"]
+    missing = [field for field in SUMMARY_FIELDS if field not in summary]
+    wrong = [field for field, kind in SUMMARY_FIELDS.items() if field in summary
+             and (not isinstance(summary[field], kind) or isinstance(summary[field], bool))]
+    if "oa" in summary and isinstance(summary["oa"], dict) and not isinstance(summary["oa"].get("main"), NUMBER):
+        wrong.append("oa.main")
+    wrong += [field for field in ("protocol", "scheduler", "per_class_accuracy")
+              if field in summary and not isinstance(summary[field], dict)]
+    problems = [f"no {', '.join(missing)}"] if missing else []
+    return problems + ([f"{', '.join(wrong)} of the wrong type"] if wrong else [])
+
+
+def recorded_facts(summary: dict[str, Any]) -> dict[str, Any]:
+    """The facts of RECORDED_FACTS that a run summary holds."""
+    facts = {"trainer": summary.get("trainer"), "eval_every": summary.get("protocol", {}).get("eval_every")}
+    if isinstance(summary.get("per_class_accuracy"), dict):
+        facts["classes"] = list(summary["per_class_accuracy"])
+    if all(isinstance(summary.get(f"{part}_samples"), int) for part in ("train", "val", "test")):
+        facts["samples"] = "/".join(str(summary[f"{part}_samples"]) for part in ("train", "val", "test"))
+    if isinstance(summary.get("scheduler", {}).get("workers"), list):
+        facts["workers"] = len(summary["scheduler"]["workers"])
+    return {name: value for name, value in facts.items() if value is not None}
+
+
+def compared_settings(summary: dict[str, Any], config: dict[str, Any] | None) -> tuple[Setting, ...]:
+    """Every setting a run is compared by besides the columns: its recorded config (``config``; None where the run
+    has no .hydra/config.yaml) but IGNORED_SETTINGS, and its facts of RECORDED_FACTS."""
+    recorded = ({CONFIG_RECORD.as_posix(): "missing"} if config is None else
+                {name: value for name, value in flat_settings(config).items()
+                 if not is_one_of(name, IGNORED_SETTINGS + COLUMN_SETTINGS)})
+    recorded.update(recorded_facts(summary))
+    return tuple(sorted((name, setting_text(value)) for name, value in recorded.items()))
+
+
+class Skipped(Exception):
+    """A metrics.json left out, and why."""
+
+
+def read_run(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A metrics.json's run summary and the config recorded beside it (None where there is none); Skipped when
+    either cannot be read or the summary is not rsnet-train's."""
+    try:
+        summary = json.loads(path.read_bytes())
+    except ValueError as error:
+        raise Skipped(f"not valid JSON ({error}); copy the run again or remove the file") from None
+    except OSError as error:
+        raise Skipped(f"cannot be read ({error.strerror})") from None
+    problems = summary_problems(summary)
+    if problems:
+        raise Skipped(f"not a metrics.json of rsnet-train ({'; '.join(problems)}); move it out of the folders")
+    config_path = path.parent / CONFIG_RECORD
+    if not config_path.exists():
+        return summary, None
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False)
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as error:
+        raise Skipped(f"its {config_path} cannot be read ({' '.join(str(error).split())})") from None
+    if not isinstance(config, dict):
+        raise Skipped(f"its {config_path} is not a mapping of settings")
+    return summary, config
+
+
+def collect(folders: list[Path]) -> dict[Group, list[Run]]:
+    """Group every finished run's metrics.json below ``folders`` by everything but the seed (:class:`Group`); each
+    file left out (unfinished, unreadable, not rsnet-train's) is named on stderr with why."""
+    groups: dict[Group, list[Run]] = defaultdict(list)
+    unrecorded: list[Path] = []
     for folder in folders:
         if not folder.exists():
             raise FileNotFoundError(f"{folder} does not exist; pass run or multirun folders")
         for path in sorted(folder.rglob("metrics.json")):
-            run = json.loads(path.read_text())
-            if run.get("epochs") != run.get("epochs_planned"):
-                print(f"skipping unfinished run {path} ({run.get('epochs')}/{run.get('epochs_planned')} epochs)",
+            try:
+                summary, config = read_run(path)
+            except Skipped as why:
+                print(f"skipping {path}: {why}", file=sys.stderr)
+                continue
+            if summary["epochs"] != summary["epochs_planned"]:
+                print(f"skipping unfinished run {path} ({summary['epochs']}/{summary['epochs_planned']} epochs)",
                       file=sys.stderr)
                 continue
-            groups[(run["dataset"], run_protocol(run), run["model"], run["backbone"])].append(run)
+            if config is None:
+                unrecorded.append(path)
+            group = Group(summary["dataset"], run_protocol(summary), summary["model"], summary["backbone"],
+                          compared_settings(summary, config))
+            groups[group].append(Run(path, summary))
+    if unrecorded:
+        more = len(unrecorded) - 3
+        named = ", ".join(map(str, unrecorded[:3])) + (f" and {more} more" if more > 0 else "")
+        print(f"note: {counted(len(unrecorded), 'run')} {'has' if len(unrecorded) == 1 else 'have'} no "
+              f"{CONFIG_RECORD.as_posix()} ({named}): grouped by what metrics.json records only, apart from the runs "
+              "that have one", file=sys.stderr)
     return groups
+
+
+SCOPED_PREFIXES = ("dataset", "model", "backbone", "trainer")
+
+
+def scope(group: Group, name: str) -> str | None:
+    """What a setting is compared among: a config group's setting (``model.loss.alpha``) among the runs of the same
+    choice of that group (the same model), any other setting among all runs (None)."""
+    prefix, dot, _ = name.partition(".")
+    if not dot or prefix not in SCOPED_PREFIXES:
+        return None
+    choices = {"dataset": group.dataset, "model": group.model, "backbone": group.backbone,
+               "trainer": dict(group.settings).get("trainer", "")}
+    return choices[prefix]
+
+
+def differing_settings(groups: Iterable[Group]) -> set[tuple[str, str | None]]:
+    """The (setting, scope) pairs whose value is not the same in every group of that scope: a setting that a group
+    with a recorded config lacks counts as a value; what a group without one lacks is unknown, not different."""
+    names = {name for group in groups for name, _ in group.settings}
+    values: dict[tuple[str, str | None], set[str | None]] = defaultdict(set)
+    for group in groups:
+        settings = dict(group.settings)
+        for name in settings if CONFIG_RECORD.as_posix() in settings else names:
+            values[(name, scope(group, name))].add(settings.get(name))
+    return {pair for pair, seen in values.items() if len(seen) > 1}
+
+
+def shown_value(name: str, value: str) -> str:
+    """A setting's value as a table shows it: a class list as its count and first names."""
+    if name != "classes":
+        return value
+    classes = json.loads(value)
+    return f"{len(classes)} ({', '.join(classes[:3])}{', …' if len(classes) > 3 else ''})"
+
+
+def distinguishing(group: Group, differing: set[tuple[str, str | None]], method: bool | None = None) -> str:
+    """``name=value, ...`` of the group's settings that differ between groups; ``method``: only the model's and
+    backbone's (True) or only the others (False)."""
+    shown = [f"{name}={shown_value(name, value)}" for name, value in group.settings
+             if (name, scope(group, name)) in differing
+             and (method is None or method == is_one_of(name, ("model.*", "backbone.*")))]
+    return ", ".join(shown)
+
+
+def repeated_seeds(runs: list[Run]) -> dict[int, list[Path]]:
+    """The seeds that more than one of ``runs`` has, with their files."""
+    counts = Counter(run.summary["seed"] for run in runs)
+    return {seed: [run.path for run in runs if run.summary["seed"] == seed] for seed, count in counts.items()
+            if count > 1}
+
+
+def refuse_repeated_seeds(groups: dict[Group, list[Run]],
+                          differing: set[tuple[str, str | None]]) -> dict[Group, list[Run]]:
+    """``groups`` but those in which a seed occurs twice (one draw counted twice is not a repeat), each named on
+    stderr with the files of its repeated seeds."""
+    kept = {}
+    for group, runs in groups.items():
+        repeated = repeated_seeds(runs)
+        if not repeated:
+            kept[group] = runs
+            continue
+        row = ", ".join(filter(None, [group.dataset, group.model, group.backbone, distinguishing(group, differing)]))
+        seeds = "; ".join(f"seed {seed} in {len(paths)} runs ({', '.join(map(str, paths))})"
+                          for seed, paths in sorted(repeated.items()))
+        print(f"refusing the row {row}: {seeds}: the same seed twice is one draw counted twice, not a repeat; "
+              "move all but one out of the folders", file=sys.stderr)
+    return kept
 
 
 def mean_std(values: list[float], digits: int = 2) -> str:
@@ -54,60 +262,83 @@ def mean_std(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
+def group_order(group: Group) -> str:
+    """The order of rows and tables: by dataset, protocol, model, backbone and the other settings."""
+    return str(group)
+
+
+def table(groups: dict[Group, list[Run]], differing: set[tuple[str, str | None]] | None = None) -> str:
     """A Markdown table, one row per group: main-branch OA, reported (ensemble) OA, average accuracy (AA) and
-    kappa of the reported head, mean ± std over the seeds."""
+    kappa of the reported head, mean ± std over the seeds, and the group's settings that differ from other rows'
+    (``differing``, by default among ``groups``); then which settings were compared."""
+    differing = differing_settings(groups) if differing is None else differing
     lines = ["| dataset | train ratio | val ratio | px | weights | epochs | model | backbone | seeds "
-             "| main-branch OA (%) | reported OA (%) | AA (%) | kappa | wall time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (dataset, protocol, model, backbone), runs in sorted(groups.items(), key=lambda item: str(item[0])):
-        seeds = ",".join(str(run["seed"]) for run in runs)
+             "| main-branch OA (%) | reported OA (%) | AA (%) | kappa | wall time (s) | other settings |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for group in sorted(groups, key=group_order):
+        summaries = [run.summary for run in sorted(groups[group], key=lambda run: run.summary["seed"])]
+        seeds = ",".join(str(summary["seed"]) for summary in summaries)
         lines.append(
-            f"| {dataset} | {' | '.join(map(str, protocol))} | {model} | {backbone} | {seeds} "
-            f"| {mean_std([r['oa']['main'] for r in runs])} "
-            f"| {mean_std([r['accuracy'] for r in runs])} ({runs[0]['reported_head']}) "
-            f"| {mean_std([r['average_accuracy'] for r in runs])} | {mean_std([r['kappa'] for r in runs], 4)} "
-            f"| {statistics.mean(r['wall_time_s'] for r in runs):.0f} |")
+            f"| {group.dataset} | {' | '.join(map(str, group.protocol))} | {group.model} | {group.backbone} "
+            f"| {seeds} | {mean_std([s['oa']['main'] for s in summaries])} "
+            f"| {mean_std([s['accuracy'] for s in summaries])} ({summaries[0]['reported_head']}) "
+            f"| {mean_std([s['average_accuracy'] for s in summaries])} "
+            f"| {mean_std([s['kappa'] for s in summaries], 4)} "
+            f"| {statistics.mean(s['wall_time_s'] for s in summaries):.0f} "
+            f"| {distinguishing(group, differing) or '-'} |")
+    names = sorted({name for name, _ in differing})
+    lines += ["", f"compared: every setting of {CONFIG_RECORD.as_posix()} but {', '.join(IGNORED_SETTINGS)}, "
+              f"and metrics.json's dataset, protocol, model, backbone, "
+              f"{', '.join(RECORDED_FACTS)}; a row's runs differ only in the seed",
+              f"rows differ in: {', '.join(names) if names else 'only the columns above'}"]
     return "\n".join(lines)
 
 
-def papers_table(groups: dict[Group, list[dict[str, Any]]]) -> str:
-    """The papers' layout, one table per dataset (and image size, weights, epochs): a row per method (model,
-    backbone, head), a column per training ratio, OA mean ± std over the seeds in each cell."""
-    tables = []
-    settings = sorted({(dataset, protocol[2:]) for dataset, protocol, _, _ in groups}, key=str)
-    for dataset, rest in settings:
-        chosen = {key: runs for key, runs in groups.items() if key[0] == dataset and key[1][2:] == rest}
-        ratios = sorted({key[1][:2] for key in chosen}, key=str)
+def papers_table(groups: dict[Group, list[Run]], differing: set[tuple[str, str | None]] | None = None) -> str:
+    """The papers' layout, one table per dataset (and image size, weights, epochs and any other setting that
+    differs), a row per method (model, backbone and their differing settings, head), a column per training ratio,
+    OA mean ± std over the seeds in each cell."""
+    differing = differing_settings(groups) if differing is None else differing
+    tables: dict[tuple[str, tuple[Any, ...], str], dict[tuple[str, str, str], dict[tuple[Any, ...], list[Run]]]]
+    tables = defaultdict(lambda: defaultdict(dict))
+    for group in sorted(groups, key=group_order):
+        setting = (group.dataset, group.protocol[2:], distinguishing(group, differing, method=False))
+        method = (group.model, group.backbone, distinguishing(group, differing, method=True))
+        tables[setting][method][group.protocol[:2]] = groups[group]
+    texts = []
+    for (dataset, (size, weights, epochs), others), methods in tables.items():
+        ratios = sorted({ratio for cells in methods.values() for ratio in cells}, key=str)
         header = [f"train {train:.0%}" + (f" (val {val:.0%} of it)" if val else "") if isinstance(train, float)
                   else f"train {train}" for train, val in ratios]
-        size, weights, epochs = rest
         trained = counted(epochs, "epoch") if isinstance(epochs, int) else f"{epochs} epochs"
-        lines = [f"{dataset}, {size} px, {weights}, {trained}: overall accuracy (%), mean ± std over seeds "
-                 "(one seed: its value)",
+        lines = [f"{dataset}, {size} px, {weights}, {trained}{', ' + others if others else ''}: overall accuracy "
+                 "(%), mean ± std over seeds (one seed: its value)",
                  "", f"| method | {' | '.join(header)} |", "|---" * (len(header) + 1) + "|"]
-        methods = sorted({(model, backbone) for _, _, model, backbone in chosen})
-        for model, backbone in methods:
+        for (model, backbone, own), cells in sorted(methods.items()):
             heads = ["main"] if model == "baseline" else ["main", "reported"]
             for head in heads:
-                cells = []
+                row = []
                 for ratio in ratios:
-                    runs = chosen.get((dataset, (*ratio, *rest), model, backbone), [])
-                    values = [r["oa"]["main"] if head == "main" else r["accuracy"] for r in runs]
-                    cells.append(f"{mean_std(values)} (n={len(values)})" if values else "-")
-                name = f"{model} ({backbone})" + ("" if model == "baseline" else
-                                                  " main branch" if head == "main" else " ensemble")
-                lines.append(f"| {name} | {' | '.join(cells)} |")
-        tables.append("\n".join(lines))
-    return "\n\n".join(tables)
+                    values = [run.summary["oa"]["main"] if head == "main" else run.summary["accuracy"]
+                              for run in cells.get(ratio, [])]
+                    row.append(f"{mean_std(values)} (n={len(values)})" if values else "-")
+                name = f"{model} ({backbone}{', ' + own if own else ''})" + (
+                    "" if model == "baseline" else " main branch" if head == "main" else " ensemble")
+                lines.append(f"| {name} | {' | '.join(row)} |")
+        texts.append("\n".join(lines))
+    return "\n\n".join(texts)
 
 
 def report(folders: list[Path]) -> str:
-    """Both tables for the finished runs below ``folders``."""
+    """Both tables for the finished runs below ``folders``; rows with a seed twice are refused (named on stderr)."""
     groups = collect(folders)
-    if not groups:
-        raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}")
-    return f"{table(groups)}\n\n{papers_table(groups)}"
+    differing = differing_settings(groups)
+    kept = refuse_repeated_seeds(groups, differing)
+    if not kept:
+        left_out = sum(1 for folder in folders for _ in folder.rglob("metrics.json"))
+        raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}"
+                         + (f" ({counted(left_out, 'file')} left out, named above)" if left_out else ""))
+    return f"{table(kept, differing)}\n\n{papers_table(kept, differing)}"
 
 
 class SweepTable(Callback):
