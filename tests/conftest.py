@@ -30,6 +30,17 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(len(share))
 
 
+# Files whose tests start training workers or the real scripts (seconds to a minute each): run first, so that the
+# test processes of ``make test`` end together on short tests instead of one waiting for the other's long last one.
+LONG_FIRST = ("test_gpu_scripts.py", "test_torchrun.py", "test_install.py", "test_train_e2e.py", "test_parallel.py",
+              "test_sharded_eval.py", "test_shared_decode.py", "test_run_lock.py", "test_inference_errors.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of LONG_FIRST's files first, in the order collected."""
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)
+
+
 @pytest.fixture
 def fake_archive(tmp_path: Path) -> Callable[..., Path]:
     """Factory: ``fake_archive("aid", per_class=2, missing=["Beach"])`` -> archive top folder (see
