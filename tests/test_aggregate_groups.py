@@ -33,14 +33,16 @@ def write_run(folder: Path, *, seed: int = 0, accuracy: float = 80.0, classes: l
     for key, value in {**(settings or {}), "seed": seed}.items():
         OmegaConf.update(config, key, value, merge=False, force_add=True)
     per_class = {name: accuracy for name in classes}
+    train_per_class = round(10 * config.dataset.train_ratio)  # of 10 images a class
     run = {"dataset": config.dataset.name, "model": config.model.arch, "backbone": config.backbone.name,
            "trainer": config.trainer.name, "seed": seed,
            "protocol": {"dataset": config.dataset.name, "train_ratio": config.dataset.train_ratio,
                         "val_ratio": config.dataset.val_ratio, "image_size": config.dataset.image_size,
                         "pretrained": "scratch", "epochs": config.epochs, "eval_every": config.eval_every,
                         "selection": "last epoch"},
-           "epochs": config.epochs, "epochs_planned": config.epochs, "train_samples": 5 * len(classes),
-           "val_samples": 0, "test_samples": 5 * len(classes), "wall_time_s": 10.0, "reported_head": "ensemble",
+           "epochs": config.epochs, "epochs_planned": config.epochs, "train_samples": train_per_class * len(classes),
+           "val_samples": 0, "test_samples": (10 - train_per_class) * len(classes), "wall_time_s": 10.0,
+           "reported_head": "ensemble",
            "oa": {"main": accuracy - 1.0, "ensemble": accuracy}, "accuracy": accuracy, "kappa": accuracy / 100.0,
            "average_accuracy": accuracy, "per_class_accuracy": per_class,
            "scheduler": {"strategy": config.trainer.name, "workers": [{"rank": 0, "device": "cpu"}]}}
@@ -80,6 +82,13 @@ def test_the_same_root_with_other_classes_is_another_dataset(tmp_path: Path) -> 
     write_run(tmp_path / "before/seed0", seed=0, classes=["a", "b", "c"])
     write_run(tmp_path / "after/seed1", seed=1, classes=["a", "b", "c", "d"])
     assert sorted(len(runs) for runs in collect([tmp_path]).values()) == [1, 1]
+
+
+def test_runs_of_other_train_ratios_share_a_papers_table(tmp_path: Path) -> None:
+    for ratio in (0.2, 0.5):
+        write_run(tmp_path / f"r{ratio}/seed0", accuracy=100 * ratio, settings={"dataset.train_ratio": ratio})
+    text = report([tmp_path])
+    assert "| method | train 20% | train 50% |" in text and "rows differ in: only the columns above" in text
 
 
 def test_a_setting_that_differs_splits_the_row_and_is_named(tmp_path: Path) -> None:

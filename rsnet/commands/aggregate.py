@@ -1,6 +1,6 @@
 """Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds (``rsnet-aggregate
 folders=multirun/``; in a checkout also ``python scripts/aggregate.py``). A row averages only runs that are one
-experiment but for the seed: the same dataset (root, classes, sample counts), protocol, model, backbone and every
+experiment but for the seed: the same dataset (root, classes, number of images), protocol, model, backbone and every
 other setting of the run's ``.hydra/config.yaml`` but those in :data:`IGNORED_SETTINGS`.
 """
 
@@ -37,9 +37,9 @@ IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_bat
 # Settings shown in the table's own columns (from metrics.json), so not repeated among the other settings.
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")
-# Facts of metrics.json compared besides the columns: the trainer, the dataset's classes and sample counts
-# (train/val/test), the number of workers and how often the run was evaluated.
-RECORDED_FACTS = ("trainer", "classes", "samples", "workers", "eval_every")
+# Facts of metrics.json compared besides the columns: the trainer, the dataset's classes and number of images
+# (train + val + test: the same at any train ratio), the number of workers and how often the run was evaluated.
+RECORDED_FACTS = ("trainer", "classes", "images", "workers", "eval_every")
 NUMBER = (int, float)
 SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "dataset": str, "model": str, "backbone": str, "seed": int, "epochs": int, "epochs_planned": int,
@@ -111,7 +111,7 @@ def recorded_facts(summary: dict[str, Any]) -> dict[str, Any]:
     if isinstance(summary.get("per_class_accuracy"), dict):
         facts["classes"] = list(summary["per_class_accuracy"])
     if all(isinstance(summary.get(f"{part}_samples"), int) for part in ("train", "val", "test")):
-        facts["samples"] = "/".join(str(summary[f"{part}_samples"]) for part in ("train", "val", "test"))
+        facts["images"] = sum(summary[f"{part}_samples"] for part in ("train", "val", "test"))
     if isinstance(summary.get("scheduler", {}).get("workers"), list):
         facts["workers"] = len(summary["scheduler"]["workers"])
     return {name: value for name, value in facts.items() if value is not None}
