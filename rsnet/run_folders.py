@@ -1,10 +1,29 @@
-"""How a run's folder and its metrics.json name the protocol: runs of one dataset that differ in train ratio,
-validation ratio, image size or starting weights are not comparable and never share a folder."""
+"""How a run's folder names its data and protocol, and its metrics.json the protocol: runs on other data (another
+dataset, another image folder), or of one dataset with another train ratio, validation ratio, image size or
+starting weights, are not comparable and never share a folder."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
+
+IMAGE_FOLDER = "image_folder"  # dataset.name of the user's own data (rsnet.data.specs, not imported: it needs torch)
+ROOT_HASH_LENGTH = 8  # hex digits of the SHA-256 of an image folder's resolved root in its run folder's name
+
+
+def dataset_folder(name: Any, root: Any) -> str:
+    """The dataset part of a run's folder name: a shipped dataset's name (``aid``), or for ``image_folder`` the
+    folder's own name and a short hash of its resolved root (``image_folder-my_scenes-1a2b3c4d``), so that two
+    folders, even of one name, never share a run folder. Without a root (refused when the run starts):
+    ``image_folder``."""
+    if name != IMAGE_FOLDER or root in (None, ""):
+        return str(name)
+    resolved = Path(str(root)).expanduser().resolve()
+    readable = re.sub(r"[^\w.-]+", "_", resolved.name).strip("._") or "root"
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:ROOT_HASH_LENGTH]
+    return f"{IMAGE_FOLDER}-{readable}-{digest}"
 
 
 def pretrained_tag(pretrained: Any) -> str:

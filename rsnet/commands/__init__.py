@@ -45,9 +45,11 @@ def shared_dataset_settings() -> dict[str, Any]:
 
 
 from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs conf_folder, config_groups, above
-from rsnet.run_folders import protocol_folder
+from rsnet.run_folders import dataset_folder, protocol_folder
 
 register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)
-# run folder names: ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
+# run folder names: ${rsnet_dataset:<name>,<root>} -> aid, image_folder-my_scenes-1a2b3c4d;
+# ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
+OmegaConf.register_new_resolver("rsnet_dataset", dataset_folder, replace=True)
 OmegaConf.register_new_resolver("rsnet_protocol", protocol_folder, replace=True)
 
