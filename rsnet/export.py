@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import timm
 import torch
+from timm.models import load_model_config_from_hf, parse_model_name
+from timm.models._hub import load_model_config_from_path
+from timm.models._input import get_model_args
 from torch import Tensor, nn
 
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
@@ -26,12 +30,13 @@ from rsnet.models import build_model
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY
-from rsnet.exported_model import FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel, export_files, load_exported, names_export_file
+from rsnet.exported_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel,
+                                  buildable_config, export_files, load_exported, metadata_digest, names_export_file)
 from rsnet.model_loading import ModelSource, model_from_training_checkpoint, resolve_model_path
 
 ONNX_OPSET = 18
 HEADS = ("main", "ensemble")
-EXPORT_VERSION = 2  # 2: model.json records the SHA-256 of each file and the output size
+EXPORT_VERSION = 3  # 3: model.json records the SHA-256 of its own contents; 2: of each file, and the output size
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 
 
@@ -113,6 +118,29 @@ def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> No
                 handle.write((Path(staging) / name).read_bytes())
 
 
+def registry_backbone(name: str) -> str:
+    """The timm architecture that a ``local-dir:`` or ``hf-hub:`` backbone builds (its config.json's ``architecture``),
+    for model.json: an export is rebuilt from nothing outside its folder. A registry name is returned as it is; a
+    config whose model_args differ from the architecture's own (num_classes aside) is refused."""
+    source, model_id = parse_model_name(name)
+    if source is None:
+        return name
+    loader = load_model_config_from_path if source == "local-dir" else load_model_config_from_hf
+    try:
+        _, architecture, model_args = loader(model_id)
+    except Exception as error:  # noqa: BLE001 - file and hub errors come in many types
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"cannot read the config.json of backbone.name={name!r} ({type(error).__name__}: "
+                          f"{reason}); the export records the architecture it names") from error
+    with torch.device("meta"):
+        plain_args = get_model_args(timm.create_model(architecture))
+    differ = {key: value for key, value in model_args.items() if key != "num_classes" and plain_args.get(key) != value}
+    if differ:
+        raise ExportError(f"backbone.name={name!r} builds {architecture} with model_args {differ}, which model.json "
+                          "cannot record: an export needs a backbone that timm builds from its name alone")
+    return architecture
+
+
 def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, format: str, head: str,
                  metadata: dict[str, Any]) -> Path:
     """Write the exported ``module`` (a state dict of the ensemble: the full ``model``) in ``format``."""
@@ -131,6 +159,8 @@ def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, 
 
 
 def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
+    """Write model.json with the SHA-256 of its own contents (``sha256["model.json"]``, see ``metadata_digest``)."""
+    meta[DIGEST_KEY][METADATA_FILE] = metadata_digest(meta)
     with atomic_write(path, "w") as handle:
         handle.write(json.dumps(meta, indent=2))
     return path
@@ -175,6 +205,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     check_export_dir(out_dir)
     model = model.eval()
     config = model.model_config
+    backbone = registry_backbone(config["backbone"])
     image_size = int(metadata["image_size"])
     x = _reference_batch(image_size, batch_size, seed)
     module = extract_main_branch(model) if head == "main" else EnsembleLogits(model).eval()
@@ -187,8 +218,9 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
             "class_names": list(metadata["class_names"]), "image_size": image_size,
             "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
             "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
-            "backbone": config["backbone"], "num_classes": int(config["num_classes"]), "arch": config["arch"],
-            "model_config": {**config, "pretrained": False}, "output_size": int(reference.shape[-1]),
+            "backbone": backbone, "num_classes": int(config["num_classes"]), "arch": config["arch"],
+            "model_config": {**config, "backbone": backbone, "pretrained": False},
+            "output_size": int(reference.shape[-1]),
             DIGEST_KEY: {name: file_digest(out_dir / name)
                          for name in export_files({"format": format, "file": path.name})}}
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
@@ -241,7 +273,7 @@ def attention_model(exported: ExportedModel) -> nn.Module:
         if meta["head"] == "main":
             model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]))
         else:
-            model = build_model(**meta["model_config"]).eval()
+            model = build_model(**buildable_config(meta)).eval()
             model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)
     except RuntimeError as error:  # weights that do not fit the architecture model.json names
         reason = (str(error).strip().splitlines() or [""])[0][:200]

@@ -1,9 +1,11 @@
 """Reading what ``rsnet-export`` wrote: an export folder's model.json, its model file in one of four formats
-(TorchScript, ONNX, a state_dict, a timm folder), checked against the SHA-256 model.json records. Writing exports
-is :mod:`rsnet.export`'s job."""
+(TorchScript, ONNX, a state_dict, a timm folder), checked against the SHA-256 model.json records of its files and of
+its own contents. An export is read from its own folder only: a model.json that names another file, backbone weights
+or a backbone read from a folder or a hub is refused. Writing exports is :mod:`rsnet.export`'s job."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -14,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rsnet.checkpoint import DIGEST_KEY
-from rsnet.integrity import file_digest
+from rsnet.integrity import file_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
 
 log = logging.getLogger(__name__)
@@ -22,7 +24,8 @@ log = logging.getLogger(__name__)
 FORMATS = {"torchscript": "model.ts", "onnx": "model.onnx", "state_dict": "model.pt",
            "timm": "model.safetensors"}  # timm: with its config.json
 TIMM_CONFIG = "config.json"  # beside model.safetensors in a timm export
-METADATA_FILE = "model.json"
+METADATA_FILE = "model.json"  # also the key of ``sha256`` under which model.json records its own contents' digest
+OUTSIDE_NAME_CHARS = (":", "/", "\\")  # a backbone name holding one is read from a folder or a hub (timm's sources)
 
 
 class ExportError(ValueError):
@@ -91,10 +94,12 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     metadata_path = _find_metadata(path)
     try:
         meta = json.loads(metadata_path.read_text())
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # also bytes that are not UTF-8
         raise ExportError(f"{metadata_path} is not valid JSON ({error})") from error
-    if not isinstance(meta, dict) or "rsnet_export" not in meta or meta.get("format") not in FORMATS:
+    if not isinstance(meta, dict) or not isinstance(meta.get("rsnet_export"), int) or meta.get("format") not in FORMATS:
         raise ExportError(f"{metadata_path} is not the metadata of an rsnet export")
+    _verify_metadata(metadata_path, meta)
+    _check_self_contained(metadata_path, meta)
     file = metadata_path.parent / meta["file"]
     own_files = export_files(meta)
     if path.is_file() and path != metadata_path and path.name not in own_files:
@@ -102,6 +107,8 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     if not file.is_file():
         raise FileNotFoundError(f"{file} (named by {metadata_path}) does not exist")
     _verify_export_files(metadata_path, meta, own_files)
+    if meta["format"] == "timm":
+        _check_timm_config(metadata_path, meta)
     exported = _load_export_module(file, meta, map_location)
     _check_output_size(exported, metadata_path)
     return exported
@@ -110,6 +117,85 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
 def export_files(meta: dict[str, Any]) -> tuple[str, ...]:
     """The files an export's model.json describes (timm: the weights and timm's config.json)."""
     return (meta["file"], TIMM_CONFIG) if meta["format"] == "timm" else (meta["file"],)
+
+
+def metadata_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of everything a model.json holds but this digest itself (``sha256["model.json"]``), written as
+    canonical JSON (sorted keys, no spaces), so that any edit of the file's values changes it."""
+    recorded = meta.get(DIGEST_KEY)
+    files = {name: digest for name, digest in recorded.items() if name != METADATA_FILE} \
+        if isinstance(recorded, dict) else recorded
+    contents = {**meta, DIGEST_KEY: files}
+    return hashlib.sha256(json.dumps(contents, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _verify_metadata(metadata_path: Path, meta: dict[str, Any]) -> None:
+    """Refuse a model.json changed after the export: its class names, mean/std, image size and model file decide
+    every answer. An export written before model.json recorded its own digest (rsnet_export 2) loads with a warning."""
+    recorded = meta.get(DIGEST_KEY)
+    if not isinstance(recorded, dict):
+        return  # an export of an older rsnet, which recorded no SHA-256: _verify_export_files warns
+    if METADATA_FILE not in recorded:
+        if meta["rsnet_export"] >= 3:
+            raise ExportError(f"{metadata_path} has lost the SHA-256 of its own contents (sha256 has no "
+                              f"{METADATA_FILE!r}): the file was edited; restore it from the export or export the "
+                              "checkpoint again")
+        log.warning("%s records no SHA-256 of its own contents (an export of an older rsnet): its class names, "
+                    "mean/std and image size cannot be verified; export again to add it", metadata_path)
+        return
+    if recorded[METADATA_FILE] != metadata_digest(meta):
+        raise ExportError(f"{metadata_path} was changed after the export: its contents do not match the SHA-256 it "
+                          f"records for them (sha256[{METADATA_FILE!r}]), and its class names, mean/std and image size "
+                          "decide every answer; restore it from the export or export the checkpoint again")
+
+
+def _check_self_contained(metadata_path: Path, meta: dict[str, Any]) -> None:
+    """Refuse a model.json that would make rsnet open a file outside the export: a model file other than its
+    format's own, backbone weights (``model_config.pretrained``), a backbone read from a folder or a hub."""
+    expected = FORMATS[meta["format"]]
+    if meta.get("file") != expected:
+        raise ExportError(f"{metadata_path} names the file {meta.get('file')!r}; an export's model file is {expected} "
+                          "in its own folder: the file was edited; export the checkpoint again")
+    config = meta.get("model_config")
+    config = config if isinstance(config, dict) else {}
+    if config.get("pretrained") not in (None, False):
+        raise ExportError(f"{metadata_path} names backbone weights {config['pretrained']!r} (model_config.pretrained) "
+                          f"outside the export, whose weights are its own {expected}: the file was edited; export "
+                          "the checkpoint again")
+    for backbone in (meta.get("backbone"), config.get("backbone")):
+        if backbone is not None and (not isinstance(backbone, str) or any(c in backbone for c in OUTSIDE_NAME_CHARS)):
+            raise ExportError(f"{metadata_path} names the backbone {backbone!r}, a model outside the export (an "
+                              "export is rebuilt from a timm architecture name and its own files only): export the "
+                              "checkpoint again")
+
+
+def _check_timm_config(metadata_path: Path, meta: dict[str, Any]) -> None:
+    """A timm export's model.json must give the class names, mean/std and image size of its hashed config.json
+    (what timm users read), also where model.json records no digest of its own contents."""
+    config_path = metadata_path.parent / TIMM_CONFIG
+    try:
+        config = json.loads(config_path.read_text())
+        data = config["pretrained_cfg"]
+        theirs = (list(config["label_names"]), [float(v) for v in data["mean"]], [float(v) for v in data["std"]],
+                  int(data["input_size"][-1]))
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise ExportError(f"{config_path} is not the config.json of an rsnet timm export ({type(error).__name__}: "
+                          f"{error}); export the checkpoint again") from error
+    ours = (list(meta["class_names"]), [float(v) for v in meta["mean"]], [float(v) for v in meta["std"]],
+            int(meta["image_size"]))
+    differ = [name for name, mine, its in zip(("class names", "mean", "std", "image size"), ours, theirs)
+              if mine != its]
+    if differ:
+        raise ExportError(f"{metadata_path} does not agree with {config_path}, the hashed timm config of the same "
+                          f"export ({', '.join(differ)} differ): model.json was edited; restore it from the export or "
+                          "export the checkpoint again")
+
+
+def _unreadable(file: Path, kind: str, error: Exception) -> ExportError:
+    """One line for a model file its library cannot read (damaged, or another kind of file)."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return ExportError(f"{file} cannot be read as {kind} ({reason}): the file is damaged or not the one the export "
+                       "wrote; export the checkpoint again")
 
 
 def _verify_export_files(metadata_path: Path, meta: dict[str, Any], files: tuple[str, ...]) -> None:
@@ -143,31 +229,44 @@ def _check_output_size(exported: ExportedModel, metadata_path: Path) -> None:
 
 
 def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | torch.device) -> ExportedModel:
-    """The model in an export's ``file`` as an :class:`ExportedModel` (torchscript, timm, onnx or state_dict)."""
+    """The model in an export's ``file`` as an :class:`ExportedModel` (torchscript, timm, onnx or state_dict); only
+    the export's own files are read."""
     fmt = meta["format"]
     if fmt == "torchscript":
-        return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
-    if fmt == "timm":
-        timm_log = logging.getLogger("timm")
-        level = timm_log.level
-        timm_log.setLevel(logging.WARNING)  # not three INFO lines ("Loading pretrained weights ...") every load
         try:
-            model = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=True)
-        finally:
-            timm_log.setLevel(level)
-        return ExportedModel(model.eval(), meta)
+            return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
+        except Exception as error:  # noqa: BLE001 - torch.jit.load reports a bad file as several error types
+            raise _unreadable(file, "a TorchScript model", error) from error
     if fmt == "onnx":
         try:
             import onnxruntime
         except ImportError as error:
             raise ExportError(f"running {file} needs onnxruntime (pip install onnxruntime)") from error
-        return ExportedModel(None, meta, session=onnxruntime.InferenceSession(str(file)))
-    state = torch.load(file, map_location=map_location, weights_only=True)
-    if meta["head"] == "main":
-        module: nn.Module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"])
+        try:
+            return ExportedModel(None, meta, session=onnxruntime.InferenceSession(str(file)))
+        except Exception as error:  # noqa: BLE001 - onnxruntime's own exception types
+            raise _unreadable(file, "an ONNX model", error) from error
+    if fmt == "timm":
+        import safetensors.torch
+
+        try:
+            state = safetensors.torch.load_file(file)
+        except Exception as error:  # noqa: BLE001 - safetensors' SafetensorError and OS errors
+            raise _unreadable(file, "safetensors", error) from error
+        module = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=False)  # reads its config.json
     else:
-        module = EnsembleLogits(build_model(**meta["model_config"]))
-        state = {f"model.{k}": v for k, v in state.items()}
+        try:
+            state = load_weights(file, map_location=map_location)
+        except Exception as error:  # noqa: BLE001 - any unpickling failure means "not the export's weights"
+            raise ExportError(f"{file} cannot be read as the export's state dict: {unreadable_reason(file)}; export "
+                              "the checkpoint again") from error
+        if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
+            raise ExportError(f"{file} holds no state dict (names of tensors); export the checkpoint again")
+        if meta["head"] == "main":
+            module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"])
+        else:
+            module = EnsembleLogits(build_model(**buildable_config(meta)))
+            state = {f"model.{k}": v for k, v in state.items()}
     try:
         module.load_state_dict(state)
     except RuntimeError as error:  # weights of another model beside this model.json
@@ -175,3 +274,8 @@ def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | to
         raise ExportError(f"the weights in {file} do not fit the model its model.json describes ({reason}); "
                           "export the checkpoint again") from error
     return ExportedModel(module.eval(), meta)
+
+
+def buildable_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``build_model`` arguments of an export's full model: its model_config, never with backbone weights."""
+    return {**meta["model_config"], "pretrained": False}

@@ -5,10 +5,11 @@ write) and of export files, checked on every load; and one plain reason when tor
 from __future__ import annotations
 
 import hashlib
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -51,6 +52,14 @@ def _feed(digest: Any, obj: Any) -> None:
         digest.update(b")")
     else:
         digest.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def load_weights(path: str | Path | IO[bytes], map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+    """``torch.load`` of tensors and plain values only (``weights_only=True``), without torch's warning about a pickle
+    protocol other than its own: such a file fails to load, and :func:`unreadable_reason` says why in one line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def unreadable_reason(path: str | Path) -> str:

@@ -114,8 +114,9 @@ def test_an_export_whose_model_file_was_swapped_is_refused(fmt: str, checkpoint:
     ours, other = tmp_path / "ours", tmp_path / "other"
     export_checkpoint(checkpoint, ours, format=fmt)
     meta = json.loads((ours / "model.json").read_text())
-    assert meta["output_size"] == meta["num_classes"] == len(EXPORT_CLASSES) and meta["rsnet_export"] == 2
-    assert set(meta["sha256"]) == ({"model.safetensors", "config.json"} if fmt == "timm" else {meta["file"]})
+    assert meta["output_size"] == meta["num_classes"] == len(EXPORT_CLASSES) and meta["rsnet_export"] == 3
+    assert set(meta["sha256"]) == {"model.json"} | ({"model.safetensors", "config.json"} if fmt == "timm"
+                                                    else {meta["file"]})
     torch.manual_seed(1)
     seven = build_model("esd_mbenet", "test_resnet", 7).eval()
     other_checkpoint = write_checkpoint(tmp_path / "seven.pt", classes=[f"c{i}" for i in range(7)],
