@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rsnet.files import atomic_write
-from rsnet.integrity import content_digest, unreadable_reason
+from rsnet.integrity import content_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        payload = load_weights(path, map_location=map_location, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
         raise ValueError(f"{path} cannot be read as an rsnet checkpoint: {unreadable_reason(path)}{_REPLACE}") \
             from error
