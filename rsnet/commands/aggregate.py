@@ -40,6 +40,8 @@ COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "
 # Facts of metrics.json compared besides the columns: the trainer, the dataset's classes and number of images
 # (train + val + test: the same at any train ratio), the number of workers and how often the run was evaluated.
 RECORDED_FACTS = ("trainer", "classes", "images", "workers", "eval_every")
+# Config groups whose own settings are compared only among runs of the same choice (model.loss.* among esd_mbenet runs).
+SCOPED_PREFIXES = ("dataset", "model", "backbone", "trainer")
 NUMBER = (int, float)
 SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "dataset": str, "model": str, "backbone": str, "seed": int, "epochs": int, "epochs_planned": int,
@@ -185,9 +187,6 @@ def collect(folders: list[Path]) -> dict[Group, list[Run]]:
               f"{CONFIG_RECORD.as_posix()} ({named}): grouped by what metrics.json records only, apart from the runs "
               "that have one", file=sys.stderr)
     return groups
-
-
-SCOPED_PREFIXES = ("dataset", "model", "backbone", "trainer")
 
 
 def scope(group: Group, name: str) -> str | None:
