@@ -3,6 +3,8 @@ errors for a missing, damaged or foreign file, and turned back into the trained 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 from rsnet.files import atomic_write
-from rsnet.integrity import content_digest, load_weights, unreadable_reason
+from rsnet.integrity import content_digest, unreadable_reason
 from rsnet.models import build_model
 
 log = logging.getLogger(__name__)
@@ -19,13 +21,15 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAMES = ("best.pt", "last.pt")  # a run's checkpoints, in order of preference
 CHECKPOINT_FORMAT = 2  # 2: with the SHA-256 of its contents (DIGEST_KEY); 1: without (loaded, with a warning)
 DIGEST_KEY = "sha256"
+FILE_DIGEST_KEY = "file_sha256"  # set by load_checkpoint: the SHA-256 of the file's bytes it read; never saved
 REQUIRED_KEYS = ("format_version", "model_config", "model_state", "class_names", "image_size", "mean", "std")
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` to ``path`` atomically (temp file in the same folder, then rename); a full disk raises
     :class:`rsnet.files.DiskFullError` and leaves the previous file as it was."""
-    contents = {key: value for key, value in payload.items() if key != DIGEST_KEY}  # a loaded checkpoint's is stale
+    contents = {key: value for key, value in payload.items()
+                if key not in (DIGEST_KEY, FILE_DIGEST_KEY)}  # a loaded checkpoint's are stale
     contents["format_version"] = CHECKPOINT_FORMAT
     contents[DIGEST_KEY] = content_digest(contents)
     with atomic_write(path) as handle:
@@ -50,12 +54,18 @@ def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
                     verify: bool | None = None) -> dict[str, Any]:
     """Load an rsnet checkpoint, with a one-line error for a missing, damaged (SHA-256) or foreign file.
-    ``mmap`` maps the tensors instead of reading them, for the metadata only; ``verify`` defaults to ``not mmap``."""
+    ``mmap`` maps the tensors instead of reading them, for the metadata only; ``verify`` defaults to ``not mmap``.
+    Without ``mmap`` the file is read once, and ``FILE_DIGEST_KEY`` holds the SHA-256 of the bytes read: a file
+    replaced meanwhile (a run writing its next last.pt) cannot give the weights of one and the digest of another."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
+    file_bytes = None
     try:
-        payload = load_weights(path, map_location=map_location, mmap=mmap)
+        if not mmap:
+            file_bytes = path.read_bytes()
+        source = path if file_bytes is None else io.BytesIO(file_bytes)
+        payload = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
         raise ValueError(f"{path} cannot be read as an rsnet checkpoint: {unreadable_reason(path)}{_REPLACE}") \
             from error
@@ -65,6 +75,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
                          "export and evaluation need a file written by scripts/train.py")
     if (not mmap) if verify is None else verify:
         _verify_digest(path, payload)
+    if file_bytes is not None:
+        payload[FILE_DIGEST_KEY] = hashlib.sha256(file_bytes).hexdigest()
     return payload
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rsnet.checkpoint import CHECKPOINT_NAMES, load_checkpoint, model_from_checkpoint, run_checkpoint_path
+from rsnet.checkpoint import (CHECKPOINT_NAMES, FILE_DIGEST_KEY, load_checkpoint, model_from_checkpoint,
+                              run_checkpoint_path)
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.exported_model import METADATA_FILE, ExportError, load_exported, names_export_file
 
@@ -81,6 +82,7 @@ class LoadedModel:
     metadata: dict[str, Any]  # class_names, image_size, mean, std (an export: all of its model.json)
     train_config: dict[str, Any] | None = None  # a checkpoint's training config
     epoch: int | None = None
+    sha256: str | None = None  # a checkpoint's: the SHA-256 of the bytes its model was loaded from
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", setting: str = "checkpoint") -> LoadedModel:
@@ -93,4 +95,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", setting: st
     metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
     dataset = (checkpoint.get("config") or {}).get("dataset") or {}
     metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
-    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"))
+    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"),
+                       checkpoint[FILE_DIGEST_KEY])

@@ -6,6 +6,7 @@ Evaluation and the protocol.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from rsnet.model_loading import ModelSource
 
 SCORES = ("precision", "recall", "f1")
+PLAIN_NAME = re.compile(r"\w[\w.-]*")  # a dataset name that can be part of a file name: no separator, no ..
 
 
 def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
@@ -39,6 +41,17 @@ def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tu
     if train_config is None:
         raise ValueError("an exported model carries no dataset settings; pass dataset=<name> (and dataset.root=...)")
     return {**shared_dataset_settings(), **train_config["dataset"], **given}, True
+
+
+def check_dataset_name(name: Any, source: ModelSource, runs_own: bool) -> None:
+    """Refuse a dataset name that is not plain (letters, digits, ``_ . -``, not starting with ``.`` or ``-``): it
+    names the result file beside the model, so a crafted checkpoint's ``../..`` must never lead out of its folder.
+    The line names the checkpoint that holds it (``runs_own``), else the setting."""
+    if isinstance(name, str) and PLAIN_NAME.fullmatch(name):
+        return
+    where = f"{source.path}: its dataset.name {name!r}" if runs_own else f"dataset.name={name!r}"
+    raise ValueError(f"{where} is not a plain name (letters, digits, '_', '.', '-'); pass dataset=<name> "
+                     "(and dataset.root=...) to score on a dataset of yours")
 
 
 def output_path(cfg: DictConfig, source: ModelSource, dataset: dict[str, Any]) -> Path:
@@ -92,8 +105,10 @@ def main(cfg: DictConfig) -> None:
         batch_size = int_setting("batch_size", cfg.batch_size, 1)
         tta = tta_setting(cfg.tta)
         loaded = load_model(str(cfg.checkpoint), device)
-        print(f"model: {loaded.source}")
+        scored = f"; epoch {loaded.epoch}, sha256 {loaded.sha256}" if loaded.sha256 else ""
+        print(f"model: {loaded.source}{scored}")
         dataset, runs_own = dataset_settings(cfg, loaded.train_config)
+        check_dataset_name(dataset["name"], loaded.source, runs_own)
         seed = int_setting("seed", cfg.seed) if cfg.seed is not None else (loaded.train_config or {}).get("seed", 0)
         out = output_path(cfg, loaded.source, dataset)
         run_split = loaded.source.path.resolve().parent.parent / "split.json"
@@ -114,8 +129,8 @@ def main(cfg: DictConfig) -> None:
         progress = f"evaluating {dataset['name']} test" if bool_setting("progress_bar", cfg.progress_bar) else None
         result = evaluate(model, data.test, device, batch_size=batch_size, progress=progress)
         metrics = compute_metrics(result, data.class_names)
-        metrics.update(checkpoint=str(loaded.source.path), dataset=dataset["name"],
-                       train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
+        metrics.update(checkpoint=str(loaded.source.path), epoch=loaded.epoch, checkpoint_sha256=loaded.sha256,
+                       dataset=dataset["name"], train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
         print(summary(metrics))
         print(class_table(metrics))
         write_outputs(out, metrics, class_names)
