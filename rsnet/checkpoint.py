@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rsnet.files import atomic_write
-from rsnet.integrity import content_digest, unreadable_reason
+from rsnet.integrity import content_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         if not mmap:
             file_bytes = path.read_bytes()
         source = path if file_bytes is None else io.BytesIO(file_bytes)
-        payload = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+        payload = load_weights(source, map_location=map_location, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
         raise ValueError(f"{path} cannot be read as an rsnet checkpoint: {unreadable_reason(path)}{_REPLACE}") \
             from error
