@@ -1,13 +1,14 @@
 """What happens after every epoch: every worker evaluates its shard of the test (and validation) split; the
-primary selects the model on validation, logs, writes checkpoints, metrics.json, the history and the figures.
-Selection and the headline figure: docs/data.md, Splits.
+primary selects the model on validation, logs, writes the checkpoints and metrics.json, then the extras
+(TensorBoard, attention maps and projector, the history and the figures), whose failure is a warning, never the
+end of the run. Selection and the headline figure: docs/data.md, Splits.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -83,54 +84,81 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
 def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, train_scalars: dict[str, float], state: RunState, tb: TensorBoardLogger,
                  attention_ids: list[int], evaluation: EpochEvaluation | None) -> dict[str, Any] | None:
-    """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: select, log, save; the
+    """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: select, log, save the checkpoints
+    and metrics.json, then the extras (TensorBoard, pictures, figures), none of which can stop the run; the
     metrics.json document when this epoch was evaluated (else None)."""
     epoch = state.epoch
-    tb.scalars(train_scalars, epoch)
-    for row in strategy.stats():
-        tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
-                   int(row.get("interval", epoch)))
-    evaluated = evaluation is not None
     improved = False
     if evaluation is not None:
-        improved = _select(evaluation, state, tb, train_scalars, data.class_names, config["epochs"])
-        if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
-            log_what_the_model_sees(config, data, model, tb, attention_ids, epoch)
+        improved = _select(evaluation, state, train_scalars, config["epochs"])
     else:
         state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3),
                               **_rounded(train_scalars)})
     _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
-    if not evaluated:
+    summary = None
+    if evaluation is not None:
+        summary = run_summary(config, data, state, strategy.report())
+        write_json(Path(config["run_dir"]) / "metrics.json", summary)
+    run_extra("TensorBoard scalars and confusion matrix", epoch,
+              lambda: _log_scalars(tb, strategy, train_scalars, evaluation, data.class_names, epoch))
+    if summary is None:
         return None
-    summary = run_summary(config, data, state, strategy.report())
-    write_json(Path(config["run_dir"]) / "metrics.json", summary)
-    write_history(Path(config["run_dir"]), summary, data.class_names, config["log"]["figure_format"])
     if epoch == config["epochs"]:
-        tb.hparams(config, hparam_metrics(summary), epoch)
+        run_extra("TensorBoard HParams tab", epoch, lambda: tb.hparams(config, hparam_metrics(summary), epoch))
+    if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
+        run_extra("attention maps and embedding projector", epoch,
+                  lambda: log_what_the_model_sees(config, data, model, tb, attention_ids, epoch))
+    run_extra("history.csv and figures", epoch, lambda: write_history(Path(config["run_dir"]), summary,
+                                                                      data.class_names, config["log"]["figure_format"]))
     return summary
 
 
-def _select(evaluation: EpochEvaluation, state: RunState, tb: TensorBoardLogger,
-            train_scalars: dict[str, float], class_names: list[str], epochs: int) -> bool:
-    """This epoch's metrics into the state and TensorBoard; True if validation improved."""
+def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
+    """Run ``extra``, something the run writes beside what it keeps (the checkpoints and metrics.json, saved before
+    any extra): its failure is one warning naming ``name`` and the error, and the run goes on (the traceback is
+    logged at debug level)."""
+    try:
+        extra()
+    except Exception as error:  # noqa: BLE001 - an extra never stops the run; the warning shows what failed
+        log.warning("epoch %d: the %s failed (%s: %s); the checkpoint and metrics are saved, the run goes on",
+                    epoch, name, type(error).__name__, str(error).replace("\n", " "))
+        log.debug("the %s failed", name, exc_info=True)
+
+
+def _log_scalars(tb: TensorBoardLogger, strategy: Strategy, train_scalars: dict[str, float],
+                 evaluation: EpochEvaluation | None, class_names: list[str], epoch: int) -> None:
+    """This epoch's training and scheduler scalars; when it was evaluated, its test and validation accuracies and
+    the confusion matrix."""
+    tb.scalars(train_scalars, epoch)
+    for row in strategy.stats():
+        tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
+                   int(row.get("interval", epoch)))
+    if evaluation is None:
+        return
+    metrics = evaluation.test
+    scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
+    scalars["test/kappa"] = metrics["kappa"]
+    if evaluation.val is not None:
+        scalars.update({f"val/oa/{head}": value for head, value in evaluation.val["oa"].items()})
+    tb.scalars(scalars, epoch)
+    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), class_names, epoch)
+
+
+def _select(evaluation: EpochEvaluation, state: RunState, train_scalars: dict[str, float], epochs: int) -> bool:
+    """This epoch's metrics into the state and the log; True if validation improved."""
     epoch = state.epoch
     metrics = evaluation.test
     state.last_metrics = metrics
-    scalars = {f"test/oa/{head}": value for head, value in metrics["oa"].items()}
-    scalars["test/kappa"] = metrics["kappa"]
     record = {"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), "test_accuracy": metrics["accuracy"],
               "oa": metrics["oa"], **_rounded(train_scalars)}
     improved = False
     if evaluation.val is not None:
         val = evaluation.val
-        scalars.update({f"val/oa/{head}": value for head, value in val["oa"].items()})
         record["val_accuracy"] = val["accuracy"]
         selected = state.selected
         improved = selected is None or val["accuracy"] > selected["val_accuracy"]
         if improved:
             state.selected = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
-    tb.scalars(scalars, epoch)
-    tb.confusion_matrix(np.asarray(metrics["confusion_matrix"]), class_names, epoch)
     state.history.append(record)
     chosen = state.selected
     picked = f", validation {record['val_accuracy']:.2f} % (selected: epoch {chosen['epoch']})" if chosen else ""
