@@ -1,17 +1,21 @@
 """Results you can trust: an extra of the epoch's end (pictures, projector, TensorBoard, figures) never costs the
-checkpoint or the metrics."""
+checkpoint or the metrics; a run with several workers logs to its train.log as a run with one does."""
 
 from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import run_train
+from helpers import REPO, run_train
 
 import rsnet.engine.epoch_end
+from rsnet.commands import train
+from rsnet.parallel.launcher import WorkerError
 from rsnet.viz.tensorboard import TensorBoardLogger
 
 TINY = ["backbone=test_resnet", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false", "model=baseline",
@@ -51,4 +55,39 @@ def test_an_extra_that_fails_costs_no_checkpoint_and_no_metrics(tmp_path: Path, 
         assert line is not None, (extra, warnings)
         assert error in line and "\n" not in line, line
         assert line.startswith(f"epoch 1: the {extra} failed (") and line.endswith(KEPT), line
+
+
+def _run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_two_workers_log_the_primarys_lines_to_train_log(tmp_path: Path) -> None:
+    """Was: with two workers the epoch lines went to the console only; train.log held the launcher's few lines."""
+    run_dir = tmp_path / "run"
+    result = _run_script(*TINY, "trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.5]",
+                         f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    logged = (run_dir / "train.log").read_text()
+    assert "launched 2 workers" in logged
+    assert "[worker 0] - epoch 1/1: test accuracy" in logged, logged
+    assert "[worker 1]" not in logged, logged  # the primary's lines only (worker 1 warns of its slowdown)
+
+
+def test_a_failed_worker_is_named_in_train_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Was: the launcher's line naming the failed worker went to the console only."""
+    log_file = logging.FileHandler(tmp_path / "train.log")  # as Hydra sets up the launching process's log file
+    logging.getLogger().addHandler(log_file)
+    error = WorkerError(1, "cpu", "killed by signal SIGKILL", others="worker rank 0 (cpu): DistBackendError: peer")
+    try:
+        with pytest.raises(SystemExit) as stop:
+            train.report_worker_error(error)
+    finally:
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.startswith("error: the run stopped: worker rank 1 (cpu) failed: killed by signal")
+    logged = (tmp_path / "train.log").read_text()
+    assert "the run stopped: worker rank 1 (cpu) failed: killed by signal SIGKILL" in logged, logged
+    assert "worker rank 0 (cpu): DistBackendError: peer" in logged, logged
 

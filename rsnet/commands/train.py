@@ -79,8 +79,19 @@ def report_worker_error(error: WorkerError) -> NoReturn:
 
 
 def stop(error: BaseException) -> NoReturn:
+    """The run stopped (exit status 1): why, on the console and in the run's train.log."""
     print(f"error: the run stopped: {error}", file=sys.stderr)
+    log_to_files(f"the run stopped: {error}")
     sys.exit(1)
+
+
+def log_to_files(message: str) -> None:
+    """``message`` as an error in this process's log files only (the run's train.log, where Hydra set one up):
+    the console has it already."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def interrupted(config: dict) -> NoReturn:

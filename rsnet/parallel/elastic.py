@@ -3,7 +3,7 @@
 The agent starts the processes, stops them all when one fails and returns the workers' results. What it does not
 do, rsnet adds: a heartbeat that names a stopped or hung worker (the agent only sees a process that ended), each
 worker's exception with its type (so an input error stays one line), workers that die with their launcher, Ctrl-C
-for the launcher alone, and :class:`WorkerError`.
+for the launcher alone, rank 0's log lines in the launcher's log files (a run's train.log), and :class:`WorkerError`.
 """
 
 from __future__ import annotations
@@ -80,11 +80,13 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
                               **newer)
         log.info("launched %d workers on %s (backend %s) through torch's elastic agent", world, settings.devices,
                  settings.backend)
+        log_files = [handler.baseFilename for handler in logging.getLogger().handlers
+                     if isinstance(handler, logging.FileHandler)]
         try:
             with _ctrl_c_for_the_launcher():
                 results = elastic_launch(config, _worker_main)(
-                    worker_fn, args, kwargs, settings, logging.getLogger().getEffectiveLevel(), clocks, pids,
-                    os.getpid(), folder)
+                    worker_fn, args, kwargs, settings, logging.getLogger().getEffectiveLevel(), log_files, clocks,
+                    pids, os.getpid(), folder)
         except ChildFailedError as failed:
             raise _root_cause(failed, watchdog.stopped, Path(folder), settings.devices) from None
         except SignalException as ended:  # the agent stopped the workers; end as the signal would
@@ -116,9 +118,10 @@ def _ctrl_c_for_the_launcher() -> Iterator[None]:
 
 
 def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings,
-                 log_level: int, clocks: Any, pids: Any, parent: int, folder: str) -> bytes | None:
+                 log_level: int, log_files: list[str], clocks: Any, pids: Any, parent: int,
+                 folder: str) -> bytes | None:
     """A worker as the agent starts it (RANK, LOCAL_RANK, MASTER_* in its environment): ignore Ctrl-C, die with
-    the launcher, beat, run; a failure leaves its reason, traceback and exception in ``folder``."""
+    the launcher, beat, log, run; a failure leaves its reason, traceback and exception in ``folder``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C that came while it was blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent)
@@ -126,8 +129,7 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     pids[rank] = os.getpid()
     threading.Thread(target=_beat, args=(clocks, rank, parent), name="rsnet-heartbeat", daemon=True).start()
     if not logging.getLogger().handlers:  # spawned: the launcher's logging setup (e.g. Hydra's) is not inherited
-        logging.basicConfig(level=log_level,
-                            format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")
+        _log_beside_the_launcher(rank, log_level, log_files)
     try:
         result = run_torchrun_worker(worker_fn, args, kwargs, settings)
         atexit.register(_exit_without_teardown)
@@ -140,6 +142,16 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
         if any(hint in reason for hint in _COMM_ERROR_HINTS):
             time.sleep(_PEER_GRACE_S)
         raise
+
+
+def _log_beside_the_launcher(rank: int, level: int, log_files: list[str]) -> None:
+    """A spawned worker's logging: the console, and for rank 0 also the launcher's ``log_files`` (a run's train.log,
+    appended to beside the launcher's own lines), as a run with one worker logs there."""
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if rank == 0:
+        handlers += [logging.FileHandler(path, encoding="utf-8") for path in log_files]
+    logging.basicConfig(level=level, handlers=handlers,
+                        format=f"[%(asctime)s][%(name)s][%(levelname)s][worker {rank}] - %(message)s")
 
 
 def _exit_without_teardown() -> None:
