@@ -27,9 +27,13 @@ def counted(count: int, noun: str) -> str:
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn errors caused by the user's input into one clear line and exit status 2 (no traceback); a full
-    disk into one line naming the file and exit status 1."""
+    disk into one line naming the file and exit status 1; Ctrl-C into one line and exit status 130."""
     try:
         yield
+    except KeyboardInterrupt:
+        print(f"interrupted: {Path(sys.argv[0]).name} stopped before it finished; no file it writes is left "
+              "half-written", file=sys.stderr)
+        sys.exit(130)
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -1,5 +1,6 @@
 """Results you can trust: an extra of the epoch's end (pictures, projector, TensorBoard, figures) never costs the
-checkpoint or the metrics; a run with several workers logs to its train.log as a run with one does."""
+checkpoint or the metrics; a run with several workers logs to its train.log as a run with one does; Ctrl-C in
+export, evaluate and predict is one line and exit status 130, as in training."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_train
+from helpers import REPO, compose_command, run_train
+from omegaconf import DictConfig
 
 import rsnet.engine.epoch_end
-from rsnet.commands import train
+import rsnet.export
+import rsnet.inference
+import rsnet.model_loading
+from rsnet.commands import evaluate, export, predict, train
 from rsnet.parallel.launcher import WorkerError
 from rsnet.viz.tensorboard import TensorBoardLogger
 
@@ -90,4 +95,34 @@ def test_a_failed_worker_is_named_in_train_log(tmp_path: Path, capsys: pytest.Ca
     logged = (tmp_path / "train.log").read_text()
     assert "the run stopped: worker rank 1 (cpu) failed: killed by signal SIGKILL" in logged, logged
     assert "worker rank 0 (cpu): DistBackendError: peer" in logged, logged
+
+
+def _exit_status(main: Callable[[DictConfig], None], cfg: DictConfig) -> int | str | None:
+    """The exit status of the command ``main`` run on ``cfg`` (0 when it returns); a KeyboardInterrupt that escapes
+    it (a traceback for the user) fails the test instead of ending the test session."""
+    try:
+        main(cfg)
+    except SystemExit as stop:
+        return stop.code
+    except KeyboardInterrupt:
+        pytest.fail(f"{main.__module__}: KeyboardInterrupt escaped (the user sees its traceback)")
+    return 0
+
+
+def test_ctrl_c_in_export_evaluate_and_predict_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """Was: a 46-81 line KeyboardInterrupt traceback (training already said one line and exited with 130)."""
+    ctrl_c = _raises(KeyboardInterrupt())
+    monkeypatch.setattr(rsnet.export, "export_checkpoint", ctrl_c)
+    monkeypatch.setattr(rsnet.model_loading, "load_model", ctrl_c)
+    monkeypatch.setattr(rsnet.inference, "list_images", ctrl_c)
+    commands = [(export.main, compose_command("export", "checkpoint=run", "progress_bar=false")),
+                (evaluate.main, compose_command("evaluate", "checkpoint=run", "device=cpu")),
+                (predict.main, compose_command("predict", "checkpoint=run", "images=scenes"))]
+    for main, cfg in commands:
+        assert _exit_status(main, cfg) == 130
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+        assert lines[0].endswith(" stopped before it finished; no file it writes is left half-written"), err
 
