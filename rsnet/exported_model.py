@@ -193,7 +193,7 @@ def _check_timm_config(metadata_path: Path, meta: dict[str, Any]) -> None:
 
 def _unreadable(file: Path, kind: str, error: Exception) -> ExportError:
     """One line for a model file its library cannot read (damaged, or another kind of file)."""
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0][:200]
     return ExportError(f"{file} cannot be read as {kind} ({reason}): the file is damaged or not the one the export "
                        "wrote; export the checkpoint again")
 
