@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,9 +58,17 @@ def _feed(digest: Any, obj: Any) -> None:
 def load_weights(path: str | Path | IO[bytes], map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain values only (``weights_only=True``), without torch's warning about a pickle
     protocol other than its own: such a file fails to load, and :func:`unreadable_reason` says why in one line."""
+    with without_pickle_protocol_warning():
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+
+
+@contextmanager
+def without_pickle_protocol_warning() -> Iterator[None]:
+    """Silence torch's warning about a pickle protocol other than its own while weights load: such a file fails to
+    load, and rsnet says why in one line."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        yield
 
 
 def unreadable_reason(path: str | Path) -> str:

@@ -8,8 +8,10 @@ import errno
 import io
 import json
 import os
+import pickle
 import shutil
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +157,19 @@ def test_weights_torch_cannot_read_get_a_reason_not_unsafe_advice(tmp_path: Path
     assert message.startswith(f"backbone.pretrained={junk} does not load into backbone.name='test_resnet' (the file "
                               "(4000 bytes) is not in torch.save's format")
     assert "weights_only" not in message and "\n" not in message
+
+
+def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp_path: Path) -> None:
+    """Was: torch's 2-line UserWarning "Detected pickle protocol ..." printed before rsnet's line."""
+    from rsnet.models.backbones import BackboneError, create_timm_classifier
+
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(pickle.dumps({"conv.weight": [1.0, 2.0]}))
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(BackboneError) as refused:
+        warnings.simplefilter("always")
+        create_timm_classifier("test_resnet", 3, pretrained=str(weights))
+    assert "is not in torch.save's format" in str(refused.value)
+    assert not [str(warning.message) for warning in caught if "pickle" in str(warning.message)], caught
 
 
 class _FillsUp(io.RawIOBase):

@@ -96,11 +96,11 @@ def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) ->
 @hydra.main(config_path=hydra_config_path(), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Score the model, print the main figures and per-class table, then write the metrics and confusion."""
-    from rsnet.data import build_datasets_from_config
-    from rsnet.evaluation import TTAModel, compute_metrics, evaluate
-    from rsnet.model_loading import load_model
+    with user_errors():  # around the imports too: a Ctrl-C while torch loads is one line as well
+        from rsnet.data import build_datasets_from_config
+        from rsnet.evaluation import TTAModel, compute_metrics, evaluate
+        from rsnet.model_loading import load_model
 
-    with user_errors():
         device = resolve_device(str(cfg.device))
         batch_size = int_setting("batch_size", cfg.batch_size, 1)
         tta = tta_setting(cfg.tta)

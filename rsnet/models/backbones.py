@@ -18,7 +18,7 @@ import torch
 from timm.data import resolve_model_data_config
 from torch import Tensor, nn
 
-from rsnet.integrity import unreadable_reason
+from rsnet.integrity import unreadable_reason, without_pickle_protocol_warning
 
 # children of timm models that belong to forward_head, not forward_features
 HEAD_MODULE_NAMES = ("global_pool", "head_drop", "fc", "classifier", "head", "pre_logits", "fc_norm", "flatten")
@@ -161,8 +161,9 @@ def _create_from_file(name: str, num_classes: int, path: Path, **kwargs: Any) ->
             f"of that name, with the class count of its pretrained config (1000 for ImageNet; for another, save the "
             f"model with timm.models.save_for_hf and use backbone.name=local-dir:<folder>)")
     try:
-        net = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path), "source": "file"},
-                                **kwargs)
+        with without_pickle_protocol_warning():
+            net = timm.create_model(name, pretrained=True,
+                                    pretrained_cfg_overlay={"file": str(path), "source": "file"}, **kwargs)
     except Exception as error:  # noqa: BLE001 - file, unpickling and state-dict errors come in many types
         # torch's unpickling errors advise weights_only=False (running code from the file): say what is wrong instead
         unreadable = isinstance(error, (pickle.UnpicklingError, EOFError)) or "weights_only" in str(error)
