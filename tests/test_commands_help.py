@@ -125,6 +125,9 @@ def test_help_shows_the_keys_of_the_chosen_groups_with_their_comments() -> None:
                              "'model.loss.alpha'?)"),
     (["model=foo"], "model=foo: there is no such model; choose one of baseline, esd_mbenet, mgml_fenet"),
     (["trainer=synk"], "trainer=synk: there is no such trainer; choose one of adaptive, local_sgd, static, sync"),
+    (["backbone=efficientnet_b0"], "backbone=efficientnet_b0: there is no such backbone; choose one of densenet121, "
+                                   "resnet18, resnet50, test_resnet, vgg16, or set backbone.name=efficientnet_b0 "
+                                   "(any timm CNN: docs/models.md)"),
     (["epochs=[3"], "cannot read the override 'epochs=[3': "),
 ])
 def test_a_mistyped_override_names_the_closest_key_or_the_choices(argv: list[str], message: str) -> None:

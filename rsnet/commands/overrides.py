@@ -48,7 +48,8 @@ def check_overrides(config_name: str, argv: Sequence[str], command: str) -> None
     except MissingConfigException as error:
         group, _, option = str(error.missing_cfg_file or "").rpartition("/")
         choices = ", ".join(sorted(option for option in error.options or [] if not option.endswith(SCHEMA_SUFFIX)))
-        raise ValueError(f"{group}={option}: there is no such {group}; choose one of {choices}") from None
+        timm_name = f", or set backbone.name={option} (any timm CNN: docs/models.md)" if group == "backbone" else ""
+        raise ValueError(f"{group}={option}: there is no such {group}; choose one of {choices}{timm_name}") from None
     except OverrideParseException as error:
         raise ValueError(f"cannot read the override {_parsed(error, overrides)!r}: {str(error).splitlines()[0]} "
                          "(key=value; a list: key=[a,b]; quote values with spaces)") from None
