@@ -172,6 +172,23 @@ def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp
     assert not [str(warning.message) for warning in caught if "pickle" in str(warning.message)], caught
 
 
+
+def test_a_local_dir_backbone_whose_weights_hold_objects_is_one_line_without_unsafe_advice(tmp_path: Path) -> None:
+    """Was: torch's pickle-protocol warning, then "... If this checkpoint is trusted, retry with weights_only=False"."""
+    from rsnet.models.backbones import BackboneError, create_timm_classifier
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architecture": "test_resnet", "num_classes": 10}))
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"conv.weight": [1.0], "note": Path("x")}))
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(BackboneError) as refused:
+        warnings.simplefilter("always")
+        create_timm_classifier(f"local-dir:{folder}", 3, pretrained=True)
+    message = str(refused.value)
+    assert f"{folder / 'pytorch_model.bin'}: the file" in message, message
+    assert "weights_only" not in message and "\n" not in message, message
+    assert not [str(warning.message) for warning in caught if "pickle" in str(warning.message)], caught
+
 class _FillsUp(io.RawIOBase):
     """A file on a disk that fills up after ``room`` bytes."""
 

@@ -1,8 +1,5 @@
-"""timm backbones split into trunk (up to S3), S4 and the classifier head.
-
-The backbone *is* the full timm classifier (``self.net``): rsnet only records which of its children form each
-part, so the main branch loads into a plain timm classifier without key remapping. docs/models.md, Backbones.
-"""
+"""timm backbones split into trunk (up to S3), S4 and the classifier head: the backbone is the full timm classifier
+(``self.net``), so the main branch loads into a plain timm classifier (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -137,9 +134,21 @@ def _model_hint(name: str) -> str:
 def _create(name: str, failure: str, hint: str, **kwargs: Any) -> nn.Module:
     """``timm.create_model(name, **kwargs)``; a failure is one BackboneError line: what failed, why, what to do."""
     try:
-        return timm.create_model(name, **kwargs)
+        with without_pickle_protocol_warning():
+            return timm.create_model(name, **kwargs)
     except Exception as error:  # noqa: BLE001 - hub, file and state-dict errors come in many types
-        raise BackboneError(f"{failure} ({_one_line(error)}); {hint}") from error
+        raise BackboneError(f"{failure} ({_weights_reason(name, error)}); {hint}") from error
+
+
+def _weights_reason(name: str, error: Exception) -> str:
+    """Why timm could not build ``name``, in one line; where torch refused the weights and advises loading them
+    unsafely (``weights_only=False``, which would run code from the file), what is wrong with the file instead."""
+    if "weights_only" not in str(error):
+        return _one_line(error)
+    weights = Path(name.removeprefix("local-dir:")) / "pytorch_model.bin"
+    if name.startswith("local-dir:") and weights.is_file():
+        return f"{weights}: {unreadable_reason(weights)}"
+    return "its weights file holds Python objects other than tensors and plain values (rsnet loads weights only)"
 
 
 def _parse_pretrained(pretrained: bool | str | Path | None) -> bool | Path:
