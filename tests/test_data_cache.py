@@ -155,3 +155,15 @@ def test_prefetcher_yields_get_batch_in_order_and_raises_its_errors(mini_root):
     with pytest.raises(IndexError):
         list(prefetcher.batches(iter([[0, 1], [10_000]])))
     prefetcher.close()
+
+
+def test_a_memory_cache_larger_than_the_machine_is_refused_before_decoding() -> None:
+    """Was: ``dataset.image_size=8192`` ended in a 44-line traceback, "Unable to allocate 78.8 GiB"."""
+    from rsnet.data.cache import build_store
+
+    paths = [f"/nowhere/scene{i}.jpg" for i in range(100_000)]  # never opened: the check comes first
+    with pytest.raises(ValueError) as refused:
+        build_store("aid", ["x"] * len(paths), paths, 4096, mode="memory")
+    message = str(refused.value)
+    assert message.startswith("dataset.cache=memory: 100000 images at 4096 px need 4.6 TiB") and "\n" not in message
+    assert "available" in message and "dataset.image_size" in message and "dataset.cache=disk" in message

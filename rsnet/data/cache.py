@@ -1,7 +1,5 @@
-"""Building an :class:`~rsnet.data.store.ImageStore`: every file is decoded once into memory, a memory-mapped
-``.npy`` disk cache (reused by later runs, checked by a CRC-32) or nowhere (mode ``none``: decoded only to find
-the undecodable files). docs/data.md, Input pipeline and the cache choice.
-"""
+"""Building an :class:`~rsnet.data.store.ImageStore`: every file is decoded once into memory, a memory-mapped ``.npy``
+disk cache (reused, CRC-32 checked) or nowhere (``none``: only to find undecodable files)."""
 
 from __future__ import annotations
 
@@ -76,11 +74,8 @@ def cache_key(dataset: str, size: int, names: Sequence[str], paths: Sequence[str
 def build_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int, mode: str = "memory",
                 cache_dir: str | os.PathLike | None = None, skip_corrupt: bool = False,
                 high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> ImageStore:
-    """Decode (or reuse) the images of ``paths`` (``names``: their relative names, part of the disk-cache key).
-
-    Every file is decoded once up front, also for mode "none", so all undecodable files are found in one pass
-    and raised as one CorruptImageError unless ``skip_corrupt`` (then recorded in ``store.corrupt``).
-    """
+    """Decode (or reuse) the images of ``paths`` (``names``: part of the disk-cache key); all undecodable files are
+    raised as one CorruptImageError unless ``skip_corrupt`` (then in ``store.corrupt``)."""
     if mode not in CACHE_MODES:
         raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
     check_high_bit_depth(high_bit_depth)
@@ -95,6 +90,7 @@ def _memory_store(paths: Sequence[str], size: int, skip_corrupt: bool, high_bit_
     """Mode "memory": every image decoded into one array in RAM."""
     started = time.perf_counter()
     report = DecodeReport()
+    _check_memory_for(len(paths), size)
     array = np.empty((len(paths), size, size, 3), np.uint8)
     corrupt = decode_into(array, paths, size, high_bit_depth, report)
     log.info("decoded %d images at %d px into memory (%.1f MB) in %.1f s",
@@ -102,6 +98,40 @@ def _memory_store(paths: Sequence[str], size: int, skip_corrupt: bool, high_bit_
     _raise_unless_skipped(paths, corrupt, skip_corrupt)
     return ImageStore(paths, size, "memory", array, corrupt=sorted(corrupt), decoded=len(paths),
                       high_bit_depth=high_bit_depth, rescaled=_rescaled_rows(paths, report))
+
+
+def _check_memory_for(count: int, size: int) -> None:
+    """Refuse a memory cache of ``count`` RGB images at ``size`` px that the machine's available memory cannot
+    hold, before anything is decoded (numpy would fail on the allocation with a traceback)."""
+    needed = count * size * size * 3
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ValueError(f"dataset.cache=memory: {count} images at {size} px need {_binary_size(needed)} and this "
+                         f"machine has {_binary_size(available)} available; lower dataset.image_size, or set "
+                         "dataset.cache=disk (a memory-mapped file) or dataset.cache=none (decoded every epoch)")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable; elsewhere the free pages), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _binary_size(nbytes: float) -> str:
+    """``nbytes`` in the largest binary unit that keeps it at least 1: "78.8 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
 
 
 def _uncached_store(paths: Sequence[str], size: int, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
