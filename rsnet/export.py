@@ -1,9 +1,5 @@
-"""Export a trained model (its main branch, or the full ensemble) with its metadata (model.json).
-
-``format="auto"`` writes timm's own files for the main branch and a state dict for the ensemble: neither is
-deprecated (unlike TorchScript) nor needs a trace. Every export is loaded back and its logits checked against the
-full model's; none is written where it would overwrite or shadow a checkpoint. docs/models.md, Export.
-"""
+"""Export a trained model (its main branch, or the full ensemble) with its metadata (model.json), loaded back and its
+logits checked against the full model's (docs/models.md, Export)."""
 
 from __future__ import annotations
 
@@ -31,7 +27,8 @@ from rsnet.models.main_branch import baseline_from_main_branch, extract_main_bra
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY
 from rsnet.exported_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel,
-                                  buildable_config, export_files, load_exported, metadata_digest, names_export_file)
+                                  buildable_config, export_files, first_line, load_exported, metadata_digest,
+                                  names_export_file)
 from rsnet.model_loading import ModelSource, model_from_training_checkpoint, resolve_model_path
 
 ONNX_OPSET = 18
@@ -70,8 +67,7 @@ def check_export_dir(out_dir: Path) -> None:
         kind = "a training checkpoint" if out_dir.suffix in CHECKPOINT_SUFFIXES else "a file"
         raise ExportError(f"out={out_dir} is {kind}; out= names the folder the export is written to (never a "
                           f"checkpoint): pass another path, e.g. out={suggestion}")
-    found = _checkpoints_in(out_dir)
-    if found:
+    if found := _checkpoints_in(out_dir):
         raise ExportError(f"out={out_dir} holds training checkpoints ({', '.join(p.name for p in found[:4])}); an "
                           f"export there would overwrite or shadow them: pass another path, e.g. out={suggestion}")
     check_writable_dir(out_dir, "out")
@@ -96,15 +92,13 @@ def _onnx_bytes(module: nn.Module, x: Tensor) -> bytes:
             program = torch.onnx.export(module, (x,), dynamo=True, input_names=["images"], output_names=["logits"],
                                         dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, verbose=False)
     except Exception as error:  # noqa: BLE001 - exporter failures come in many types
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
-        raise ExportError(f"ONNX (torch.export) cannot express this model at {x.shape[-1]} px "
-                          f"({type(error).__name__}: {reason}); use format=torchscript or format=state_dict") from error
+        raise ExportError(f"ONNX (torch.export) cannot express this model at {x.shape[-1]} px ({type(error).__name__}: "
+                          f"{first_line(error)}); use format=torchscript or format=state_dict") from error
     return program.model_proto.SerializeToString()
 
 
 def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> None:
-    """Write the main branch the timm way (``save_for_hf``: model.safetensors + config.json with labels and
-    preprocessing), each file replaced atomically."""
+    """Write the main branch the timm way (``save_for_hf``: model.safetensors + config.json), each file atomically."""
     from timm.models import save_for_hf
 
     size = int(metadata["image_size"])
@@ -119,9 +113,8 @@ def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> No
 
 
 def registry_backbone(name: str) -> str:
-    """The timm architecture that a ``local-dir:`` or ``hf-hub:`` backbone builds (its config.json's ``architecture``),
-    for model.json: an export is rebuilt from nothing outside its folder. A registry name is returned as it is; a
-    config whose model_args differ from the architecture's own (num_classes aside) is refused."""
+    """The timm architecture that a ``local-dir:`` or ``hf-hub:`` backbone builds (a registry name as it is), for
+    model.json: an export is rebuilt from nothing outside its folder; model_args of its own are refused."""
     source, model_id = parse_model_name(name)
     if source is None:
         return name
@@ -129,9 +122,8 @@ def registry_backbone(name: str) -> str:
     try:
         _, architecture, model_args = loader(model_id)
     except Exception as error:  # noqa: BLE001 - file and hub errors come in many types
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
         raise ExportError(f"cannot read the config.json of backbone.name={name!r} ({type(error).__name__}: "
-                          f"{reason}); the export records the architecture it names") from error
+                          f"{first_line(error)}); the export records the architecture it names") from error
     with torch.device("meta"):
         plain_args = get_model_args(timm.create_model(architecture))
     differ = {key: value for key, value in model_args.items() if key != "num_classes" and plain_args.get(key) != value}
@@ -159,7 +151,7 @@ def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, 
 
 
 def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
-    """Write model.json with the SHA-256 of its own contents (``sha256["model.json"]``, see ``metadata_digest``)."""
+    """Write model.json with the SHA-256 of its own contents (``sha256["model.json"]``)."""
     meta[DIGEST_KEY][METADATA_FILE] = metadata_digest(meta)
     with atomic_write(path, "w") as handle:
         handle.write(json.dumps(meta, indent=2))
@@ -167,8 +159,7 @@ def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
 
 
 def check_export_settings(format: str, head: str) -> str:
-    """The format to write (``auto`` resolved: timm for the main branch, state_dict for the ensemble); a format or
-    head rsnet cannot write, or whose packages are missing, is refused before any work."""
+    """The format to write (``auto`` resolved); a format or head rsnet cannot write or lacks packages for is refused."""
     if format == "auto":
         format = "timm" if head == "main" else "state_dict"
     if format not in FORMATS:
@@ -224,7 +215,6 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
             DIGEST_KEY: {name: file_digest(out_dir / name)
                          for name in export_files({"format": format, "file": path.name})}}
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)
-    diff = None
     on_stage("reloading the export")
     try:
         exported = load_exported(out_dir)
@@ -234,9 +224,8 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
 
         onnx.checker.check_model(onnx.load(str(path)))
     on_stage("comparing logits")
-    if exported is not None:
-        with torch.no_grad():
-            diff = float((exported(x) - reference).abs().max())
+    with torch.no_grad():
+        diff = None if exported is None else float((exported(x) - reference).abs().max())
     meta["max_abs_diff"] = diff
     _write_metadata(metadata_path, meta)
     return ExportResult(path=path, metadata_path=metadata_path, max_abs_diff=diff, metadata=meta)
@@ -260,8 +249,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str =
 
 
 def attention_model(exported: ExportedModel) -> nn.Module:
-    """The export as an rsnet model for CAM / Grad-CAM, rebuilt from its own weights (the main branch as a
-    ``Baseline``) and checked to give the export's logits. ONNX keeps neither gradients nor the layers' weights."""
+    """The export as an rsnet model for CAM / Grad-CAM, rebuilt from its own weights and checked to give its logits."""
     meta = exported.metadata
     if exported.module is None:
         raise ExportError(f"attention maps cannot be drawn from the ONNX export {meta['file']}: it keeps neither "
@@ -276,9 +264,8 @@ def attention_model(exported: ExportedModel) -> nn.Module:
             model = build_model(**buildable_config(meta)).eval()
             model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)
     except RuntimeError as error:  # weights that do not fit the architecture model.json names
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
         raise ExportError(f"the weights of {meta['file']} do not fit the model its model.json describes "
-                          f"({meta['backbone']}: {reason}); use the checkpoint") from error
+                          f"({meta['backbone']}: {first_line(error)}); use the checkpoint") from error
     model.to(device)
     x = _reference_batch(int(meta["image_size"]), 2, seed=0).to(device)
     with torch.no_grad():

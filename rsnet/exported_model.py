@@ -1,13 +1,12 @@
-"""Reading what ``rsnet-export`` wrote: an export folder's model.json, its model file in one of four formats
-(TorchScript, ONNX, a state_dict, a timm folder), checked against the SHA-256 model.json records of its files and of
-its own contents. An export is read from its own folder only: a model.json that names another file, backbone weights
-or a backbone read from a folder or a hub is refused. Writing exports is :mod:`rsnet.export`'s job."""
+"""Reading what ``rsnet-export`` wrote: model.json and its model file (TorchScript, ONNX, a state_dict, a timm folder),
+checked against the SHA-256s model.json records; nothing outside the export's folder is read."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +73,8 @@ class ExportedModel(nn.Module):
 
 
 def _find_metadata(path: Path) -> Path:
-    if path.is_dir():
-        candidates = [path / METADATA_FILE]
-    elif path.name == TIMM_CONFIG:  # a timm export's config.json: its model.json is beside it
-        candidates = [path.parent / METADATA_FILE]
-    else:
-        candidates = [path, path.parent / METADATA_FILE]
+    beside = [path.parent / METADATA_FILE]  # a timm export's config.json: its model.json is beside it
+    candidates = [path / METADATA_FILE] if path.is_dir() else beside if path.name == TIMM_CONFIG else [path, *beside]
     for candidate in candidates:
         if candidate.suffix == ".json" and candidate.is_file():
             return candidate
@@ -120,8 +115,7 @@ def export_files(meta: dict[str, Any]) -> tuple[str, ...]:
 
 
 def metadata_digest(meta: dict[str, Any]) -> str:
-    """SHA-256 of everything a model.json holds but this digest itself (``sha256["model.json"]``), written as
-    canonical JSON (sorted keys, no spaces), so that any edit of the file's values changes it."""
+    """SHA-256 of everything a model.json holds but this digest itself (``sha256["model.json"]``), as canonical JSON."""
     recorded = meta.get(DIGEST_KEY)
     files = {name: digest for name, digest in recorded.items() if name != METADATA_FILE} \
         if isinstance(recorded, dict) else recorded
@@ -130,8 +124,7 @@ def metadata_digest(meta: dict[str, Any]) -> str:
 
 
 def _verify_metadata(metadata_path: Path, meta: dict[str, Any]) -> None:
-    """Refuse a model.json changed after the export: its class names, mean/std, image size and model file decide
-    every answer. An export written before model.json recorded its own digest (rsnet_export 2) loads with a warning."""
+    """Refuse a model.json changed after the export; one of rsnet_export 2, which has no digest of itself, warns."""
     recorded = meta.get(DIGEST_KEY)
     if not isinstance(recorded, dict):
         return  # an export of an older rsnet, which recorded no SHA-256: _verify_export_files warns
@@ -150,8 +143,7 @@ def _verify_metadata(metadata_path: Path, meta: dict[str, Any]) -> None:
 
 
 def _check_self_contained(metadata_path: Path, meta: dict[str, Any]) -> None:
-    """Refuse a model.json that would make rsnet open a file outside the export: a model file other than its
-    format's own, backbone weights (``model_config.pretrained``), a backbone read from a folder or a hub."""
+    """Refuse a model.json that would make rsnet open a file outside the export (a model file, weights, a backbone)."""
     expected = FORMATS[meta["format"]]
     if meta.get("file") != expected:
         raise ExportError(f"{metadata_path} names the file {meta.get('file')!r}; an export's model file is {expected} "
@@ -170,8 +162,7 @@ def _check_self_contained(metadata_path: Path, meta: dict[str, Any]) -> None:
 
 
 def _check_timm_config(metadata_path: Path, meta: dict[str, Any]) -> None:
-    """A timm export's model.json must give the class names, mean/std and image size of its hashed config.json
-    (what timm users read), also where model.json records no digest of its own contents."""
+    """Refuse a timm export's model.json whose class names, mean/std or image size differ from its config.json's."""
     config_path = metadata_path.parent / TIMM_CONFIG
     try:
         config = json.loads(config_path.read_text())
@@ -191,16 +182,23 @@ def _check_timm_config(metadata_path: Path, meta: dict[str, Any]) -> None:
                           "export the checkpoint again")
 
 
-def _unreadable(file: Path, kind: str, error: Exception) -> ExportError:
-    """One line for a model file its library cannot read (damaged, or another kind of file)."""
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0][:200]
-    return ExportError(f"{file} cannot be read as {kind} ({reason}): the file is damaged or not the one the export "
-                       "wrote; export the checkpoint again")
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, at most 200 characters."""
+    return (str(error).strip().splitlines() or [""])[0][:200]
+
+
+def _read(file: Path, kind: str, read: Callable[[], Any]) -> Any:
+    """``read()``, or one line for a model file its library cannot read (damaged, or another kind of file)."""
+    try:
+        return read()
+    except Exception as error:  # noqa: BLE001 - each library reports a bad file as several error types
+        reason = (first_line(error) or type(error).__name__).split(". ")[0]
+        raise ExportError(f"{file} cannot be read as {kind} ({reason}): the file is damaged or not the one the export "
+                          "wrote; export the checkpoint again") from error
 
 
 def _verify_export_files(metadata_path: Path, meta: dict[str, Any], files: tuple[str, ...]) -> None:
-    """Refuse an export whose files differ from the SHA-256 recorded in its model.json (damaged, or another
-    export's file put beside it); warn for an export written before model.json recorded them."""
+    """Refuse an export whose files differ from the SHA-256 its model.json records; warn where it records none."""
     recorded = meta.get(DIGEST_KEY)
     if not isinstance(recorded, dict):
         log.warning("%s records no SHA-256 of its files (an export of an older rsnet): they cannot be verified; "
@@ -229,30 +227,22 @@ def _check_output_size(exported: ExportedModel, metadata_path: Path) -> None:
 
 
 def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | torch.device) -> ExportedModel:
-    """The model in an export's ``file`` as an :class:`ExportedModel` (torchscript, timm, onnx or state_dict); only
-    the export's own files are read."""
+    """The model in an export's ``file`` as an :class:`ExportedModel`; only the export's own files are read."""
     fmt = meta["format"]
     if fmt == "torchscript":
-        try:
-            return ExportedModel(torch.jit.load(str(file), map_location=map_location).eval(), meta)
-        except Exception as error:  # noqa: BLE001 - torch.jit.load reports a bad file as several error types
-            raise _unreadable(file, "a TorchScript model", error) from error
+        return ExportedModel(_read(file, "a TorchScript model",
+                                   lambda: torch.jit.load(str(file), map_location=map_location).eval()), meta)
     if fmt == "onnx":
         try:
             import onnxruntime
         except ImportError as error:
             raise ExportError(f"running {file} needs onnxruntime (pip install onnxruntime)") from error
-        try:
-            return ExportedModel(None, meta, session=onnxruntime.InferenceSession(str(file)))
-        except Exception as error:  # noqa: BLE001 - onnxruntime's own exception types
-            raise _unreadable(file, "an ONNX model", error) from error
+        return ExportedModel(None, meta, session=_read(file, "an ONNX model",
+                                                       lambda: onnxruntime.InferenceSession(str(file))))
     if fmt == "timm":
         import safetensors.torch
 
-        try:
-            state = safetensors.torch.load_file(file)
-        except Exception as error:  # noqa: BLE001 - safetensors' SafetensorError and OS errors
-            raise _unreadable(file, "safetensors", error) from error
+        state = _read(file, "safetensors", lambda: safetensors.torch.load_file(file))
         module = timm.create_model(f"local-dir:{file.parent.resolve()}", pretrained=False)  # reads its config.json
     else:
         try:
@@ -270,8 +260,7 @@ def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | to
     try:
         module.load_state_dict(state)
     except RuntimeError as error:  # weights of another model beside this model.json
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
-        raise ExportError(f"the weights in {file} do not fit the model its model.json describes ({reason}); "
+        raise ExportError(f"the weights in {file} do not fit the model its model.json describes ({first_line(error)}); "
                           "export the checkpoint again") from error
     return ExportedModel(module.eval(), meta)
 

@@ -1,8 +1,5 @@
-"""Protocol tables: mean ± std of overall accuracy, AA and kappa over repeated seeds (``rsnet-aggregate
-folders=multirun/``; in a checkout also ``python scripts/aggregate.py``). A row averages only runs that are one
-experiment but for the seed: the same dataset (root, classes, number of images), protocol, model, backbone and every
-other setting of the run's ``.hydra/config.yaml`` but those in :data:`IGNORED_SETTINGS`.
-"""
+"""Protocol tables (``rsnet-aggregate folders=multirun/``): mean ± std of OA, AA and kappa over the seeds of runs that
+are one experiment but for the seed (every setting compared but :data:`IGNORED_SETTINGS`)."""
 
 from __future__ import annotations
 
@@ -28,20 +25,16 @@ from rsnet.commands.overrides import check_overrides
 
 PROTOCOL_KEYS = ("train_ratio", "val_ratio", "image_size", "pretrained", "epochs")
 CONFIG_RECORD = Path(".hydra") / "config.yaml"
-# Settings that do not change what a run measures: the seed (what a row's runs differ in), where and how the run
-# was started or continued, what it logs, and speed, memory or hardware choices that give the same numbers up to
-# float rounding (the number of workers, which does change training, is compared from metrics.json instead).
+# Not what a run measures: the seed, where and how it was started, logging, and speed or hardware choices that give
+# the same numbers up to float rounding (the number of workers changes training: compared from metrics.json).
 IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_batch_size", "prefetch", "channels_last",
                     "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "trainer.devices",
                     "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
-# Settings shown in the table's own columns (from metrics.json), so not repeated among the other settings.
+# Shown in the table's own columns (from metrics.json).
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")
-# Facts of metrics.json compared besides the columns: the trainer, the dataset's classes and number of images
-# (train + val + test: the same at any train ratio), the number of workers and how often the run was evaluated.
+# Facts of metrics.json compared besides the columns (images: train + val + test, the same at any train ratio).
 RECORDED_FACTS = ("trainer", "classes", "images", "workers", "eval_every")
-# Config groups whose own settings are compared only among runs of the same choice (model.loss.* among esd_mbenet runs).
-SCOPED_PREFIXES = ("dataset", "model", "backbone", "trainer")
 NUMBER = (int, float)
 SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "dataset": str, "model": str, "backbone": str, "seed": int, "epochs": int, "epochs_planned": int,
@@ -142,8 +135,7 @@ def read_run(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
         raise Skipped(f"not valid JSON ({error}); copy the run again or remove the file") from None
     except OSError as error:
         raise Skipped(f"cannot be read ({error.strerror})") from None
-    problems = summary_problems(summary)
-    if problems:
+    if problems := summary_problems(summary):
         raise Skipped(f"not a metrics.json of rsnet-train ({'; '.join(problems)}); move it out of the folders")
     config_path = path.parent / CONFIG_RECORD
     if not config_path.exists():
@@ -193,11 +185,9 @@ def scope(group: Group, name: str) -> str | None:
     """What a setting is compared among: a config group's setting (``model.loss.alpha``) among the runs of the same
     choice of that group (the same model), any other setting among all runs (None)."""
     prefix, dot, _ = name.partition(".")
-    if not dot or prefix not in SCOPED_PREFIXES:
-        return None
     choices = {"dataset": group.dataset, "model": group.model, "backbone": group.backbone,
                "trainer": dict(group.settings).get("trainer", "")}
-    return choices[prefix]
+    return choices.get(prefix) if dot else None
 
 
 def differing_settings(groups: Iterable[Group]) -> set[tuple[str, str | None]]:
@@ -223,10 +213,9 @@ def shown_value(name: str, value: str) -> str:
 def distinguishing(group: Group, differing: set[tuple[str, str | None]], method: bool | None = None) -> str:
     """``name=value, ...`` of the group's settings that differ between groups; ``method``: only the model's and
     backbone's (True) or only the others (False)."""
-    shown = [f"{name}={shown_value(name, value)}" for name, value in group.settings
-             if (name, scope(group, name)) in differing
-             and (method is None or method == is_one_of(name, ("model.*", "backbone.*")))]
-    return ", ".join(shown)
+    return ", ".join(f"{name}={shown_value(name, value)}" for name, value in group.settings
+                     if (name, scope(group, name)) in differing
+                     and (method is None or method == is_one_of(name, ("model.*", "backbone.*"))))
 
 
 def repeated_seeds(runs: list[Run]) -> dict[int, list[Path]]:
@@ -242,8 +231,7 @@ def refuse_repeated_seeds(groups: dict[Group, list[Run]],
     stderr with the files of its repeated seeds."""
     kept = {}
     for group, runs in groups.items():
-        repeated = repeated_seeds(runs)
-        if not repeated:
+        if not (repeated := repeated_seeds(runs)):
             kept[group] = runs
             continue
         row = ", ".join(filter(None, [group.dataset, group.model, group.backbone, distinguishing(group, differing)]))
@@ -261,20 +249,14 @@ def mean_std(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def group_order(group: Group) -> str:
-    """The order of rows and tables: by dataset, protocol, model, backbone and the other settings."""
-    return str(group)
-
-
 def table(groups: dict[Group, list[Run]], differing: set[tuple[str, str | None]] | None = None) -> str:
-    """A Markdown table, one row per group: main-branch OA, reported (ensemble) OA, average accuracy (AA) and
-    kappa of the reported head, mean ± std over the seeds, and the group's settings that differ from other rows'
-    (``differing``, by default among ``groups``); then which settings were compared."""
+    """A Markdown table, one row per group: main-branch OA, reported OA, AA and kappa, mean ± std over the seeds, and
+    the group's settings that differ from other rows' (``differing``); then which settings were compared."""
     differing = differing_settings(groups) if differing is None else differing
     lines = ["| dataset | train ratio | val ratio | px | weights | epochs | model | backbone | seeds "
              "| main-branch OA (%) | reported OA (%) | AA (%) | kappa | wall time (s) | other settings |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for group in sorted(groups, key=group_order):
+    for group in sorted(groups, key=str):
         summaries = [run.summary for run in sorted(groups[group], key=lambda run: run.summary["seed"])]
         seeds = ",".join(str(summary["seed"]) for summary in summaries)
         lines.append(
@@ -286,21 +268,20 @@ def table(groups: dict[Group, list[Run]], differing: set[tuple[str, str | None]]
             f"| {statistics.mean(s['wall_time_s'] for s in summaries):.0f} "
             f"| {distinguishing(group, differing) or '-'} |")
     names = sorted({name for name, _ in differing})
-    lines += ["", f"compared: every setting of {CONFIG_RECORD.as_posix()} but {', '.join(IGNORED_SETTINGS)}, "
-              f"and metrics.json's dataset, protocol, model, backbone, "
-              f"{', '.join(RECORDED_FACTS)}; a row's runs differ only in the seed",
+    lines += ["", f"compared: every setting of {CONFIG_RECORD.as_posix()} but {', '.join(IGNORED_SETTINGS)}, and "
+              f"metrics.json's dataset, protocol, model, backbone, {', '.join(RECORDED_FACTS)}; a row's runs differ "
+              "only in the seed",
               f"rows differ in: {', '.join(names) if names else 'only the columns above'}"]
     return "\n".join(lines)
 
 
 def papers_table(groups: dict[Group, list[Run]], differing: set[tuple[str, str | None]] | None = None) -> str:
-    """The papers' layout, one table per dataset (and image size, weights, epochs and any other setting that
-    differs), a row per method (model, backbone and their differing settings, head), a column per training ratio,
-    OA mean ± std over the seeds in each cell."""
+    """The papers' layout, one table per dataset and other differing settings, a row per method and head, a column per
+    training ratio, OA mean ± std over the seeds in each cell."""
     differing = differing_settings(groups) if differing is None else differing
     tables: dict[tuple[str, tuple[Any, ...], str], dict[tuple[str, str, str], dict[tuple[Any, ...], list[Run]]]]
     tables = defaultdict(lambda: defaultdict(dict))
-    for group in sorted(groups, key=group_order):
+    for group in sorted(groups, key=str):
         setting = (group.dataset, group.protocol[2:], distinguishing(group, differing, method=False))
         method = (group.model, group.backbone, distinguishing(group, differing, method=True))
         tables[setting][method][group.protocol[:2]] = groups[group]
@@ -314,13 +295,10 @@ def papers_table(groups: dict[Group, list[Run]], differing: set[tuple[str, str |
                  "(%), mean ± std over seeds (one seed: its value)",
                  "", f"| method | {' | '.join(header)} |", "|---" * (len(header) + 1) + "|"]
         for (model, backbone, own), cells in sorted(methods.items()):
-            heads = ["main"] if model == "baseline" else ["main", "reported"]
-            for head in heads:
-                row = []
-                for ratio in ratios:
-                    values = [run.summary["oa"]["main"] if head == "main" else run.summary["accuracy"]
-                              for run in cells.get(ratio, [])]
-                    row.append(f"{mean_std(values)} (n={len(values)})" if values else "-")
+            for head in ["main"] if model == "baseline" else ["main", "reported"]:
+                values = [[run.summary["oa"]["main"] if head == "main" else run.summary["accuracy"]
+                           for run in cells.get(ratio, [])] for ratio in ratios]
+                row = [f"{mean_std(v)} (n={len(v)})" if v else "-" for v in values]
                 name = f"{model} ({backbone}{', ' + own if own else ''})" + (
                     "" if model == "baseline" else " main branch" if head == "main" else " ensemble")
                 lines.append(f"| {name} | {' | '.join(row)} |")
@@ -332,8 +310,7 @@ def report(folders: list[Path]) -> str:
     """Both tables for the finished runs below ``folders``; rows with a seed twice are refused (named on stderr)."""
     groups = collect(folders)
     differing = differing_settings(groups)
-    kept = refuse_repeated_seeds(groups, differing)
-    if not kept:
+    if not (kept := refuse_repeated_seeds(groups, differing)):
         left_out = sum(1 for folder in folders for _ in folder.rglob("metrics.json"))
         raise ValueError(f"no finished run (metrics.json) below {', '.join(map(str, folders))}"
                          + (f" ({counted(left_out, 'file')} left out, named above)" if left_out else ""))
