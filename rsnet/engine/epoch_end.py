@@ -1,8 +1,5 @@
-"""What happens after every epoch: every worker evaluates its shard of the test (and validation) split; the
-primary selects the model on validation, logs, writes the checkpoints and metrics.json, then the extras
-(TensorBoard, attention maps and projector, the history and the figures), whose failure is a warning, never the
-end of the run. Selection and the headline figure: docs/data.md, Splits.
-"""
+"""After every epoch: every worker evaluates its shard of the test (and validation) split; the primary selects, logs,
+writes the checkpoints and metrics.json, then the extras, whose failure is a warning."""
 
 from __future__ import annotations
 
@@ -85,15 +82,11 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
                  strategy: Strategy, train_scalars: dict[str, float], state: RunState, tb: TensorBoardLogger,
                  attention_ids: list[int], evaluation: EpochEvaluation | None) -> dict[str, Any] | None:
     """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: select, log, save the checkpoints
-    and metrics.json, then the extras (TensorBoard, pictures, figures), none of which can stop the run; the
-    metrics.json document when this epoch was evaluated (else None)."""
+    and metrics.json, then the extras; the metrics.json document when this epoch was evaluated (else None)."""
     epoch = state.epoch
-    improved = False
-    if evaluation is not None:
-        improved = _select(evaluation, state, train_scalars, config["epochs"])
-    else:
-        state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3),
-                              **_rounded(train_scalars)})
+    improved = evaluation is not None and _select(evaluation, state, train_scalars, config["epochs"])
+    if evaluation is None:
+        state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), **_rounded(train_scalars)})
     _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
     summary = None
     if evaluation is not None:
@@ -114,9 +107,8 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
 
 
 def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
-    """Run ``extra``, something the run writes beside what it keeps (the checkpoints and metrics.json, saved before
-    any extra): its failure is one warning naming ``name`` and the error, and the run goes on (the traceback is
-    logged at debug level)."""
+    """Run ``extra``, something the run writes beside its checkpoints and metrics.json: its failure is one warning
+    naming ``name`` and the error (the traceback at debug level), and the run goes on."""
     try:
         extra()
     except Exception as error:  # noqa: BLE001 - an extra never stops the run; the warning shows what failed
@@ -127,8 +119,7 @@ def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
 
 def _log_scalars(tb: TensorBoardLogger, strategy: Strategy, train_scalars: dict[str, float],
                  evaluation: EpochEvaluation | None, class_names: list[str], epoch: int) -> None:
-    """This epoch's training and scheduler scalars; when it was evaluated, its test and validation accuracies and
-    the confusion matrix."""
+    """This epoch's training and scheduler scalars; when evaluated, its accuracies and the confusion matrix."""
     tb.scalars(train_scalars, epoch)
     for row in strategy.stats():
         tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
@@ -147,18 +138,15 @@ def _log_scalars(tb: TensorBoardLogger, strategy: Strategy, train_scalars: dict[
 def _select(evaluation: EpochEvaluation, state: RunState, train_scalars: dict[str, float], epochs: int) -> bool:
     """This epoch's metrics into the state and the log; True if validation improved."""
     epoch = state.epoch
-    metrics = evaluation.test
-    state.last_metrics = metrics
+    metrics = state.last_metrics = evaluation.test
     record = {"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), "test_accuracy": metrics["accuracy"],
               "oa": metrics["oa"], **_rounded(train_scalars)}
-    improved = False
-    if evaluation.val is not None:
-        val = evaluation.val
+    val = evaluation.val
+    if val is not None:
         record["val_accuracy"] = val["accuracy"]
-        selected = state.selected
-        improved = selected is None or val["accuracy"] > selected["val_accuracy"]
-        if improved:
-            state.selected = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
+    improved = val is not None and (state.selected is None or val["accuracy"] > state.selected["val_accuracy"])
+    if improved:
+        state.selected = {"epoch": epoch, "val_accuracy": val["accuracy"], "metrics": metrics}
     state.history.append(record)
     chosen = state.selected
     picked = f", validation {record['val_accuracy']:.2f} % (selected: epoch {chosen['epoch']})" if chosen else ""
@@ -182,8 +170,7 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
 
 def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
                             attention_ids: list[int], epoch: int) -> None:
-    """Attention maps of every branch, and the main branch's pooled features of at most
-    ``log.embedding_images`` test images in the projector (its text format makes a whole test set gigabytes)."""
+    """Attention maps of every branch, and the main branch's features of ``log.embedding_images`` test images."""
     images = np.stack([data.test.raw(index) for index in attention_ids])
     tb.attention_maps(model, images, data.mean, data.std, epoch, data.class_names,
                       [int(data.test.labels[index]) for index in attention_ids])
@@ -193,8 +180,7 @@ def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: tor
 
 
 def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
-    """What makes two runs comparable: the evaluation protocol and the training budget (recorded in metrics.json,
-    grouped by in ``rsnet-aggregate``)."""
+    """What makes two runs comparable (grouped by in ``rsnet-aggregate``): the evaluation protocol and budget."""
     dataset = config["dataset"]
     return {"dataset": dataset["name"], "train_ratio": data.split.train_ratio, "val_ratio": data.split.val_ratio,
             "image_size": data.image_size, "pretrained": pretrained_tag(config["backbone"]["pretrained"]),
@@ -204,26 +190,20 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
 
 def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
                 scheduler: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json document: the headline test metrics (of the selected epoch, else of the last evaluated
-    one), the protocol, the run's facts and its scheduling figures."""
-    epochs_done = state.epoch
-    wall = state.wall_time_s
-    selected = state.selected
+    """The metrics.json document: the test metrics of the selected (else last evaluated) epoch and the run's facts."""
+    epochs_done, wall, selected = state.epoch, state.wall_time_s, state.selected
     headline = selected["metrics"] if selected else state.last_metrics
     summary = {
         "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
         "trainer": config["trainer"]["name"], "seed": config["seed"], "protocol": protocol(config, data),
-        "epochs": epochs_done, "epochs_planned": config["epochs"],
-        "train_samples": len(data.train), "val_samples": len(data.val) if data.val is not None else 0,
-        "test_samples": len(data.test),
+        "epochs": epochs_done, "epochs_planned": config["epochs"], "train_samples": len(data.train),
+        "val_samples": len(data.val) if data.val is not None else 0, "test_samples": len(data.test),
         "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
-        **headline,
-    }
+        **headline}
     if selected:
         last = state.last_metrics
-        summary["selected_epoch"] = selected["epoch"]
-        summary["val_accuracy"] = selected["val_accuracy"]
-        summary["last_epoch_test"] = {"accuracy": last["accuracy"], "oa": last["oa"]}
+        summary.update(selected_epoch=selected["epoch"], val_accuracy=selected["val_accuracy"],
+                       last_epoch_test={"accuracy": last["accuracy"], "oa": last["oa"]})
     return {**summary, "scheduler": scheduler, "history": state.history}
 
 

@@ -1,16 +1,5 @@
-"""Dynamic scheduling and batch-size control: pure functions plus the store-backed claimer.
-
-* :func:`epoch_permutation` — the shared, seeded order of an epoch (every worker computes the same one).
-* :func:`static_batches` — how a static shard is cut, never leaving a batch below ``batch_min``.
-* :class:`IntervalClaimer` — workers claim the next ``b_i`` positions of a merge interval through an
-  atomic counter in the c10d store; :func:`claim_span` turns the counter into the positions a claim owns,
-  so that no claim is smaller than its ``minimum`` (a remainder below it joins the claim before it).
-* :func:`next_batch_sizes` — the controller: b_i moves toward B·s_i/Σs_j, and Σ b_i = B.
-* :func:`may_claim` — whether a worker should claim its next batch now (ahead of its current one, or at all);
-  :func:`paced_claim_size` — a worker's claims before its speed is known.
-* :func:`check_batch_settings` — refuses bounds under which W batches cannot add up to B.
-* :func:`coarse_multiple_warning` — says when ``batch_multiple`` is too coarse for the equal share B / W.
-"""
+"""Dynamic scheduling and batch-size control (docs/scheduler.md): the epoch's shared order, static shards, claims
+through an atomic counter in the c10d store, and the batch-size controller."""
 
 from __future__ import annotations
 
@@ -38,9 +27,8 @@ def static_partition(num_samples: int, seed: int, epoch: int, rank: int, world_s
 
 def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequence[int],
                          rank: int) -> list[torch.Tensor]:
-    """A static split with unequal batches: step k of the epoch trains positions [k·B, (k+1)·B) of the epoch
-    permutation (padded by wrapping around to whole steps), B = Σ sizes, and worker ``rank`` takes its
-    ``sizes[rank]`` of them (after ranks 0 .. rank−1). Every worker gets the same number of steps."""
+    """A static split with unequal batches: step k trains positions [k·B, (k+1)·B) of the epoch permutation (wrapped to
+    whole steps), B = Σ sizes, worker ``rank`` its ``sizes[rank]`` of them after ranks 0 .. rank−1."""
     total = int(sum(sizes))
     steps = math.ceil(num_samples / total)
     order = epoch_permutation(num_samples, seed, epoch).repeat(math.ceil(steps * total / num_samples))
@@ -49,8 +37,7 @@ def proportional_batches(num_samples: int, seed: int, epoch: int, sizes: Sequenc
 
 
 def static_batches(shard: torch.Tensor, size: int, minimum: int) -> list[torch.Tensor]:
-    """``shard`` cut into batches of ``size``; a last batch smaller than ``minimum`` joins the one before it.
-    Every worker of a static split has a shard of the same length, so all get the same number of batches."""
+    """``shard`` cut into batches of ``size``; a last batch smaller than ``minimum`` joins the one before it."""
     batches = list(shard.split(max(int(size), 1)))
     if len(batches) > 1 and len(batches[-1]) < minimum:
         batches[-2:] = [torch.cat(batches[-2:])]
@@ -58,14 +45,8 @@ def static_batches(shard: torch.Tensor, size: int, minimum: int) -> list[torch.T
 
 
 def claim_span(start: int, count: int, size: int, minimum: int) -> tuple[int, int] | None:
-    """The positions [start, end) of an interval of ``size`` that a claim of ``count`` owns, given that the
-    shared counter stood at ``start`` before the claim; None when there is nothing for it.
-
-    Rule: no claim leaves fewer than ``minimum`` positions behind — it takes them too — so a claim that
-    starts within ``minimum`` of the end (and is not the first) finds its positions already taken by the
-    claim before it. Every position is owned by exactly one claim whatever the order and sizes of the claims,
-    and no claim is smaller than ``min(count, minimum)`` unless the whole interval is.
-    """
+    """The positions [start, end) of an interval of ``size`` that a claim of ``count`` owns, the counter standing at
+    ``start`` before it; None for nothing. No claim leaves fewer than ``minimum`` behind."""
     if start >= size or (start > 0 and size - start < minimum):
         return None
     end = min(start + count, size)
@@ -92,9 +73,6 @@ class IntervalClaimer:
         """Positions not yet claimed by anyone (one store round trip)."""
         self.seen = int(self.store.add(self.key, 0))
         return max(self.size - self.seen, 0)
-
-
-# --------------------------------------------------------------------------------------- batch sizes
 
 
 def check_batch_per_worker(total_batch: int, world: int) -> None:
@@ -132,14 +110,8 @@ def initial_batch_sizes(total_batch: int, world_size: int, batch_min: int, batch
 
 def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], batch_min: int,
               batch_maxes: Sequence[int], multiple: int) -> list[int]:
-    """Sizes close to ``proposed`` that add up to ``total``: multiples of ``multiple`` within
-    [batch_min, batch_maxes[i]], plus total mod ``multiple`` on one worker. A batch_max at or below batch_min
-    (after an out-of-memory) is a fixed size.
-
-    Where the proposals add up to more (less) than ``total``, one multiple at a time is taken from (given to)
-    the worker whose proposal lies furthest above (below) what it ``wanted``; ties go to the lowest rank.
-    Where the bounds make ``total`` unreachable the closest reachable sizes are returned.
-    """
+    """Sizes close to ``proposed`` that add up to ``total``: multiples of ``multiple`` within [batch_min,
+    batch_maxes[i]] plus total mod ``multiple`` on one worker, moved a multiple at a time off what each ``wanted``."""
     n = len(proposed)
     unit = max(int(multiple), 1)
     sizes = [int(batch_maxes[i]) if batch_maxes[i] <= batch_min else 0 for i in range(n)]
@@ -164,9 +136,7 @@ def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], batc
 
 def speed_proportional_sizes(speeds: Sequence[float], total_batch: int, batch_min: int, batch_max: int,
                              multiple: int) -> list[int]:
-    """Batch sizes in proportion to ``speeds`` (samples/s), multiples of ``multiple`` within the bounds, adding up
-    to ``total_batch``: the static speed-proportional split (:func:`proportional_targets`, then
-    :func:`fit_total`)."""
+    """The static speed-proportional split of ``total_batch`` (:func:`proportional_targets`, then :func:`fit_total`)."""
     maxes = [int(batch_max)] * len(speeds)
     targets = proportional_targets(speeds, total_batch, batch_min, maxes)
     return fit_total(total_batch, [round(t) for t in targets], targets, batch_min, maxes, multiple)
@@ -186,8 +156,7 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, batch_min: i
         # Fix the workers above their batch_max first (their excess goes to the others), then those below batch_min.
         over = [i for i in sorted(free) if targets[i] > batch_maxes[i]]
         under = [i for i in sorted(free) if targets[i] < min(batch_min, batch_maxes[i])]
-        fixed = over or under
-        if not fixed:
+        if not (fixed := over or under):
             break
         for i in fixed:
             targets[i] = float(batch_maxes[i]) if i in over else float(min(batch_min, batch_maxes[i]))
@@ -199,9 +168,8 @@ def proportional_targets(speeds: Sequence[float], total_batch: int, batch_min: i
 
 
 def updated_speed(previous: float, samples: float, seconds: float, ema: float) -> float:
-    """A worker's speed estimate after an interval in which it trained ``samples`` in ``seconds`` of its own
-    (compute, a simulated slowdown's sleep included): the EMA with weight ``ema`` on the newest measurement, the
-    measurement itself when there is no estimate yet, the old estimate when the worker trained nothing."""
+    """A worker's speed after training ``samples`` in ``seconds`` of its own: the EMA (weight ``ema`` on the newest),
+    the measurement when there is no estimate yet, the old one when it trained nothing."""
     if samples <= 0 or seconds <= 0:
         return previous
     measured = samples / seconds
@@ -211,16 +179,8 @@ def updated_speed(previous: float, samples: float, seconds: float, ema: float) -
 def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batch: int, batch_min: int,
                      batch_max: Sequence[int] | int, multiple: int = 8, damping: float = 0.5,
                      deadband: float = 0.05) -> list[int]:
-    """One controller step: move every b_i part of the way toward its speed-proportional share, keeping Σ b_i = B.
-
-    target_i = B·s_i/Σs_j (water-filled within [batch_min, batch_max_i]; ``batch_max``: one bound for all workers
-    or one per worker); b_i moves by γ·(target_i − b_i) in whole multiples of ``multiple`` — at least one, at most
-    to the multiple nearest the target — unless it is within ``deadband`` (relative) or half a multiple of its
-    target; then :func:`fit_total` restores Σ b_i = B.
-
-    Stability: for fixed speeds every step moves a size toward its target and never further than half a
-    multiple past it, inside the hold band, so the sizes settle on the proportional split and stay there.
-    """
+    """One controller step: every b_i moves by γ·(target_i − b_i), target_i = B·s_i/Σs_j within the bounds, in whole
+    multiples (at most to the one nearest the target) unless within the deadband; Σ b_i = B."""
     n = len(current)
     batch_maxes = [int(batch_max)] * n if isinstance(batch_max, (int, float)) else [int(c) for c in batch_max]
     batch_maxes = [max(c, 1) for c in batch_maxes]
@@ -234,10 +194,8 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
         if abs(gap) <= max(deadband * int(b), unit / 2):
             proposed.append(int(b))
             continue
-        # Move toward the target by at least one multiple, at most to the multiple nearest the target (past it
-        # by at most half a multiple, which the hold band of at least half a multiple then keeps). Stopping short
-        # instead would never close a gap below one multiple: with B = 32 and speeds 2:1 the sizes would stay at
-        # 16/16 (targets 21.3/10.7) for ever; this way they go to 24/8.
+        # At least one multiple: stopping short would never close a gap below one (B = 32, speeds 2:1: 16/16 for
+        # ever instead of 24/8); at most to the multiple nearest the target, which the hold band then keeps.
         moved = max(unit, round(abs(gap) * damping / unit) * unit)
         moved = min(moved, int(math.floor(abs(gap) / unit + 0.5)) * unit)
         proposed.append(int(b) + int(math.copysign(moved, gap)))
@@ -246,15 +204,8 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
 
 def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
               computing: bool) -> bool:
-    """Whether worker ``rank`` (speed ``speeds[rank]``, batch ``sizes[rank]``; workers of size 0 are left out) should
-    claim its next batch now, so that no one waits for it at the merge:
-
-    * ``computing`` (its current batch has just started; the prefetch thread would claim ahead): only once its speed
-      is known, and while the other workers cannot use up the rest of the interval, as of its last store call,
-      within two of its steps (the current one and the one it would claim);
-    * free: unless the others would train the rest before half its batch is done — they take it (one store read
-      decides, near the end). The fastest worker always claims, so every position is trained.
-    """
+    """Whether worker ``rank`` should claim its next batch now, so that no one waits for it at the merge: ahead
+    (``computing``) only while the others cannot use up the interval in two of its steps; the fastest always claims."""
     own = float(speeds[rank])
     if own <= 0:
         return not computing
@@ -274,12 +225,8 @@ def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds:
 
 
 def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, others_rate: float) -> int:
-    """The next claim of a worker whose speed the others do not know yet (before its first merge): what it trains in
-    the time the other workers need for the ``remaining`` positions at their pace so far (``others_rate``,
-    positions/s), within [``minimum``, ``batch``]; 0 — nothing more in this interval — when even ``minimum`` would
-    take it more than twice that time. Without its own rate yet (its first step is not a measure): another probe of
-    ``minimum``; without the others': ``batch``. A slow device's first interval thus costs the others little more
-    than its probe, not a full batch of the equal split."""
+    """The next claim of a worker whose speed the others do not know yet: what it trains while the others train the
+    ``remaining`` positions, within [``minimum``, ``batch``]; 0 when ``minimum`` takes over twice that."""
     if own_rate <= 0:
         return min(int(minimum), int(batch))
     if others_rate <= 0 or remaining <= 0:
@@ -291,10 +238,8 @@ def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, 
 
 
 def coarse_multiple_warning(total_batch: int, world: int, multiple: int) -> str | None:
-    """A warning when sizes in multiples of ``multiple`` are coarse for the equal share B / W: the controller holds
-    a worker's size while its speed-proportional share is within half a multiple of it, which is more than 12.5 %
-    of a share below 4 multiples (batch_size=32 over 2 workers in multiples of 8: 4 of 16 samples, speed ratios up
-    to 1.67 leave the equal split). None when the share is fine."""
+    """A warning when sizes in multiples of ``multiple`` are coarse for the equal share B / W (below 4 multiples, the
+    half-multiple hold band is over 12.5 % of a share); None when the share is fine."""
     share = total_batch / world
     if world < 2 or multiple < 2 or share >= 4 * multiple:
         return None

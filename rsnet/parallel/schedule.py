@@ -1,21 +1,5 @@
-"""The adaptive scheduler's decisions after every merge, taken alike by every worker from the merged table.
-
-:class:`Schedule` holds what the workers agree on — which workers train (:attr:`Schedule.active`), the round
-batch B, the batch-size grid, every worker's batch size b_i and the number of rounds of B between merges — and
-:meth:`Schedule.update` moves it on from one merge's table (each worker's samples, speed, batch, updates, compute
-seconds, ``batch_max`` and the communication time of its previous merge). ``AdaptiveStrategy`` and the simulator
-(``benchmarks/simulator/``) both drive it, so the simulated scheduler is the real one.
-
-The rules (docs/scheduler.md, "The adaptive algorithm"):
-
-* **B grows with the workers** (:func:`round_batch`): B = max(batch_size, W_active × ``share_min``); the lr
-  per sample stays that of ``batch_size`` (the strategy's lr reference is batch_size / W_active).
-* **The size grid follows B / W** (:func:`auto_multiple`): 8 from 64 samples a worker, finer below.
-* **Merge cadence** (:func:`merge_rounds`, :func:`lr_rounds`): a merge every ``merge_rounds`` rounds of B, more
-  rounds where the measured merge would take more than ``merge_cost_max`` of the interval's compute, and more as
-  the lr decays (rounds / lr_ratio², up to ``merge_rounds_max``).
-* **Admission** (:func:`choose_workers`): a worker that costs more than it adds is left out for the rest of the run.
-"""
+"""The adaptive scheduler's decisions after every merge, taken alike by every worker from the merged table;
+``AdaptiveStrategy`` and the simulator (``benchmarks/simulator/``) both drive it (docs/scheduler.md)."""
 
 from __future__ import annotations
 
@@ -71,11 +55,8 @@ def round_batch(batch_size: int, workers: int, share_min: int) -> int:
 
 def merge_rounds(rounds_min: int, comm_s: float, round_s: float, cost_max: float,
                  lr_profile: Sequence[float] = (), rounds_max: int = 0) -> int:
-    """The base rounds of B between merges: at least ``rounds_min``, and enough that the merges (``comm_s`` seconds
-    each) take at most ``cost_max`` of the compute (``round_s`` seconds a round). With a constant cadence that is
-    every interval's share; where the rounds follow the lr (``lr_profile``: the lr over its peak at evenly spaced
-    points of the run, ``rounds_max`` above ``rounds_min``) it is the run's: the short intervals at the peak lr
-    spend what the long ones at its end save. Unknown times or ``cost_max`` <= 0: ``rounds_min``."""
+    """The base rounds of B between merges: at least ``rounds_min``, and enough that the merges take at most
+    ``cost_max`` of the compute (over the run where the rounds follow ``lr_profile``); ``rounds_min`` where unknown."""
     if cost_max <= 0 or comm_s <= 0 or round_s <= 0:
         return int(rounds_min)
     merges_per_round = cost_max * round_s / comm_s  # the most merges a round may pay for
@@ -97,8 +78,7 @@ def mean_rounds(rounds: int, rounds_max: int, lr_profile: Sequence[float] = ()) 
 
 def lr_rounds(rounds: int, rounds_max: int, lr_ratio: float) -> int:
     """Rounds between merges while the lr is ``lr_ratio`` × its peak: ``rounds`` / lr_ratio², between ``rounds`` and
-    ``rounds_max`` (the quadratic synchronization rule of Gu et al., ICLR 2024: replicas drift apart in proportion
-    to the lr, so a merge early in training, at the peak lr, matters most; ``rounds_max`` <= ``rounds``: constant)."""
+    ``rounds_max`` (the quadratic synchronization rule of Gu et al., ICLR 2024)."""
     if rounds_max <= rounds or lr_ratio >= 1:
         return int(rounds)
     return min(int(rounds_max), max(int(rounds), math.floor(rounds / max(lr_ratio, 1e-9) ** 2)))
@@ -120,10 +100,8 @@ def claimed_span(low: int, high: int, claimed_end: int) -> int:
 
 
 def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: float, comm_s: float) -> float:
-    """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` at equal updates. One worker trains at its
-    speed: no merge, no wait. Several lose per interval of ``rounds`` rounds the merge (``comm_s``) and a wait for
-    the last batch to finish: half the longest step, where a worker whose speed share of B is below ``batch_min``
-    steps longer than a round (it cannot keep pace, and the others wait for its batch of ``batch_min``)."""
+    """Samples/s of workers with ``speeds`` sharing rounds of ``total_batch`` at equal updates, less each interval's
+    merge (``comm_s``) and a wait of half the longest step."""
     total_speed = sum(speeds)
     if len(speeds) == 1:
         return float(speeds[0])
@@ -145,9 +123,8 @@ class Admission:
 
 def choose_workers(speeds: Sequence[float], active: Sequence[bool], settings: ScheduleSettings,
                    comm_s: float, lr_profile: Sequence[float] = ()) -> Admission:
-    """The set of the k fastest active workers with the highest :func:`predicted_rate` (a larger set wins a tie),
-    each set with its own B (:func:`round_batch`) and merge cadence (:func:`merge_rounds`, averaged over the run's
-    ``lr_profile`` by :func:`mean_rounds`)."""
+    """The set of the k fastest active workers with the highest :func:`predicted_rate` (a larger set wins a tie), each
+    set with its own B and merge cadence."""
     ranked = sorted((r for r in range(len(speeds)) if active[r]), key=lambda r: (-speeds[r], r))
     rates: dict[int, float] = {}
     for count in range(1, len(ranked) + 1):
@@ -159,10 +136,7 @@ def choose_workers(speeds: Sequence[float], active: Sequence[bool], settings: Sc
         rates[count] = predicted_rate(chosen, total, settings.batch_min,
                                       mean_rounds(rounds, settings.merge_rounds_max, lr_profile), comm_s)
     best = max(rates, key=lambda count: (rates[count], count))
-    keep = [False] * len(speeds)
-    for rank in ranked[:best]:
-        keep[rank] = True
-    return Admission(keep, rates)
+    return Admission([rank in ranked[:best] for rank in range(len(speeds))], rates)
 
 
 @dataclass(frozen=True)
@@ -217,7 +191,7 @@ class ScheduleSettings:
 
 
 class Schedule:
-    """What every worker agrees on between two merges, and the rules that move it (module docstring)."""
+    """What every worker agrees on between two merges, and the rules that move it (docs/scheduler.md)."""
 
     def __init__(self, settings: ScheduleSettings, world: int) -> None:
         settings.check_workers(world)
@@ -233,7 +207,6 @@ class Schedule:
         self.lr_profile: tuple[float, ...] = ()  # lr_ratio at LR_PROFILE_POINTS evenly spaced points of the run
         self._resize(equal=True)
 
-    # ------------------------------------------------------------------ what the workers read
     @property
     def workers(self) -> int:
         """Active workers W_active."""
@@ -241,55 +214,40 @@ class Schedule:
 
     @property
     def claim_min(self) -> int:
-        """The smallest claim the rest of an interval may form (a shorter rest joins the claim before it):
-        ``batch_min``, and half the batch where a single worker trains. That worker's epoch so ends in a batch of at
-        least b / 2, never in a scrap of a few images whose batch-norm statistics it would take into the evaluation
-        (no one waits for its longer last step). With several workers a rest joining a slow worker's claim would
-        hold up the merge, and their batch-norm statistics are averaged at every merge."""
-        if self.workers == 1:
-            return max(self.settings.batch_min, max(self.sizes) // 2)
-        return self.settings.batch_min
+        """The smallest claim the rest of an interval may form: ``batch_min``, or half the batch of a lone worker."""
+        return max(self.settings.batch_min, max(self.sizes) // 2) if self.workers == 1 else self.settings.batch_min
 
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: float) -> None:
-        """``lr_ratio(position)``: the scheduled lr at ``position`` (epochs, of a run of ``epochs``) over its peak. The
-        intervals then follow it (:meth:`interval_at`), and the cost rule budgets the merges over its profile, sampled
-        at :data:`LR_PROFILE_POINTS` evenly spaced points of the run (:func:`merge_rounds`)."""
+        """Make the intervals follow ``lr_ratio(position)``, the lr over its peak at ``position`` (epochs of
+        ``epochs``), and budget the merges over its profile at :data:`LR_PROFILE_POINTS` points of the run."""
         self.lr_ratio = lr_ratio
         self.lr_profile = tuple(float(lr_ratio(epochs * (k + 0.5) / LR_PROFILE_POINTS))
                                 for k in range(LR_PROFILE_POINTS))
 
     def rounds_at(self, lr_ratio: float = 1.0) -> int:
-        """Rounds of the next merge interval while the lr is ``lr_ratio`` × its peak (:func:`lr_rounds` on the
-        cost rule's rounds, up to ``merge_rounds_max``)."""
+        """Rounds of the next merge interval while the lr is ``lr_ratio`` × its peak (:func:`lr_rounds`)."""
         return lr_rounds(self.rounds, self.settings.merge_rounds_max, lr_ratio)
 
     @property
     def probers(self) -> int:
         """Active workers whose speed is not known yet (0 while a single worker trains: no one waits for it)."""
-        if self.workers == 1:
-            return 0
-        return sum(1 for speed, active in zip(self.speeds, self.active) if active and speed <= 0)
+        return 0 if self.workers == 1 else sum(1 for s, active in zip(self.speeds, self.active) if active and s <= 0)
 
     def interval_size(self, lr_ratio: float = 1.0, rest: int | None = None) -> int:
-        """Positions of the next merge interval: :meth:`rounds_at` × B. ``rest`` (the rest of the epoch, where given)
-        with a single worker training — there is no other replica to drift from, and its merges would only
-        all-reduce the header — and while some worker's speed is unknown (:attr:`probers`): such a *probe
-        interval* ends early, once every prober has timed a step (its first step, with the one-time costs, is not a
-        measure), and the workers that finished their probes keep training until then instead of waiting."""
+        """Positions of the next merge interval: :meth:`rounds_at` × B; ``rest`` (where given) with a single worker, and
+        while some worker's speed is unknown (a probe interval)."""
         if rest is not None and (self.workers == 1 or self.probers):
             return max(int(rest), 1)
         return self.rounds_at(lr_ratio) * self.total_batch
 
     def interval_at(self, position: float, rest: int) -> int:
-        """Positions of the merge interval that starts at ``position`` (epochs) with ``rest`` positions of the epoch
-        left: :meth:`interval_size` at the lr :meth:`follow_lr` gave for that position."""
+        """Positions of the merge interval that starts at ``position`` (epochs) with ``rest`` left in the epoch."""
         return self.interval_size(self.lr_ratio(position), rest)
 
     def speeds_of_active(self) -> list[float]:
         """Every worker's speed estimate, 0 for a worker left out."""
         return [s if a else 0.0 for s, a in zip(self.speeds, self.active)]
 
-    # ------------------------------------------------------------------ the rules
     def update(self, table: Mapping[str, Sequence[float]]) -> list[str]:
         """Move on from one merge's table (fields n, s, b, updates, compute, batch_max, comm; one value per worker);
         returns what changed, as log lines (empty when nothing did but the batch sizes)."""
@@ -306,8 +264,7 @@ class Schedule:
         if adapting and self.settings.leave_out and self.workers > 1 and self.merges >= ADMISSION_FROM_MERGE:
             notes += self._admit(comm)
         if adapting:
-            # The first sizes from measured speeds go all the way: the equal split before them was a guess, not a
-            # measurement to be careful with (a worker 20x slower would otherwise train 10 samples, not 4).
+            # The first sizes from measured speeds go all the way: the equal split before them was a guess.
             first = not self.adapted
             active = [r for r in range(self.world) if self.active[r]]
             sizes = next_batch_sizes(
@@ -378,7 +335,6 @@ class Schedule:
         self.batch_maxes[rank] = batch_max
         self.sizes[rank] = batch_max
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.sizes), "speeds": list(self.speeds), "active": list(self.active),
                 "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s, "adapted": self.adapted}
