@@ -1,10 +1,5 @@
-"""Several devices on this machine: torch's elastic agent (what torchrun runs) starts one worker per device.
-
-The agent starts the processes, stops them all when one fails and returns the workers' results. What it does not
-do, rsnet adds: a heartbeat that names a stopped or hung worker (the agent only sees a process that ended), each
-worker's exception with its type (so an input error stays one line), workers that die with their launcher, Ctrl-C
-for the launcher alone, rank 0's log lines in the launcher's log files (a run's train.log), and :class:`WorkerError`.
-"""
+"""Several devices on this machine: torch's elastic agent starts one worker per device; rsnet adds a heartbeat, workers'
+exceptions, workers that die with their launcher, Ctrl-C for the launcher and :class:`WorkerError`."""
 
 from __future__ import annotations
 
@@ -100,9 +95,8 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
 
 @contextmanager
 def _ctrl_c_for_the_launcher() -> Iterator[None]:
-    """SIGINT blocked in this thread while the agent starts the workers, so they start with it blocked (Ctrl-C is
-    for the launcher, which stops them); another thread takes it meanwhile and Python raises KeyboardInterrupt
-    here as usual. The handlers the agent installs last only as long as the launch."""
+    """SIGINT blocked in this thread while the agent starts the workers, so they start with it blocked (Ctrl-C is for
+    the launcher, which stops them)."""
     names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
     main = threading.current_thread() is threading.main_thread()
     handlers = {getattr(signal, name): signal.getsignal(getattr(signal, name))
@@ -164,11 +158,8 @@ def _exit_without_teardown() -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """End this worker the moment its launcher ``parent`` ends, however it ends (``kill -9`` too): on Linux the
-    kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``; the launcher's thread that started the workers waits in the
-    agent for the whole run), so an orphan never writes into a run that is no longer locked; elsewhere
-    :func:`_beat` notices within ``HEARTBEAT_S``. A launcher that ended before the signal was armed is caught by
-    the check that follows."""
+    """End this worker the moment its launcher ``parent`` ends, however it ends: SIGKILL from the kernel on Linux
+    (``prctl(PR_SET_PDEATHSIG)``), elsewhere :func:`_beat` within ``HEARTBEAT_S``."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

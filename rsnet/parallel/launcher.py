@@ -1,20 +1,5 @@
-"""Start one worker per device: the same worker function on one machine or many.
-
-Three ways in:
-
-* one device: the worker runs in this process, in a world of size 1 (the same code path as many workers);
-* several devices on this machine (:mod:`~rsnet.parallel.elastic`): torch's elastic agent, the one torchrun runs,
-  starts one process per device and hosts the c10d store; each process is then a torchrun-style worker, as below.
-  When one dies, raises or stops giving its heartbeat (stopped, hung), the others are stopped and
-  :class:`WorkerError` names it (rank and device). The workers ignore Ctrl-C: this process gets it and stops them;
-* started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment): this process *is* the
-  worker; it takes ``devices[LOCAL_RANK]`` and joins the group through the c10d store on the rendezvous endpoint
-  ``MASTER_ADDR:MASTER_PORT``.
-
-The backend is gloo when any worker is on a CPU and NCCL when all are GPUs (override with ``backend=``); under
-torchrun the workers of every node agree on it through the store (:func:`agree_backend`). Collectives and store
-waits time out after ``timeout_s``, so a dead peer never makes the survivors hang.
-"""
+"""Start one worker per device: in this process for one device, through torch's elastic agent for several on this
+machine (:mod:`~rsnet.parallel.elastic`), or as this process under ``torchrun``."""
 
 from __future__ import annotations
 
@@ -38,9 +23,8 @@ GPU_WORKER_CORES = 2  # the cores a GPU worker's host needs: the thread that lau
 
 
 def _cpu_threads_for(devices: Sequence[str]) -> int:
-    """A CPU worker's fair share of this host's cores once each GPU worker here has kept GPU_WORKER_CORES: max(1,
-    (cores - 2 x GPU workers) // CPU workers). A CPU worker on every core starves a GPU worker's launching thread,
-    and the GPU then waits for kernels to be launched."""
+    """A CPU worker's fair share of this host's cores once each GPU worker here has kept GPU_WORKER_CORES (a CPU worker
+    on every core starves a GPU worker's launching thread)."""
     cpu_workers = sum(1 for d in devices if str(d) == "cpu" or str(d).startswith("cpu:"))
     gpu_workers = len(devices) - cpu_workers
     return max(1, (_available_cores() - GPU_WORKER_CORES * gpu_workers) // max(cpu_workers, 1))
@@ -77,23 +61,9 @@ def check_slowdown(slowdown: Sequence[float] | None, num_workers: int) -> list[f
 def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
            slowdown: Sequence[float] | None = None, backend: str | None = None, cpu_threads: int | None = None,
            **kwargs: Any) -> Any:
-    """Run ``worker_fn(ctx, *args, **kwargs)`` once per device; return rank 0's return value.
-
-    Args:
-        worker_fn: a picklable (module-level) function; its first argument is a :class:`WorkerContext`.
-        devices: one entry per worker on this machine, e.g. ``["cuda:0", "cuda:1"]``, ``["cuda:0", "cpu"]``,
-            ``["cpu", "cpu"]``. Under torchrun: the devices of this node, indexed by LOCAL_RANK.
-        timeout_s: process-group and store timeout: a worker stuck in a collective with a dead peer gives
-            up after this long.
-        slowdown: simulated slowdown factor per rank (``[1.0, 2.0]`` makes rank 1 twice as slow); each
-            worker finds its own in ``ctx.slowdown``.
-        backend: ``"gloo"`` or ``"nccl"``; default: :func:`choose_backend` (under torchrun, ``RSNET_BACKEND``
-            first, else :func:`agree_backend` over every node's workers).
-        cpu_threads: torch threads of each CPU worker; default: a fair share of the cores.
-
-    Raises:
-        WorkerError: a worker raised, was killed, or exited without a result; names its rank and device.
-    """
+    """Run ``worker_fn(ctx, *args, **kwargs)`` (module-level) once per device of ``devices`` (under torchrun: this
+    node's); return rank 0's result. ``slowdown``: simulated, per rank; ``backend``: default :func:`choose_backend`;
+    ``cpu_threads``: default a fair share. Raises :class:`WorkerError` naming a failed worker."""
     devices = [str(d) for d in devices]
     if not devices:
         raise ValueError("launch needs at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")

@@ -1,12 +1,5 @@
-"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers, by all-reduces over flat buckets (or, elastic,
-θ_i moved a fraction α of the way toward that average).
-
-Floating tensors (parameters and buffers such as BatchNorm running statistics) are merged with the
-weights p_i = w_i / Σ_j w_j: every worker all-reduces (SUM) its tensors scaled by w_i, packed into flat
-buckets of one dtype, and divides by Σ_j w_j, which travels in the small float64 ``meta`` bucket
-all-reduced first. Integer buffers (``num_batches_tracked``) take rank 0's value. Every worker issues
-the same collectives in the same order, whatever its weight (a weight of 0 is fine).
-"""
+"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers (elastic: θ_i moved α of the way), p_i = w_i / Σ_j w_j, by
+all-reduces over flat buckets of one dtype after a small float64 header; integer buffers take rank 0's value."""
 
 from __future__ import annotations
 
@@ -58,10 +51,8 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.
 
 def pack_header(weight: float, meta: torch.Tensor, integer: list[torch.Tensor], primary: bool,
                 device: torch.device) -> torch.Tensor:
-    """The merge's first all-reduce as one float64 vector built on ``device`` (the backend's): [w_i, 1, meta...,
-    integer buffers — the primary's values, zeros elsewhere, so the sum is the primary's]. Every part is moved
-    to ``device`` before it is joined: the weight and meta are made on the host while integer buffers such as
-    ``num_batches_tracked`` live with the model (on a GPU)."""
+    """The merge's first all-reduce as one float64 vector on ``device``: [w_i, 1, meta..., integer buffers (the
+    primary's values, zeros elsewhere)], every part moved to ``device`` first."""
     # The 1 sums to the number of workers: the divisor of the uniform average used when every weight is 0 (no worker
     # updated in the interval): the weights alone would divide by zero there, and the replicas must still agree.
     parts = [torch.tensor([weight, 1.0], dtype=torch.float64, device=device),
@@ -79,20 +70,8 @@ def _synchronize(device: torch.device) -> None:
 def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None,
                      comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES,
                      elastic: float = 1.0, tensors: bool = True) -> MergeResult:
-    """Replace ``module``'s parameters and buffers by the weighted average over all workers, in place.
-
-    Args:
-        module: this worker's replica.
-        weight: w_i (1 for a uniform average, or e.g. the worker's updates in the interval); p_i = w_i / Σ_j w_j.
-        meta: optional float vector summed across workers alongside Σ w (e.g. per-worker speeds in their
-            own slots); returned all-reduced in ``MergeResult.meta``.
-        comm_device: where the all-reduces run (CPU for gloo, the GPU for NCCL); default: the tensors' device.
-        elastic: α, how far each replica moves toward the average θ̄: θ_i ← θ_i + α(θ̄ − θ_i) (1: replaced by it;
-            integer buffers always take rank 0's value).
-        tensors: False all-reduces only the header (weights and ``meta``): the tensors stay as they are.
-
-    If Σ_j w_j = 0 the replicas are averaged uniformly. In a world of one worker nothing is communicated.
-    """
+    """Replace ``module``'s parameters and buffers by the average over all workers weighted by ``weight``, in place;
+    ``meta`` is summed alongside Σ w, ``elastic`` is α (θ_i ← θ_i + α(θ̄ − θ_i)), ``tensors=False``: the header only."""
     started = time.perf_counter()
     if dist.get_world_size() == 1:
         own = meta.detach().to(torch.float64).flatten().clone() if meta is not None else torch.zeros(0)

@@ -1,6 +1,5 @@
-"""What every worker has, however it was started: its settings, its context, its device and process group, and the
-torchrun-style start (``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR:MASTER_PORT`` set by torchrun or by torch's elastic agent
-that :func:`rsnet.parallel.launch` runs) with its store and backend."""
+"""What every worker has, however it was started: its settings, context, device and process group, and the
+torchrun-style start (set by torchrun or by the elastic agent of :func:`rsnet.parallel.launch`)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """What the workers of one launch share: this machine's devices (one per worker), the backend (None until the
-    workers of a torchrun launch have agreed on it), the process-group and store timeout, every worker's simulated
-    slowdown and a CPU worker's torch threads."""
+    """What the workers of one launch share: devices, backend (None until torchrun's workers agree on it), timeout,
+    every worker's simulated slowdown and a CPU worker's torch threads."""
 
     devices: list[str]
     backend: str | None
@@ -32,14 +30,8 @@ class LaunchSettings:
 
 @dataclass
 class WorkerContext:
-    """What a worker knows about its place in the run.
-
-    ``store`` is the c10d store every worker shares (the adaptive scheduler claims batches through it); the
-    collectives use the default process group. ``slowdowns``: every worker's simulated slowdown factor by rank
-    (empty: none), checked and logged by :func:`rsnet.parallel.launch`. ``stage_through_host``: the group runs
-    gloo and at least one worker's model sits on a GPU, so every worker (CPU ones too) takes the host-staged
-    collectives; a per-worker choice would have the GPU and CPU workers issue different collectives.
-    """
+    """What a worker knows about its place in the run: ``store``, the shared c10d store; ``slowdowns`` by rank;
+    ``stage_through_host``: gloo with a model on a GPU, so every worker stages collectives through the host."""
 
     rank: int
     world_size: int
@@ -111,9 +103,8 @@ def choose_backend(devices: Sequence[str]) -> str:
 
 
 def agree_backend(store: dist.Store, rank: int, world: int, device: str) -> str:
-    """The backend of a torchrun launch, the same on every node: each worker publishes its device in the store and
-    reads everyone's (a read waits for the key, up to the store's timeout), then :func:`choose_backend` — so a node
-    of GPUs beside a node with a CPU worker takes gloo too."""
+    """The backend of a torchrun launch, the same on every node: :func:`choose_backend` over every worker's device,
+    published and read through the store."""
     store.set(f"backend/device/{rank}", str(device))
     devices = [store.get(f"backend/device/{other}").decode() for other in range(world)]
     return choose_backend(devices)
@@ -141,12 +132,8 @@ def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict
 
 
 def _rendezvous_store(rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The c10d store on the rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, keyed by run id and restart.
-
-    torchrun's agent hosts a TCPStore there when ``TORCHELASTIC_USE_AGENT_STORE=True``; otherwise
-    (RANK, WORLD_SIZE, MASTER_* set by hand or by SLURM) rank 0 hosts it. The prefix keeps the keys of
-    a restarted attempt apart from those the failed attempt left behind.
-    """
+    """The c10d store on ``MASTER_ADDR:MASTER_PORT``, hosted by torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE=True``)
+    or else by rank 0, prefixed by run id and restart so that a restarted attempt's keys stay apart."""
     host, port = _master_endpoint()
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, world, is_master=not agent_hosts and rank == 0,

@@ -1,12 +1,7 @@
-"""Training strategies: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
-``sync`` (DistributedDataParallel), ``local_sgd`` (periodic uniform averaging) and ``static`` (DDP with batch sizes
-fixed from the speeds measured in the first epoch), and their registry.
-
-Every strategy drives the same worker loop (rsnet/engine/trainer.py; docs/scheduler.md, "The worker loop"): each
-communication point is a call in it (``start_epoch``, ``claims``, ``after_step``, ``end_interval``, ``end_epoch``),
-every worker issues the same collectives in the same order, and ``claim.position`` is the run's one
-learning-rate clock whatever a worker's share of the batches.
-"""
+"""Training strategies and their registry: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
+``sync`` (DDP), ``local_sgd`` (periodic averaging) and ``static`` (DDP with speed-proportional fixed batches). Each
+drives the same worker loop (docs/scheduler.md, "The worker loop"): every worker issues the same collectives in the same
+order, and ``claim.position`` is the run's one lr clock."""
 
 from __future__ import annotations
 

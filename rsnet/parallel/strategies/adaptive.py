@@ -11,14 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rsnet.parallel.batching import (
-    IntervalClaimer,
-    coarse_multiple_warning,
-    epoch_permutation,
-    may_claim,
-    paced_claim_size,
-    updated_speed,
-)
+from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim,
+                                    paced_claim_size, updated_speed)
 from rsnet.parallel.merge import MergeResult, normalized_merge
 from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, claimed_span, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
@@ -26,9 +20,8 @@ from rsnet.parallel.strategies.reports import format_row
 
 log = logging.getLogger(__name__)
 
-# Per-worker fields carried in the merge's meta vector, in this order ("w": the worker's merge weight; "comm": the
-# communication seconds of its previous merge, which the merge cadence rule reads; "end": the end of its last claim
-# in the interval, whose maximum is where the next interval starts).
+# Per-worker fields of the merge's meta vector ("w": merge weight; "comm": seconds of its previous merge; "end": the
+# end of its last claim in the interval, whose maximum is where the next interval starts).
 META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm", "end")
 # The longest the prefetch thread waits for the current step before it claims the next batch anyway.
 _CLAIM_WAIT_S = 30.0
@@ -82,8 +75,7 @@ class AdaptiveStrategy(Strategy):
         self._probers = 0  # workers whose speed is unknown: while there are any, intervals are probe intervals
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
-        self._trained_sizes: set[int] = set()  # batch sizes this worker has trained (a size's first step is left
-        # out of its speed: one-time costs, such as cuDNN's autotuning of the new shape)
+        self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
         self._rounds = self.schedule.rounds  # the rounds of the interval being trained
 
     @property
@@ -102,29 +94,23 @@ class AdaptiveStrategy(Strategy):
         return self.schedule.batch_maxes[self.rank]
 
     def lr_scale(self, batch_size: int) -> float:
-        """batch_size / ref_batch with ref_batch = ``batch_size`` (the config's) / W_active by default: each sample's
-        gradient carries lr / batch_size after a uniform merge, one sync step's weight, whatever the update balance
-        and B (docs/scheduler.md, Learning rate and merge weights). A configured ``ref_batch`` replaces it."""
+        """batch_size / ref_batch, ref_batch = ``batch_size`` / W_active unless configured: each sample's gradient
+        carries lr / batch_size after a uniform merge (docs/scheduler.md)."""
         configured = self.cfg.get("ref_batch")
         reference = float(configured) if configured else max(self.total_batch, 1) / max(self.schedule.workers, 1)
         return batch_size / reference
 
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
-        """Intervals grow as the lr decays (``merge_rounds_max``, :func:`~rsnet.parallel.schedule.lr_rounds`); the
-        cost rule budgets the merges over the run's lr profile."""
+        """Intervals grow as the lr decays (:func:`~rsnet.parallel.schedule.lr_rounds`)."""
         self.schedule.follow_lr(lr_ratio, epochs)
 
     def work_shares(self) -> list[float]:
-        """The workers' measured speeds (0 for a worker left out): a slow worker evaluates a small slice, a worker
-        left out none; equal while no speed is known."""
+        """The workers' measured speeds (0 for a worker left out); equal while no speed is known."""
         speeds = self.schedule.speeds_of_active()
         return speeds if sum(speeds) > 0 else [1.0] * self.world
 
     def on_out_of_memory(self) -> int:
-        """Halve this worker's ``batch_max`` (and its batch); returns the new batch size.
-
-        The lower ``batch_max`` travels with the next merge, so the controller gives the freed share to the others.
-        """
+        """Halve this worker's ``batch_max`` and batch until the next merge; returns the new batch size."""
         if self.batch_size <= 1:
             raise RuntimeError(f"worker {self.rank} ({self.ctx.device}) runs out of memory at batch size 1")
         self.schedule.lower_batch_max(self.rank, max(1, self.batch_size // 2))
@@ -133,10 +119,7 @@ class AdaptiveStrategy(Strategy):
         return self.batch_max
 
     def intervals(self, epoch: int) -> Iterator[int]:
-        """The epoch's merge intervals, each planned when the one before it has merged: ``rounds`` × B positions of
-        the epoch's shared order (a last piece shorter than max(batch_min, half an interval) joins the one before);
-        a probe interval (:attr:`~rsnet.parallel.schedule.Schedule.probers`) offers the rest of the epoch and ends
-        where its claims stopped."""
+        """The epoch's merge intervals, each planned when the one before it has merged."""
         self.epoch = epoch
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
         start, index = 0, 0
@@ -151,10 +134,8 @@ class AdaptiveStrategy(Strategy):
             index += 1
 
     def claims(self, interval: int) -> Iterator[Claim]:
-        """Claim batches of the interval through the store until it is used up (no collective); a worker left out
-        claims nothing. While its speed is unknown (before its first merge) a worker first claims ``batch_min``
-        samples, a probe, and then sizes its claims by the others' pace (:func:`paced_claim_size`); it claims its
-        next batch before the current one has trained, or at all, only where :func:`may_claim` allows."""
+        """Claim batches of the interval through the store until it is used up (no collective): a probe of ``batch_min``
+        while this worker's speed is unknown, then as :func:`may_claim` allows."""
         if not self.schedule.active[self.rank]:
             return
         low, high = self._bounds
@@ -185,15 +166,13 @@ class AdaptiveStrategy(Strategy):
             yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
 
     def _probes_done(self) -> bool:
-        """In a probe interval: whether every prober has timed a step (one store call; a prober whose own timed step is
-        done counts itself in with it). Called before each claim: then the interval ends, the others stop claiming."""
+        """In a probe interval: whether every prober has timed a step (one store call, counting this one in)."""
         signal = int(self.speed <= 0 and self._timed[1] > 0 and not self._probed)
         self._probed = self._probed or bool(signal)
         return int(self.ctx.store.add(self._probe_key(self._interval), signal)) >= self._probers
 
     def _paced(self, claimer: IntervalClaimer, mine: int, started: float) -> int:
-        """The next claim while this worker's speed is unknown: :func:`paced_claim_size` from its own timed steps and
-        the positions the others claimed since the interval began (one store read)."""
+        """The next claim while this worker's speed is unknown: :func:`paced_claim_size` (one store read)."""
         remaining = claimer.remaining()
         others_rate = (claimer.seen - mine) / max(time.perf_counter() - started, 1e-9)
         own_rate = self._timed[0] / self._timed[1] if self._timed[1] > 0 else 0.0
@@ -201,8 +180,7 @@ class AdaptiveStrategy(Strategy):
 
     @property
     def fixed_batch_sizes(self) -> bool:
-        """Alone, a worker claims its batch and, at an epoch's end, that batch with the rest joined; with others, its
-        claims follow the speeds and end where the interval ends: any size."""
+        """Alone, a worker claims its batch (the epoch's rest joined); with others, claims of any size."""
         return self.world == 1
 
     @property
@@ -220,9 +198,8 @@ class AdaptiveStrategy(Strategy):
             self._stepped.notify_all()
 
     def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
-        # The first step at a size carries one-time costs, no measure of the speed: allocations, kernel choice, and
-        # on a GPU cuDNN's autotuning of the new shape, which takes seconds where a step takes milliseconds. Counted,
-        # they make a GPU whose batch is resized at a merge look slow, and it is resized again at the next.
+        # The first step at a size carries one-time costs (allocations, cuDNN's autotuning: seconds on a GPU), which
+        # would make a worker whose batch is resized at a merge look slow, and be resized again at the next.
         if batch_size not in self._trained_sizes:
             self._trained_sizes.add(batch_size)
             self._warmup = (self._warmup[0] + batch_size, self._warmup[1] + seconds)
@@ -237,8 +214,7 @@ class AdaptiveStrategy(Strategy):
         self._probed = False  # whether this worker has counted its timed probe step in (a probe interval)
 
     def _wait_for_steps(self, count: int) -> None:
-        """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval; bounded, so
-        that a loop that stopped on an error never leaves the thread waiting for good."""
+        """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval, or a timeout."""
         with self._stepped:
             self._stepped.wait_for(lambda: self._updates >= count, timeout=_CLAIM_WAIT_S)
 
@@ -257,13 +233,11 @@ class AdaptiveStrategy(Strategy):
         return {"uniform": 1.0, "updates": float(self._updates), "samples": float(self._n)}[self.merge_weight]
 
     def end_interval(self, compute_seconds: float) -> None:
-        """The normalized merge θ ← Σ_i p_i θ_i (p_i = 1 / W_active by default; elastic: each replica moves α of the
-        way), then every worker moves the schedule on from the same merged table. With one active worker only the
-        small table is all-reduced (its replica is handed to the others at the end of the epoch)."""
+        """The normalized merge θ ← Σ_i p_i θ_i (elastic: each replica moves α of the way), then every worker moves the
+        schedule on from the same merged table (one active worker: only the table)."""
         super().end_interval(compute_seconds)
         busy = self._compute
-        # The speed leaves out the first step at each batch size (allocations, kernel choice, cuDNN's autotuning): a
-        # worker that trained nothing else in its first interval keeps an unknown speed, and probes again.
+        # Without the first step at each batch size: a worker that trained nothing else keeps an unknown speed.
         self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s,
@@ -287,10 +261,8 @@ class AdaptiveStrategy(Strategy):
         self._reset_counters()
 
     def adapt(self, table: Mapping[str, list[float]]) -> None:
-        """Move the schedule on from the merged per-worker table (fields of ``META_FIELDS``, one value per worker);
-        every worker runs this on the same table and so takes the same decisions. The primary logs what changed.
-        The next interval starts where this one's claims ended (the largest "end"; the whole interval but in a probe
-        interval)."""
+        """Move the schedule on from the merged per-worker table (``META_FIELDS``), alike on every worker; the primary
+        logs what changed. The next interval starts where this one's claims ended."""
         self._consumed = claimed_span(*self._bounds, int(max(table["end"])))
         if self._probers:
             self._rounds = max(round(self._consumed / self.schedule.total_batch), 1)
@@ -317,9 +289,8 @@ class AdaptiveStrategy(Strategy):
             log.info("merge %d (epoch %d): %s", self.schedule.merges, self.epoch, format_row(row, self.world))
 
     def end_epoch(self) -> None:
-        """The epoch's idle and merge times of every worker reach every worker's rows in one all-reduce; where the
-        replicas may differ (one active worker, or elastic merges) they become the active workers' average, so that
-        evaluation and checkpoints see one model."""
+        """Share the epoch's idle and merge times of every worker; where the replicas may differ (one active worker,
+        elastic merges) average them, so that evaluation and checkpoints see one model."""
         if self.world > 1:
             if self.schedule.workers == 1 or self.elastic < 1.0:
                 normalized_merge(self.model, float(self.schedule.active[self.rank]),

@@ -19,26 +19,22 @@ from rsnet.registry import Registry
 
 log = logging.getLogger(__name__)
 
-# Strategies built in this process so far: each gets its own key prefix in the c10d store, so a second run in the
-# same process group (tests, sweeps in one interpreter) never reads the claims or timings a first one left there.
+# Strategies built in this process: each gets its own key prefix in the c10d store, apart from an earlier run's keys.
 _instances = 0
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A batch this worker trains on: its sample indices, and ``position``, where it starts on the run's shared
-    clock (epochs since the start of training; drives the lr schedule, warm-up and distillation ramp-up)."""
+    """A batch this worker trains on: its sample indices, and ``position``, where it starts on the run's shared clock
+    (epochs; drives the lr schedule, warm-up and ramp-up)."""
 
     indices: torch.Tensor
     position: float
 
 
 class Strategy:
-    """Shared bookkeeping: per-step counters and step times, stats rows.
-
-    ``model`` is the model this worker trains; the loop calls it for the forward pass (``sync`` replaces it by
-    its DistributedDataParallel wrapper).
-    """
+    """Shared bookkeeping: per-step counters and step times, stats rows; ``model`` is what the loop calls for the
+    forward pass (``sync``: its DistributedDataParallel wrapper)."""
 
     name = "base"
     rows_are_merges = False  # each stats row is one merge (adaptive); else rows count averages in ``averages/0``
@@ -62,8 +58,7 @@ class Strategy:
 
     @classmethod
     def check_config(cls, trainer: Mapping[str, Any], batch_size: int, workers: int) -> None:
-        """Refuse this strategy's out-of-range ``trainer.*`` settings (ValueError naming the setting); runs before
-        any worker starts and again before the strategy is built."""
+        """Refuse this strategy's out-of-range ``trainer.*`` settings (ValueError naming the setting)."""
         if int(trainer["batch_min"]) < 1:
             raise ValueError(f"trainer.batch_min={trainer['batch_min']}: must be >= 1")
         ref_batch = trainer.get("ref_batch")
@@ -74,22 +69,18 @@ class Strategy:
     def check_setup(cls, ctx: WorkerContext, model: nn.Module, batch_size: int) -> None:
         """Refuse (or warn about) a setup this strategy cannot train; runs before the strategy is built."""
 
-    # ------------------------------------------------------------------ loop API
     @property
     def needs_step_seconds(self) -> bool:
-        """Whether :meth:`after_step` needs every step's own time (a strategy measuring a worker's speed step by
-        step); otherwise the loop may time steps asynchronously and report only the interval's total."""
+        """Whether :meth:`after_step` needs every step's own time; otherwise the loop may time steps asynchronously."""
         return False
 
     def times_step(self, batch_size: int) -> bool:
-        """Whether the loop must time the next step, on ``batch_size`` samples, on its own (a host sync): while
-        :attr:`needs_step_seconds`, and where a strategy must tell a step's one-time costs from its speed."""
+        """Whether the loop must time the next step, on ``batch_size`` samples, on its own (a host sync)."""
         return self.needs_step_seconds
 
     @property
     def fixed_batch_sizes(self) -> bool:
-        """Whether this worker's batches take only a few sizes, fixed for the run (``compile=true`` then compiles for
-        static shapes, once per size); False where claims may take any size."""
+        """Whether this worker's batches take only a few sizes, fixed for the run (``compile=true``)."""
         return False
 
     def start_epoch(self, epoch: int) -> int:  # pragma: no cover - abstract
@@ -97,8 +88,7 @@ class Strategy:
         raise NotImplementedError
 
     def intervals(self, epoch: int) -> Iterator[int]:
-        """The indices of ``epoch``'s intervals; the loop trains and ends each (:meth:`end_interval`) before it asks
-        for the next, so a strategy may plan an interval from what the merges before it decided."""
+        """The indices of ``epoch``'s intervals, each ended (:meth:`end_interval`) before the next is asked for."""
         yield from range(self.start_epoch(epoch))
 
     def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
@@ -106,12 +96,10 @@ class Strategy:
         raise NotImplementedError
 
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
-        """``lr_ratio(position)``: the scheduled lr at ``position`` (epochs, of ``epochs``) over its peak, for
-        strategies whose cadence follows the lr (the adaptive one's ``merge_rounds_max``); others ignore it."""
+        """``lr_ratio(position)``: the scheduled lr over its peak, for strategies whose cadence follows the lr."""
 
     def lr_scale(self, batch_size: int) -> float:
-        """Factor on the scheduled lr for a step on ``batch_size`` samples. 1.0 for sync (DDP averages the
-        gradients of the total batch B, which is what ``optimizer.lr`` is tuned for)."""
+        """Factor on the scheduled lr for a step on ``batch_size`` samples (1.0: DDP averages the gradients)."""
         return 1.0
 
     def after_step(self, batch_size: int, seconds: float | None) -> None:
@@ -123,38 +111,31 @@ class Strategy:
             self._timed_step(int(batch_size), seconds, max(self._own_seconds(seconds), 0.0))
 
     def _timed_step(self, batch_size: int, seconds: float, own: float) -> None:
-        """A step of ``seconds``, ``own`` of them this worker's compute (the rest: waits for the other workers);
-        for strategies that measure step by step (a simulated slowdown stretches both, see ``slowdown.py``)."""
+        """A step of ``seconds``, ``own`` of them this worker's compute, for strategies that measure step by step."""
 
     def end_interval(self, compute_seconds: float) -> None:
-        """The interval's communication point (a collective on every worker, or nothing). ``compute_seconds``:
-        this worker's step time in the interval."""
+        """The interval's communication point (a collective, or nothing); ``compute_seconds``: its step time."""
         self._compute += float(compute_seconds)
 
     def end_epoch(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _own_seconds(self, seconds: float) -> float:
-        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait); called
-        once per timed step."""
+        """This worker's own compute time within a step of ``seconds`` (overridden where a step can wait)."""
         return seconds
 
     def work_shares(self) -> list[float]:
-        """Each worker's share of work the workers split outside training (evaluation), the same list on every
-        worker: equal, for strategies that give every worker the same batches."""
+        """Each worker's share of the work split outside training (evaluation), the same on every worker: equal here."""
         return [1.0] * self.world
 
     def on_out_of_memory(self) -> int:
         """Called after a CUDA out-of-memory error; returns the batch size to retry with."""
         raise RuntimeError(f"{self.name}: out of memory with static batches; lower batch_size")
 
-    # ------------------------------------------------------------------ figures and state
     def stats(self) -> list[dict[str, float]]:
-        """Log rows recorded since the previous call. On rank 0 they hold every worker's figures (keys
-        ``b/<rank>``, ``s/<rank>``, ...); on other ranks this worker's view."""
+        """Log rows recorded since the previous call (on rank 0 with every worker's figures, ``b/<rank>``, ...)."""
         rows = self._complete_rows()
-        new = rows[self._reported:]
-        self._reported = len(rows)
+        new, self._reported = rows[self._reported:], len(rows)
         return list(new)
 
     def summary(self) -> str:
@@ -175,7 +156,6 @@ class Strategy:
             return
         self.epoch = int(state.get("epoch", 0))
 
-    # ------------------------------------------------------------------ helpers
     def _reset_counters(self) -> None:
         self._n, self._updates, self._compute = 0, 0, 0.0
 

@@ -15,9 +15,8 @@ from rsnet.parallel.strategies.base import StaticStrategy, register_strategy
 
 @register_strategy
 class LocalSGDStrategy(StaticStrategy):
-    """Static equal partition; uniform model averaging every H = ``average_every`` local steps (parallel
-    restarted SGD), BatchNorm statistics included: an interval is H steps and ends with the average (the
-    last interval of an epoch may be shorter, so every epoch ends averaged)."""
+    """Static equal partition; uniform model averaging, BatchNorm statistics included, every H = ``average_every`` local
+    steps and at the end of every epoch."""
 
     name = "local_sgd"
 
@@ -37,15 +36,13 @@ class LocalSGDStrategy(StaticStrategy):
             raise ValueError(f"trainer.average_every must be >= 1, got {trainer['average_every']}")
 
     def lr_scale(self, batch_size: int) -> float:
-        """batch_size / ref_batch: 1.0 for the static batch B/W by default (ref_batch = B/W). Averaging W replicas
-        that each stepped with lr on their own batch B/W moves the model like one sync step with lr on the union
-        batch B (identical for H = 1 without momentum); scaling each worker by (B/W)/B would divide it by W."""
+        """batch_size / ref_batch: 1.0 for the static batch B/W by default, as averaging W replicas that each stepped on
+        B/W moves the model like one sync step on B."""
         return batch_size / self.ref_batch
 
     def end_interval(self, compute_seconds: float) -> None:
-        """Average the replicas: parameters with torch's model-averaging all-reduce (the one
-        ``PeriodicModelAverager`` uses) where they sit on the backend's device, and buffers, or everything
-        through :func:`normalized_merge` (host-staged) otherwise."""
+        """Average the replicas: parameters with torch's model-averaging all-reduce where they sit on the backend's
+        device, else everything through :func:`normalized_merge`."""
         super().end_interval(compute_seconds)
         started = time.perf_counter()
         if self.use_torch_averager:

@@ -40,11 +40,9 @@ def _worker_totals(rows: list[Mapping[str, float]], rank: int) -> dict[str, floa
 
 def scheduler_report(rows: list[Mapping[str, float]], world: int, name: str, devices: list[str],
                      slowdowns: list[float], rows_are_merges: bool = False) -> dict[str, Any]:
-    """The scheduling figures of a run for metrics.json: ``strategy``, ``merges`` (one per row where
-    ``rows_are_merges``, as adaptive records them; else the rows' ``averages/0``: local_sgd's averages, 0 for sync,
-    which all-reduces gradients every step), ``simulated_slowdown`` and per worker
-    ``rank``, ``device``, ``samples``, ``updates``, ``mean_batch``, ``last_batch``, ``speed`` (samples/s),
-    ``idle_s`` (waiting in merges), ``merge_s`` and ``active`` (false: adaptive left the worker out)."""
+    """The scheduling figures of a run for metrics.json: ``strategy``, ``merges`` (rows where ``rows_are_merges``, else
+    the rows' ``averages/0``), ``simulated_slowdown`` and per worker its rank, device, samples, updates, batches, speed,
+    idle and merge seconds and ``active``."""
     merges = len(rows) if rows_are_merges else int(sum(row.get("averages/0", 0.0) for row in rows))
     workers = []
     for rank in range(world):

@@ -1,10 +1,5 @@
-"""The simulated slowdown (``trainer.slowdown``): heterogeneity on identical devices, for tests and benchmarks.
-
-:func:`slowed` gives a strategy class whose worker sleeps (factor − 1) × its own compute time after every step, so
-its steps take ``factor`` times as long. Only workers with a factor other than 1 get it (``build_strategy``); the
-strategies themselves carry no sleep: they see the stretched step times through their ``_timed_step`` hook and the
-stretched interval time in ``end_interval``, as they would see a slower device's.
-"""
+"""The simulated slowdown (``trainer.slowdown``): :func:`slowed` gives a strategy class whose worker sleeps (factor − 1)
+× its own compute time after every step; the strategies see the stretched times as a slower device's."""
 
 from __future__ import annotations
 

@@ -18,17 +18,12 @@ log = logging.getLogger(__name__)
 
 @register_strategy
 class StaticSplitStrategy(SyncStrategy):
-    """The static speed-proportional split, an ablation of adaptive: the first epoch trains as ``sync`` does
-    (the equal split of B) and measures each worker's own speed (samples per second of its own compute, the
-    simulated slowdown's sleep included, the wait for the others not); from the second epoch on the batch
-    sizes b_i ∝ speed (on the grid of ``batch_multiple``, adding up to B) stay fixed. Every step all workers train
-    their b_i and all-reduce gradients weighted by b_i / B (the gradient of the B samples). No dynamic
-    claiming, no re-measuring, no merging: what adaptive adds over a one-off measurement shows against it."""
+    """The static speed-proportional split, an ablation of adaptive: the first epoch trains as ``sync`` and measures
+    each worker's own speed; from the second on the sizes b_i ∝ speed stay fixed (gradients weighted by b_i / B)."""
 
     name = "static"
-    # The measured speeds must be each worker's own: no buffer broadcast before every forward, where the faster worker
-    # would wait for the slower one outside the timed all-reduce. Training uses batch statistics either way, and
-    # end_epoch still makes every replica's buffers rank 0's.
+    # The measured speeds must be each worker's own: no buffer broadcast before every forward (a wait outside the
+    # timed all-reduce); end_epoch still makes every replica's buffers rank 0's.
     sync_buffers_every_step = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

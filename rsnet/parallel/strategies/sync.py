@@ -28,10 +28,8 @@ class SyncStrategy(StaticStrategy):
     Its intervals (``interval_steps`` batches) only set how often the loop syncs with the host."""
 
     name = "sync"
-    # DDP's default: rank 0's buffers (BatchNorm statistics) are broadcast before every forward. It is a collective
-    # outside the gradient all-reduce; the time between DDP's forward call and the wrapped model's forward (this
-    # broadcast, and DDP's bucket rebuild on the second step) is timed apart, so that a worker that waits there for
-    # a slower one does not count the wait as its own compute (see _own_seconds).
+    # DDP's default: rank 0's buffers are broadcast before every forward, a collective timed apart (see _own_seconds),
+    # so that a worker that waits there for a slower one does not count the wait as its own compute.
     sync_buffers_every_step = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -49,9 +47,8 @@ class SyncStrategy(StaticStrategy):
         sync_buffers = self.sync_buffers_every_step and not staged
         self.model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids, init_sync=not staged,
                                                          **{_BUFFER_SYNC_ARGUMENT: sync_buffers})
-        # Our own all-reduce hook (through host memory for a GPU worker among CPU workers) records when the
-        # last bucket is handed to the backend and when the last reduction completes: the time in between is
-        # spent communicating or waiting for the other workers, not computing (see _own_seconds).
+        # Our own all-reduce hook times the last bucket's hand-over and the last reduction's completion: the time in
+        # between is communication or waiting for the other workers, not compute (see _own_seconds).
         self._comm = _CommTimer(ctx, staged)
         self.model.register_comm_hook(self._comm, _timed_allreduce_hook)
         self._forward_wait = _ForwardWaitTimer()
@@ -72,9 +69,8 @@ class SyncStrategy(StaticStrategy):
                           stacklevel=3)
 
     def _own_seconds(self, seconds: float) -> float:
-        """The step time less its waits for the other workers: the un-overlapped tail of the gradient all-reduce
-        (waiting for the slowest worker and the last bucket's transfer) and DDP's collectives before the forward,
-        so a simulated slowdown scales compute only."""
+        """The step time less its waits for the other workers (the un-overlapped all-reduce tail and DDP's collectives
+        before the forward)."""
         waited = self._comm.pop_wait() + self._forward_wait.pop()
         return max(seconds - waited, 0.0)
 
@@ -131,9 +127,8 @@ class _ForwardWaitTimer:
 
 
 def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them, and they are strings here
-    """DDP comm hook: the buckets' weighted sum, each worker's gradient × ``timer.weight`` (1/W: the average; a
-    static split weights by batch share), through host memory when ``timer.staged`` (a GPU worker in a gloo
-    group); records launch and completion times for :meth:`SyncStrategy._own_seconds`."""
+    """DDP comm hook: the buckets' sum of each worker's gradient × ``timer.weight``, through host memory when
+    ``timer.staged``, timed for :meth:`SyncStrategy._own_seconds`."""
     tensor = bucket.buffer()
     staged = tensor.detach().cpu() if timer.staged else tensor
     staged.mul_(timer.weight)
