@@ -53,10 +53,8 @@ def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
                     verify: bool | None = None) -> dict[str, Any]:
-    """Load an rsnet checkpoint, with a one-line error for a missing, damaged (SHA-256) or foreign file.
-    ``mmap`` maps the tensors instead of reading them, for the metadata only; ``verify`` defaults to ``not mmap``.
-    Without ``mmap`` the file is read once, and ``FILE_DIGEST_KEY`` holds the SHA-256 of the bytes read: a file
-    replaced meanwhile (a run writing its next last.pt) cannot give the weights of one and the digest of another."""
+    """Load an rsnet checkpoint; a missing, damaged (SHA-256) or foreign file is one line. ``mmap``: for the metadata
+    only; else the file is read once (``FILE_DIGEST_KEY``: the SHA-256 of the bytes read)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")

@@ -1,9 +1,5 @@
-"""The types of rsnet-train's settings: Hydra structured configs, one dataclass per config group.
-
-The values and their comments stay in conf/ (so no field has a default); Hydra refuses a wrong type while
-composing. ``Any`` marks a setting that takes several kinds of value, checked by the code that reads it. Ranges:
-``rsnet.engine.config_checks``; a strategy's schema: docs/extending.md.
-"""
+"""The types of rsnet-train's settings: Hydra structured configs, one dataclass per config group; values and comments
+stay in conf/, ranges in ``rsnet.engine.config_checks``; ``Any`` marks a setting of several kinds."""
 
 from __future__ import annotations
 

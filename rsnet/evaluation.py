@@ -1,7 +1,5 @@
-"""Evaluation: run a model over a dataset, score it (docs/tensorboard.md, Metrics), test-time augmentation.
-
-A plain classifier (``forward -> Tensor`` logits, e.g. an export) is scored as the single head ``"main"``.
-"""
+"""Evaluation: run a model over a dataset, score it (docs/tensorboard.md, Metrics), test-time augmentation. A plain
+classifier (``forward -> Tensor`` logits, e.g. an export) is scored as the single head ``"main"``."""
 
 from __future__ import annotations
 
@@ -50,16 +48,13 @@ def _as_output(raw: Any) -> MultiBranchOutput:
 
 
 def d4_views(x: Tensor) -> list[Tensor]:
-    """The 8 dihedral views of an image batch (..., H, W): rotations by 0, 90, 180 and 270 degrees, then each of
-    them flipped left-right. View 0 is ``x`` itself."""
+    """The 8 dihedral views of an image batch (..., H, W): the 4 rotations, each also flipped; view 0 is ``x``."""
     rotations = [torch.rot90(x, k, dims=(-2, -1)) for k in range(4)]
     return rotations + [torch.flip(view, dims=(-1,)) for view in rotations]
 
 
 class TTAModel(nn.Module):
-    """Test-time augmentation: the **logits** of ``model`` on the 8 :func:`d4_views` are averaged (softmax of the
-    mean logits is the normalised geometric mean of the views' probabilities); returns what ``model`` returns,
-    without its feature maps."""
+    """Test-time augmentation: the **logits** of ``model`` averaged over the 8 :func:`d4_views`, no feature maps."""
 
     def __init__(self, model: nn.Module | Callable[[Tensor], Any]) -> None:
         super().__init__()
@@ -138,9 +133,7 @@ def cohen_kappa(cm: np.ndarray) -> float:
 
 
 def precision_recall_f1(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-class precision, recall and F1 (fractions) from a confusion matrix (rows = true class). Where one is
-    undefined it is 0, never NaN: precision of a class never predicted, recall of a class without samples, F1
-    when precision and recall are both 0."""
+    """Per-class precision, recall and F1 (fractions) of a confusion matrix (rows: true class); 0 where undefined."""
     cm = np.asarray(cm, dtype=np.float64)
     hits, predicted, actual = np.diag(cm), cm.sum(axis=0), cm.sum(axis=1)
     precision = np.divide(hits, predicted, out=np.zeros_like(hits), where=predicted > 0)
@@ -164,8 +157,7 @@ def _precision_recall_f1_metrics(cm: np.ndarray, class_names: Sequence[str]) -> 
 
 def write_confusion_csv(path: str | Path, cm: np.ndarray | Sequence[Sequence[int]],
                         class_names: Sequence[str]) -> None:
-    """Write the confusion matrix as CSV, atomically: a header row of the predicted class names, then one row
-    per true class (its name, then its counts)."""
+    """Write the confusion matrix as CSV, atomically: predicted class names, then a row per true class."""
     with atomic_write(path, "w") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(["true/predicted", *class_names])

@@ -29,9 +29,8 @@ class DiskFullError(OSError):
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", errors: str | None = None) -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` in one step (readers see
-    the old file or the new one, never a part), on any failure it is removed. A full disk raises
-    :class:`DiskFullError` naming ``path``. ``errors``: a text mode's encoding error handler."""
+    """Open a temporary file beside ``path``; on success it replaces ``path`` in one step, on failure it is removed; a
+    full disk raises :class:`DiskFullError`. ``errors``: a text mode's encoding error handler."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = _create_beside(path)
@@ -62,9 +61,7 @@ def disk_full_named(path: str | os.PathLike) -> Iterator[None]:
 
 
 def disk_was_full(error: BaseException) -> bool:
-    """True when ``error`` or an error it was raised from or while handling is ENOSPC: torch.save reports a full
-    disk as ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos ...`` raised while handling
-    the file's ``OSError``."""
+    """True when ``error``, or an error it was raised from or while handling, is ENOSPC (as torch.save's)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:

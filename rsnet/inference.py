@@ -1,6 +1,5 @@
-"""Classify images from Python with a training checkpoint (every head, attention maps) or an export; images are
-decoded as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs/usage.md, Prediction).
-"""
+"""Classify images from Python with a training checkpoint (every head, attention maps) or an export; images are decoded
+as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs/usage.md, Prediction)."""
 
 from __future__ import annotations
 
@@ -80,8 +79,7 @@ class Predictor:
         return to_float_chw(images, self.mean, self.std).to(self.device)
 
     def probabilities(self, inputs: np.ndarray | Tensor) -> Tensor:
-        """Class probabilities (N, classes) on the CPU of uint8 images (N, H, W, 3) or of :meth:`preprocess`'s
-        output."""
+        """Class probabilities (N, classes) on the CPU of uint8 images (N, H, W, 3) or preprocessed ones."""
         if isinstance(inputs, np.ndarray):
             inputs = self.preprocess(inputs)
         with torch.no_grad():
@@ -110,9 +108,8 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 def load_predictor(path: str | Path, device: str | torch.device = "auto", head: str | None = None,
                    tta: str = "none", attention: bool = False) -> Predictor:
-    """Load a training checkpoint (full model) or an export, as :func:`rsnet.model_loading.load_model` resolves
-    ``path``. ``head``: a checkpoint's scored head (default: its ensemble, else main); ``attention``: an export is
-    also rebuilt as an rsnet model for its attention maps."""
+    """Load a training checkpoint or an export at ``path``; ``head``: a checkpoint's scored head (default: its ensemble,
+    else main); ``attention``: an export is also rebuilt for attention maps."""
     device = resolve_device(device) if isinstance(device, str) else device
     loaded = load_model(path, device, setting="checkpoint")
     meta, model = loaded.metadata, loaded.model

@@ -1,6 +1,5 @@
 """Is a file on disk what rsnet wrote? SHA-256 of checkpoints (of their own contents, so one file stays one atomic
-write) and of export files, checked on every load; and one plain reason when torch cannot read a weights file.
-"""
+write) and of export files, checked on every load; and one plain reason when torch cannot read a weights file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Losses: cross-entropy on every head plus self-distillation (logits and feature maps, teacher detached, with a
-ramp-up weight) from the ensemble into the main branch. The loss never asks which model it has: a term whose heads
-or maps the output lacks is 0. Formula and defaults: docs/models.md, Losses.
-"""
+"""Losses: cross-entropy on every head plus self-distillation from the ensemble into the main branch; a term whose heads
+or maps the output lacks is 0 (docs/models.md, Losses)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The one way from a ``checkpoint=``/``model=`` path to a model and its preprocessing (:func:`load_model`).
-
-A file is that file (a checkpoint, or an export's model file / model.json); a folder is a run (its
-``checkpoints/best.pt``, else ``last.pt``), a checkpoints folder, or an export folder.
-"""
+"""The one way from a ``checkpoint=``/``model=`` path to a model and its preprocessing (:func:`load_model`): a file is
+that file; a folder is a run (its best.pt, else last.pt), a checkpoints folder, or an export folder."""
 
 from __future__ import annotations
 

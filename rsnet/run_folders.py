@@ -1,6 +1,5 @@
-"""How a run's folder names its data and protocol, and its metrics.json the protocol: runs on other data (another
-dataset, another image folder), or of one dataset with another train ratio, validation ratio, image size or
-starting weights, are not comparable and never share a folder."""
+"""How a run's folder names its data and protocol: runs on other data, or with another train ratio, validation ratio,
+image size or starting weights, are not comparable and never share a folder."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ ROOT_HASH_LENGTH = 8  # hex digits of the SHA-256 of an image folder's resolved 
 
 
 def dataset_folder(name: Any, root: Any) -> str:
-    """The dataset part of a run's folder name: a shipped dataset's name (``aid``), or for ``image_folder`` the
-    folder's own name and a short hash of its resolved root (``image_folder-my_scenes-1a2b3c4d``), so that two
-    folders, even of one name, never share a run folder. Without a root (refused when the run starts):
-    ``image_folder``."""
+    """The dataset part of a run's folder name: a shipped dataset's name, or ``image_folder``, the folder's name and a
+    short hash of its resolved root (``image_folder-my_scenes-1a2b3c4d``)."""
     if name != IMAGE_FOLDER or root in (None, ""):
         return str(name)
     resolved = Path(str(root)).expanduser().resolve()

@@ -1,6 +1,5 @@
-"""The command-line tools (rsnet-train, rsnet-evaluate, rsnet-export, rsnet-predict, rsnet-aggregate); scripts/*.py
-in a checkout are thin wrappers that run the same code. Their Hydra configs are the package ``rsnet.conf``.
-"""
+"""The command-line tools (rsnet-train, rsnet-evaluate, rsnet-export, rsnet-predict, rsnet-aggregate); scripts/*.py in a
+checkout are thin wrappers that run the same code. Their Hydra configs are the package ``rsnet.conf``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON, with the
-confusion matrix beside it (``rsnet-evaluate``; in a checkout also ``python scripts/evaluate.py``). docs/usage.md,
-Evaluation and the protocol.
-"""
+"""Evaluate a checkpoint or an exported model on a dataset's test split and write its metrics as JSON with the confusion
+matrix (``rsnet-evaluate``; docs/usage.md, Evaluation and the protocol)."""
 
 from __future__ import annotations
 
@@ -32,9 +30,8 @@ PLAIN_NAME = re.compile(r"\w[\w.-]*")  # a dataset name that can be part of a fi
 
 
 def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
-    """The dataset to score on and whether it is the run's own: ``dataset=<name>`` from the command line, else the
-    one the checkpoint was trained on with any ``+dataset.<key>=...`` applied (e.g. ``+dataset.skip_corrupt=true``);
-    a key the run's config lacks (a run of an older rsnet) takes conf/_base/dataset.yaml's value."""
+    """The dataset to score on and whether it is the run's own: ``dataset=<name>``, else the checkpoint's with any
+    ``+dataset.<key>=...`` applied (a key the run's config lacks takes conf/_base/dataset.yaml's value)."""
     given = OmegaConf.to_container(cfg.dataset, resolve=True) if cfg.get("dataset") is not None else {}
     if "name" in given:
         return given, False
@@ -44,9 +41,8 @@ def dataset_settings(cfg: DictConfig, train_config: dict[str, Any] | None) -> tu
 
 
 def check_dataset_name(name: Any, source: ModelSource, runs_own: bool) -> None:
-    """Refuse a dataset name that is not plain (letters, digits, ``_ . -``, not starting with ``.`` or ``-``): it
-    names the result file beside the model, so a crafted checkpoint's ``../..`` must never lead out of its folder.
-    The line names the checkpoint that holds it (``runs_own``), else the setting."""
+    """Refuse a dataset name that is not plain (it names the result file beside the model: no ``../..`` out of its
+    folder), naming the checkpoint that holds it (``runs_own``), else the setting."""
     if isinstance(name, str) and PLAIN_NAME.fullmatch(name):
         return
     where = f"{source.path}: its dataset.name {name!r}" if runs_own else f"dataset.name={name!r}"

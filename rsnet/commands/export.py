@@ -1,6 +1,5 @@
-"""Export a trained model's main branch (a plain timm classifier) or its full ensemble (``rsnet-export``; in a
-checkout also ``python scripts/export_main_branch.py``); settings in conf/export.yaml. docs/models.md, Export.
-"""
+"""Export a trained model's main branch (a plain timm classifier) or its full ensemble (``rsnet-export``; in a checkout
+also ``python scripts/export_main_branch.py``); settings in conf/export.yaml. docs/models.md, Export."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``--help`` of every rsnet command, written from the command's own config file (``hydra.help.template:
-${rsnet_help:<name>}``), so it lists exactly the keys the command reads (docs/configuration.md).
-"""
+${rsnet_help:<name>}``), so it lists exactly the keys the command reads (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -54,9 +53,8 @@ def _groups(config_name: str) -> list[str]:
 
 
 def _option_settings(path: str) -> list[str]:
-    """The settings of ``conf/<path>.yaml`` with their comments, after those of the files its defaults list
-    includes (``/_base/launcher@_here_``, or another option of the same group); a key the file sets again shows
-    its own line, in the inherited key's place."""
+    """The settings of ``conf/<path>.yaml`` with their comments, after those of the files its defaults list includes; a
+    key the file sets again shows its own line in the inherited key's place."""
     text = conf_folder().joinpath(f"{path}.yaml").read_text()
     defaults = OmegaConf.to_container(OmegaConf.create(text)).get("defaults") or []
     group = path.rsplit("/", 1)[0]

@@ -1,7 +1,5 @@
-"""Mistakes on the command line in one line, before Hydra: a misspelt key (``epoch=3``, ``dataset.imagesize=32``)
-is answered with the closest key, an unknown group option (``model=foo``) with the valid ones, an override Hydra
-cannot parse is named (all ValueError: exit status 2 through :func:`rsnet.cli.user_errors`). Hydra would print
-several lines, or a traceback, and exit 1."""
+"""Mistakes on the command line in one line, before Hydra: a misspelt key gets the closest key, an unknown group option
+the valid ones, an unparsable override is named (ValueError: exit status 2 through :func:`rsnet.cli.user_errors`)."""
 
 from __future__ import annotations
 

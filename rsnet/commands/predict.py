@@ -1,7 +1,5 @@
-"""Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``; in a checkout
-also ``python scripts/predict.py``): one line per image, a CSV, attention maps. Settings: conf/predict.yaml
-(``--help``); docs/tensorboard.md, Prediction. A shell over :mod:`rsnet.inference`.
-"""
+"""Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``): one line per image,
+a CSV, attention maps; a shell over :mod:`rsnet.inference` (docs/tensorboard.md, Prediction)."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ def _relative(path: Path, root: Path) -> Path:
 
 
 def picture_names(paths: Sequence[Path], root: Path) -> dict[Path, str]:
-    """Each image's name for its attention pictures: its path under ``root`` without the extension, folders joined
-    by ``__``; where two images would share a name, each gets 8 hex digits of its relative path's SHA-1, so no
-    picture overwrites another."""
+    """Each image's name for its attention pictures: its path under ``root`` without the extension, folders joined by
+    ``__``, plus 8 hex digits of its path's SHA-1 where two would share a name."""
     relative = {path: _relative(path, root) for path in paths}
     plain = {path: "__".join(name.with_suffix("").parts) for path, name in relative.items()}
     shared = Counter(plain.values())

@@ -1,6 +1,5 @@
-"""Train a scene classifier: ``rsnet-train dataset=aid model=esd_mbenet backbone=resnet50`` (in a checkout also
-``python scripts/train.py ...``); settings in ``conf/``, outputs in ``hydra.run.dir`` (docs/usage.md, Training).
-"""
+"""Train a scene classifier: ``rsnet-train dataset=aid model=esd_mbenet backbone=resnet50`` (in a checkout also ``python
+scripts/train.py ...``); settings in ``conf/``, outputs in ``hydra.run.dir`` (docs/usage.md, Training)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Datasets (UC Merced, NWPU-RESISC45, AID, bundled UCM mini, your own image folder), protocol splits,
-decode-once caches, the training augmentation (one draw per sample, OpenCV on the host, torch on the worker's
-device), the evaluation transform and the batch prefetcher. Entry point: :func:`build_datasets`."""
+"""Datasets, protocol splits, decode-once caches, the training augmentation (host and device), the evaluation transform
+and the batch prefetcher. Entry point: :func:`build_datasets`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The training augmentation's one random draw, shared by the host path (OpenCV) and the device path (torch).
-
-Each sample's parameters are a pure function of (seed, epoch, dataset index), so an image gets the same
-augmentation whichever worker claims it, in whichever batch (docs/data.md, Training augmentation).
-"""
+"""The training augmentation's one random draw, shared by the host path (OpenCV) and the device path (torch): a pure
+function of (seed, epoch, dataset index), whichever worker claims the image (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -79,9 +76,8 @@ def _crop_boxes(u: np.ndarray, height: int, width: int, scale: tuple[float, floa
 
 @dataclass(frozen=True)
 class AugmentParams:
-    """Per-sample parameters of one batch (host tensors; None: no such step): ``dihedral`` (N, 3) bool
-    (transpose, upside down, left-right, in that order), ``factors`` (N, 3) brightness/contrast/saturation,
-    ``boxes`` (N, 4) crop boxes in the frame of the flipped/rotated image."""
+    """Per-sample parameters of one batch (None: no such step): ``dihedral`` (N, 3) bool (transpose, upside down,
+    left-right), ``factors`` (N, 3) brightness/contrast/saturation, ``boxes`` (N, 4) crop boxes."""
 
     dihedral: torch.Tensor | None
     factors: torch.Tensor | None
@@ -115,9 +111,8 @@ class AugmentParams:
 
 @dataclass(frozen=True)
 class AugmentSettings:
-    """The augmentation's settings and its draw, shared by the host and the device kernels. ``crop_scale``: the
-    crop's area range (None: no crop); ``color_jitter`` applies to a ``jitter_p`` share of the images. With no
-    crop, jitter or dihedral it only normalises (evaluation)."""
+    """The augmentation's settings and draw: ``crop_scale``, the crop's area range (None: no crop); ``color_jitter`` on
+    a ``jitter_p`` share of the images; nothing set: it only normalises."""
 
     image_size: int
     mean: tuple[float, ...]

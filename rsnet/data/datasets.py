@@ -1,7 +1,5 @@
-"""Scene-classification datasets: locate the class folders, validate them, split, decode once.
-
-``build_datasets`` is the trainer's one entry point (docs/data.md, Python API).
-"""
+"""Scene-classification datasets: locate the class folders, validate them, split, decode once. ``build_datasets`` is the
+trainer's one entry point (docs/data.md, Python API)."""
 
 from __future__ import annotations
 
@@ -32,9 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DataBundle:
-    """What ``build_datasets`` returns: the splits as views into one decoded store, the normalisation (stored in
-    checkpoints) and the split's file lists (``split.save(path)`` reproduces the run). ``train_augment`` and
-    ``eval_augment`` do the same augmentation and normalisation to whole uint8 batches on a worker's device."""
+    """What ``build_datasets`` returns: the splits as views into one decoded store, the normalisation, the split's file
+    lists, and the train and eval augmentations of whole uint8 batches on a worker's device."""
 
     train: SceneDataset
     test: SceneDataset
@@ -57,13 +54,8 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, augment: Mapping[str, Any] | None = None,
                    val_ratio: float = 0.0) -> DataBundle:
-    """Locate, validate, split and decode a dataset (docs/data.md).
-
-    ``name`` is a key of ``DATASETS`` or "image_folder" (one sub-folder per class under ``root``); ``root`` is any
-    folder down to the class folders (None: the bundled sample); ``cache`` is "memory", "disk" or "none";
-    ``split_file`` (a saved ``Split``) replaces the drawn split and its ratios. Raises DatasetValidationError when
-    a class is left without a train, test or (with a validation part) validation image.
-    """
+    """Locate, validate, split and decode the dataset ``name`` (a key of ``DATASETS`` or "image_folder") below ``root``
+    (None: the bundled sample), docs/data.md; raises DatasetValidationError for a class without images in a part."""
     spec = get_spec(name, root)
     if split_file is None:
         train_ratio, val_ratio = check_train_ratio(train_ratio), check_val_ratio(val_ratio)

@@ -1,6 +1,5 @@
-"""Decoding one image file to the uint8 RGB array every model input starts from; 16-bit and float pixels are
-stretched to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery).
-"""
+"""Decoding one image file to the uint8 RGB array every model input starts from; 16-bit and float pixels are stretched
+to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Augmentation and normalisation of whole uint8 batches on the worker's device (GPU or CPU), in torch.
-
-The host only gathers a uint8 batch (a quarter of float32's bytes to upload); :class:`DeviceAugment` applies the
-host path's draw (flips/rotations, resized crop, colour jitter) and normalises with a few vectorised ops for the
-whole batch. Evaluation uses it without randomness. docs/data.md, Training augmentation.
-"""
+"""Augmentation and normalisation of whole uint8 batches on the worker's device, in torch: :class:`DeviceAugment`
+applies the host path's draw with a few vectorised ops per batch; evaluation uses it without randomness."""
 
 from __future__ import annotations
 
@@ -120,9 +116,8 @@ def _dihedral(images: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
 
 
 def _jitter(pixels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Brightness b, contrast c, saturation s per image on float (N, H, W, 3) pixels in [0, 255]:
-    ``b·c·(s·x + (1 − s)·gray) + b·(1 − c)·mean(gray)``, clamped (the host's colour matrix as two
-    fused multiply-adds: the gray part is the same in every channel)."""
+    """Brightness b, contrast c, saturation s per image on float (N, H, W, 3) pixels in [0, 255]: ``b·c·(s·x + (1 −
+    s)·gray) + b·(1 − c)·mean(gray)``, clamped."""
     if pixels.shape[-1] != 3:
         raise ValueError(f"colour jitter needs RGB images, got {pixels.shape[-1]} channels")
     n = pixels.shape[0]

@@ -1,8 +1,5 @@
-"""Finding a dataset on disk: the folder holding its class folders, and the image files and labels in them.
-
-``dataset.root`` may point at the archive's top folder, its parent, or any folder down to the class folders;
-:func:`find_class_root` searches breadth-first, :func:`scan_dataset` lists and validates the class folders.
-"""
+"""Finding a dataset on disk: :func:`find_class_root` searches breadth-first for the folder holding the class folders,
+:func:`scan_dataset` lists and validates them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Prepare the next batch on a background thread while the current one computes.
-
-On a GPU the batch is copied from pinned memory and finished (augmented) on a side stream, which the training
-stream waits for only when it uses the batch; the loop's only wait is :attr:`BatchPrefetcher.wait_s`, the data stall.
-"""
+"""Prepare the next batch on a background thread while the current one computes (on a GPU, on a side stream); the loop's
+only wait is :attr:`BatchPrefetcher.wait_s`, the data stall."""
 
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ class PreparedBatch(Generic[Request]):
 
 
 class BatchPrefetcher(Generic[Request]):
-    """Turns requests into batches on ``device`` — one batch ahead on a background thread (``enabled``), or
-    inline. ``load(request)`` returns host tensors (images, labels), e.g. ``dataset.uint8_batch(indices)``;
-    ``finish(images, request)``, if given, turns the images on the device into the model's input."""
+    """Turns requests into batches on ``device``, one ahead on a background thread (``enabled``) or inline:
+    ``load(request)`` gives host tensors, ``finish(images, request)`` the model's input."""
 
     def __init__(self, load: Callable[[Request], tuple[torch.Tensor, torch.Tensor]], device: torch.device | str,
                  enabled: bool = True,

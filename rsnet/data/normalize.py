@@ -15,8 +15,7 @@ __all__ = ["to_float_chw"]
 def to_float_chw(images: np.ndarray | torch.Tensor, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, max_pixel_value: float = 255.0) -> torch.Tensor:
     """uint8 (H, W, C) or (N, H, W, C) -> float32 (C, H, W) or (N, C, H, W), ``(x / max_pixel_value - mean) / std``
-    (without ``mean``/``std``: in [0, 1]). numpy/OpenCV on the calling thread, no torch intra-op threads: on busy
-    cores those can stall waiting for a descheduled worker."""
+    (without ``mean``/``std``: in [0, 1]), with numpy/OpenCV, no torch threads."""
     pixels = np.asarray(images)
     batch = pixels if pixels.ndim == 4 else pixels[None]
     n, h, w, c = batch.shape

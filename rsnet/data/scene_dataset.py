@@ -17,12 +17,8 @@ __all__ = ["SceneDataset"]
 
 
 class SceneDataset(Dataset):
-    """One split of a scene dataset: an index view (``rows``) into a shared decoded :class:`ImageStore`.
-
-    ``transform`` is a :class:`~rsnet.data.transforms.HostAugment` (each sample's draw of (seed, epoch, index)),
-    an albumentations-style per-image pipeline, or None (pixels scaled to [0, 1]). ``seed`` and ``epoch`` are
-    the draw ``ds[i]`` uses: set ``ds.epoch`` every epoch when a ``DataLoader`` reads it.
-    """
+    """One split of a scene dataset: an index view (``rows``) into a shared decoded :class:`ImageStore`, transformed by
+    ``transform`` (None: pixels in [0, 1]); set ``ds.epoch`` every epoch."""
 
     def __init__(self, store: ImageStore, rows: np.ndarray, labels: np.ndarray, names: Sequence[str],
                  class_names: Sequence[str], transform: HostAugment | Callable | None, name: str = "") -> None:
@@ -72,9 +68,7 @@ class SceneDataset(Dataset):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int | None = None,
                   epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform items ``indices`` of this split and stack them: (B, 3, S, S) float, (B,) int64 (``seed``,
-    ``epoch`` None: the dataset's). A pipeline ending with ``Normalize`` + ``ToTensorV2`` normalises the whole
-    batch at once (:class:`~rsnet.data.batch_transform.BatchTransform`)."""
+        """Transform items ``indices`` and stack them: (B, 3, S, S) float, (B,) int64 (None: the dataset's draw)."""
         idx, labels = self._indices_and_labels(indices)
         if len(idx) == 0:
             return torch.empty(0), labels

@@ -1,8 +1,5 @@
-"""One decode per machine: with ``dataset.cache=memory`` the workers of a machine share one decoded array.
-
-The first worker decodes into a file in ``/dev/shm`` (the disk cache's format), the others map it, and the file is
-removed once all have mapped it (docs/data.md, Input pipeline and the cache choice).
-"""
+"""One decode per machine: with ``dataset.cache=memory`` the first worker decodes into a file in ``/dev/shm``, the
+others map it, and the file is removed once all have mapped it."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ def shared_memory_folder() -> Path:
 
 def load_decoded_once(dataset: dict[str, Any], build: Callable[[dict[str, Any]], DataBundle], *, store: dist.Store,
                       rank: int, local_rank: int, local_world: int) -> DataBundle:
-    """``build(dataset)`` on every worker; with ``cache=memory`` and several workers on this machine the images are
-    decoded by its first worker only (see the module docstring). Every worker of the machine must call it, with the
-    group's ``store``, its global ``rank``, its rank among the machine's workers and their number."""
+    """``build(dataset)`` on every worker, decoded by the machine's first worker only with ``cache=memory``; every
+    worker of the machine must call it."""
     if dataset.get("cache") != "memory" or local_world == 1:
         return build(dataset)
     leader = rank - local_rank  # a machine's workers are numbered contiguously

@@ -1,8 +1,5 @@
-"""Dataset metadata: class lists, expected counts, archive layouts and download locations.
-
-``DATASETS`` maps a config name to its frozen :class:`DatasetSpec`; the user's own ``image_folder`` dataset gets
-its spec from ``dataset.root`` (:func:`image_folder_spec`).
-"""
+"""Dataset metadata: ``DATASETS`` maps a config name to its :class:`DatasetSpec`; an ``image_folder`` dataset gets its
+spec from ``dataset.root`` (:func:`image_folder_spec`)."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """Static description of one scene-classification archive: ``classes`` in label order, expected ``counts``
-    (a mismatch warns), the folders ``base_dir``/``images_subdir`` above the class folders, and for messages
-    ``file_pattern`` and the download ``url``."""
+    """One scene-classification archive: ``classes`` in label order, expected ``counts``, the folders above the class
+    folders, and for messages ``file_pattern`` and ``url``."""
 
     name: str
     title: str

@@ -1,7 +1,5 @@
-"""Protocol splits: stratified per-class train ratio, seeded, saved as relative file lists so a run can be
-reproduced after the dataset moved; an optional validation part is carved from the training part (docs/data.md,
-Splits).
-"""
+"""Protocol splits: stratified per-class train ratio, seeded, saved as relative file lists so a run can be reproduced
+after the dataset moved; an optional validation part is carved from the training part (docs/data.md, Splits)."""
 
 from __future__ import annotations
 
@@ -124,10 +122,8 @@ def _part_size(ratio: float, n: int) -> int:
 
 def stratified_split(names: Sequence[str], labels: Sequence[int] | np.ndarray, train_ratio: float, seed: int,
                      class_names: Sequence[str], dataset: str = "", val_ratio: float = 0.0) -> Split:
-    """Draw ``round(train_ratio · n_c)`` files of every class for train, the rest for test, then hold out
-    ``round(val_ratio · t_c)`` of the train files for val (each part keeps at least one file where it can).
-    The validation draw has its own generator, so a seed's test part does not depend on ``val_ratio``;
-    deterministic in (file set, ratios, seed), independent of the order of ``names``."""
+    """Draw ``round(train_ratio · n_c)`` files of every class for train, the rest for test, then ``round(val_ratio ·
+    t_c)`` of train for val (its own generator), whatever the order of ``names``."""
     ratio = check_train_ratio(train_ratio)
     val_ratio = check_val_ratio(val_ratio)
     labels = np.asarray(labels)

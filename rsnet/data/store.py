@@ -1,8 +1,5 @@
-"""The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array, of which the train and test
-datasets are index views, shared (never copied) with loader workers: by fork's copy-on-write pages, moved once into
-torch shared memory for a spawned worker, or reopened by path for the disk cache.
-docs/data.md, Input pipeline and the cache choice.
-"""
+"""The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array of which the datasets are index views,
+shared with loader workers, never copied (docs/data.md, Input pipeline and the cache choice)."""
 
 from __future__ import annotations
 
@@ -17,12 +14,8 @@ __all__ = ["ImageStore"]
 
 
 class ImageStore:
-    """Decoded images of one ordered file list. ``store[i]`` → uint8 H×W×3 (a view, never a copy).
-
-    ``array`` is None for mode "none"; ``corrupt`` holds the rows whose file could not be decoded (zeros);
-    ``decoded`` counts the images decoded to build it (0: the disk cache was reused); ``rescaled`` maps a row to
-    its source pixel format where 16-bit or float pixels were stretched.
-    """
+    """Decoded images of one ordered file list, ``store[i]`` → uint8 H×W×3 (a view); ``array`` is None for mode "none",
+    ``corrupt`` the undecodable rows, ``decoded`` 0 where the cache was reused."""
 
     def __init__(self, paths: Sequence[str], size: int, mode: str, array: np.ndarray | None = None,
                  cache_path: Path | None = None, corrupt: Sequence[int] = (), decoded: int = 0,

@@ -1,6 +1,5 @@
-"""The training augmentation on the host (:class:`HostAugment`: OpenCV uint8 kernels, image by image) and the
-evaluation transform (albumentations: resize, normalise, to tensor). docs/data.md, Training augmentation.
-"""
+"""The training augmentation on the host (:class:`HostAugment`: OpenCV uint8 kernels, image by image) and the evaluation
+transform (albumentations: resize, normalise, to tensor). docs/data.md, Training augmentation."""
 
 from __future__ import annotations
 
@@ -55,10 +54,8 @@ def resized_crop(image: np.ndarray, box: Sequence[int], size: int) -> np.ndarray
 
 
 def jitter_matrix(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
-    """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) of brightness, contrast, saturation
-    ``factors`` (1 = unchanged) for the RGB ``image``, as ``A.ColorJitter`` defines them. Without clipping in
-    between the three affine maps commute and compose to ``b·c·Sat_s(x) + b·(1 - c)·mean(gray(x))``; plain Python
-    arithmetic, as numpy calls on 3×3 arrays cost more than they compute."""
+    """The 3×4 float32 colour matrix ``[M | t]`` (``out = M·rgb + t``) of brightness, contrast, saturation ``factors``
+    for the RGB ``image``, as ``A.ColorJitter`` defines them, in plain Python arithmetic."""
     b, c, s = (float(f) for f in factors)
     wr, wg, wb = LUMA
     k = b * c
@@ -81,9 +78,8 @@ def jitter_image(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class HostAugment(AugmentSettings):
-    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, with OpenCV on the calling thread, with
-    the parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw`. It resizes the crop before the
-    flip/rotation, which gives the device path's pixels as the symmetries commute with a square resize."""
+    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, with OpenCV, at the parameters of
+    :meth:`~rsnet.data.augment_params.AugmentSettings.draw`."""
 
     def apply(self, images: Sequence[np.ndarray], indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
               epoch: int = 0) -> torch.Tensor:

@@ -1,6 +1,5 @@
-"""How a training step runs on its device: mixed precision (bf16, or fp16 with a gradient scaler), the
-channels_last memory format, ``torch.compile`` and deterministic algorithms. Everything here applies to
-CUDA workers only except ``compile`` and ``deterministic``; a CPU worker steps in float32, NCHW."""
+"""How a training step runs on its device: mixed precision (bf16, or fp16 with a gradient scaler), channels_last,
+``torch.compile`` and deterministic algorithms; a CPU worker steps in float32, NCHW, with only the last two."""
 
 from __future__ import annotations
 

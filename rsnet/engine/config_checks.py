@@ -67,16 +67,14 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
 
 
 def check_finite(config: dict[str, Any]) -> None:
-    """Refuse nan and inf anywhere in the config, naming the setting: they pass the schema's float type and every
-    range comparison (or fail all)."""
+    """Refuse nan and inf anywhere in the config, naming the setting (they pass the schema and ranges)."""
     for key, value in _numbers(config, ""):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r}: must be a finite number")
 
 
 def check_model_and_loss(config: dict[str, Any]) -> None:
-    """Build the model (on the meta device: no memory, no weights) and its loss as training will, so that
-    ``model.options.*`` and ``model.loss.*`` are checked before any data is decoded."""
+    """Build the model (on the meta device) and its loss as training will, checking their settings early."""
     import torch
 
     from rsnet.losses import MultiBranchLoss, check_loss_heads

@@ -1,7 +1,5 @@
-"""One run at a time in a run directory: a lock that dies with the process holding it, and one lock per worker of
-the run, held until that worker is gone. The locks are advisory ``filelock`` locks, which the operating system
-releases however their holder exits; under torchrun only rank 0 takes the run's lock.
-"""
+"""One run at a time in a run directory: advisory ``filelock`` locks, one for the run (rank 0's under torchrun) and one
+per worker, which the operating system releases however their holder exits."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Evaluation sharded over the workers in proportion to their measured speeds, gathered by the primary: none
-waits at a barrier while the primary evaluates alone (longer than the process-group timeout on a CPU primary).
-"""
+"""Evaluation sharded over the workers in proportion to their measured speeds, gathered by the primary: none waits at a
+barrier while the primary evaluates alone (longer than the process-group timeout on a CPU primary)."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ def sharded_evaluate(ctx: WorkerContext, model: nn.Module, dataset: Dataset, bat
                      on_device: DeviceAugment | None = None,
                      memory_format: torch.memory_format = torch.contiguous_format,
                      shares: Sequence[float] | None = None) -> EvalResult | None:
-    """:func:`rsnet.evaluation.evaluate` of ``dataset``, each worker its :func:`shard_bounds` slice for
-    ``shares`` (a collective: every worker calls it with the same list). The primary gets the whole dataset's
-    predictions in order, the others None; ``on_device`` normalises uint8 batches on the model's device."""
+    """A collective :func:`rsnet.evaluation.evaluate` of ``dataset``, each worker its :func:`shard_bounds` slice for
+    ``shares``: the primary gets every prediction in order, the others None."""
     device = next(model.parameters()).device
     bounds = shard_bounds(len(dataset), shares if shares is not None else [1.0] * ctx.world_size)
     shard = range(bounds[ctx.rank], bounds[ctx.rank + 1])

@@ -8,9 +8,8 @@ import torch
 
 
 class StepTimer:
-    """Sums the compute time of the steps between two :meth:`pop_total` calls. On a GPU the CUDA events are
-    read in :meth:`pop_total` (one host sync per merge interval), unless ``every_step`` asks for each step's time
-    at once (a simulated slowdown sleeps in proportion to it)."""
+    """Sums the compute time of the steps between two :meth:`pop_total` calls; on a GPU the CUDA events are read there
+    (one sync per merge interval), unless ``every_step`` asks for each step's time at once."""
 
     def __init__(self, device: torch.device, every_step: bool = False) -> None:
         self.cuda = torch.device(device).type == "cuda"

@@ -47,9 +47,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = None) -> dict[str, Any] | None:
-    """Run a whole training job from a resolved config; return the final metrics (None on a torchrun rank
-    other than 0). ``on_accepted(run_dir)`` runs on the primary once every check has passed and the run dir is
-    held: a refused re-run must leave the earlier run as it was."""
+    """Run a whole training job from a resolved config; return the final metrics (None on a torchrun rank other than 0).
+    ``on_accepted(run_dir)`` runs on the primary once every check has passed and the run dir is held."""
     trainer = config["trainer"]
     devices = resolve_devices(trainer["devices"])
     workers = int(os.environ["WORLD_SIZE"]) if started_by_torchrun() else len(devices)
@@ -75,8 +74,7 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
-    """``auto``/None: every visible GPU, else one CPU worker; one device name (``cpu``, ``cuda:1``) or a list
-    is taken as given, after :func:`check_devices`."""
+    """``auto``/None: every visible GPU, else one CPU worker; a name or a list as given (:func:`check_devices`)."""
     if devices in (None, "auto"):
         count = torch.cuda.device_count()
         return [f"cuda:{index}" for index in range(count)] or ["cpu"]
@@ -87,8 +85,7 @@ def resolve_devices(devices: list[str] | str | None) -> list[str]:
 
 @dataclass
 class EpochMeter:
-    """Running sums of one worker's epoch. Losses and correct counts stay on the device (no host sync per
-    step); :meth:`summary` reads them."""
+    """Running sums of one worker's epoch, kept on the device (no host sync per step) until :meth:`summary`."""
 
     samples: int = 0
     steps: int = 0
@@ -176,8 +173,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
 
 
 def load_data(ctx: WorkerContext, config: dict[str, Any], run_dir: Path) -> DataBundle:
-    """Build the train/test sets of the config (decoded once per machine); reuse the run's saved split when
-    resuming; the primary saves the split."""
+    """Build the config's datasets (decoded once per machine; the run's split, saved by the primary, on resume)."""
     split_file = run_dir / "split.json"
     reuse_split = split_file.is_file() and config["resume"]
     weights = backbone_data_config(config["backbone"]["name"])  # the normalisation the backbone's weights expect
@@ -203,9 +199,8 @@ def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
                     criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer) -> EpochMeter:
-    """Train one epoch on the batches the strategy hands this worker, interval by interval: the host waits for
-    the device once per interval (NaN/inf check, :meth:`Strategy.end_interval`); a batch that runs out of CUDA
-    memory is retried in the smaller size ``strategy.on_out_of_memory()`` returns."""
+    """Train one epoch on the batches the strategy hands this worker, interval by interval (one host wait per interval);
+    a batch that runs out of CUDA memory is retried at ``strategy.on_out_of_memory()``'s size."""
     model = strategy.model
     model.train()
     meter = EpochMeter()
@@ -237,8 +232,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
 
 def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle
                      ) -> BatchPrefetcher[Claim]:
-    """The epoch's claimed batches, prepared one ahead and augmented with each sample's draw of (seed, epoch,
-    index): on the worker's device from uint8 pixels (``augment.on_device``), or on the host by OpenCV."""
+    """The epoch's claimed batches, prepared one ahead and augmented on the worker's device or on the host."""
     enabled = bool(config["prefetch"])
     augment = data.train_augment
     seed = int(config["seed"])
@@ -307,8 +301,7 @@ class _StepRunner:
         self.strategy.after_step(len(labels), seconds)
 
     def check_finite(self, epoch: int) -> None:
-        """Stop the run if a loss since the last check was NaN or infinite, saying where the last good
-        checkpoint is (one host sync)."""
+        """Stop the run if a loss since the last check was not finite, naming the last good checkpoint."""
         first, self.first_unchecked = self.first_unchecked, self.meter.steps + 1
         with record_function("rsnet.sync"):
             finite = not bool(self.nonfinite)
@@ -344,8 +337,7 @@ def _lr(config: dict[str, Any], epoch: float, base_lr: float | None = None) -> f
 
 
 def _seed_generators(seed: int, rank: int, epoch: int) -> None:
-    """Python's, numpy's and torch's global generators, different per worker (and per resumed epoch), reproducible
-    from the seed (the augmentation draws from (seed, epoch, index) alone)."""
+    """Python's, numpy's and torch's global generators, per worker and resumed epoch, from the seed."""
     mixed = seed * 1000 + rank * 100 + epoch
     random.seed(mixed)
     np.random.seed(mixed % (2**32))

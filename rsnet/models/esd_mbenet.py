@@ -1,7 +1,4 @@
-"""ESD-MBENet (reconstruction): compact multi-branch ensemble with embedded self-distillation.
-
-K-1 auxiliary branches share the trunk and start from S3; a gated and a feature-map ensemble are averaged into
-``ensemble`` (docs/models.md, Models).
+"""ESD-MBENet (reconstruction): compact multi-branch ensemble with embedded self-distillation (docs/models.md, Models).
 """
 
 from __future__ import annotations

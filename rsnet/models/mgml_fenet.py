@@ -1,6 +1,5 @@
-"""MGML-FENet (reconstruction): multi-granularity multi-level feature ensemble network: a fusion branch (MGML-FFB)
-and per-level, per-grid heads (MGML-FEM) beside the main branch, averaged into ``ensemble`` (docs/models.md, Models).
-"""
+"""MGML-FENet (reconstruction): multi-granularity multi-level feature ensemble network: a fusion branch (MGML-FFB) and
+per-level, per-grid heads (MGML-FEM) beside the main branch, averaged into ``ensemble`` (docs/models.md, Models)."""
 
 from __future__ import annotations
 

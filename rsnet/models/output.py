@@ -9,9 +9,8 @@ from torch import Tensor
 
 @dataclass
 class MultiBranchOutput:
-    """Logits of every head and the feature maps the losses and attention maps need. ``logits`` always holds
-    ``main`` (the branch that survives pruning); ``ensemble`` names the scored head (None: ``main``);
-    ``features[k]`` of a GAP -> Linear head ``k`` is the (B, C, h, w) map it pools (for CAM)."""
+    """Logits of every head (always ``main``; ``ensemble`` names the scored head) and the feature maps the losses and
+    CAM need (``features[k]``: the (B, C, h, w) map head ``k`` pools)."""
 
     logits: dict[str, Tensor]
     features: dict[str, Tensor] = field(default_factory=dict)

@@ -1,8 +1,5 @@
-"""Attention maps: CAM of every linear head, Grad-CAM of the main branch, and colour overlays.
-
-No hooks: the models return their feature maps and expose their heads (``cam_classifiers()``), and Grad-CAM
-uses ``torch.autograd.grad``. VGG's main branch is drawn on S4 (docs/tensorboard.md, What is logged).
-"""
+"""Attention maps: CAM of every linear head, Grad-CAM of the main branch (``torch.autograd.grad``, no hooks), and colour
+overlays (docs/tensorboard.md, What is logged)."""
 
 from __future__ import annotations
 
@@ -73,9 +70,8 @@ def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
 
 def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
                           size: tuple[int, int] | None = None) -> dict[str, Tensor]:
-    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: each head's prediction): head ->
-    detached (B, H, W) in [0, 1], upsampled to ``size`` (default: the image size). A main head that pools after
-    further layers (VGG) has no linear layer on S4: its CAM is its Grad-CAM on S4."""
+    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: its prediction): head -> detached (B, H,
+    W) in [0, 1] at ``size``; a main head without a linear layer on S4 (VGG) gets Grad-CAM."""
     return _maps_and_logits(model, images, class_idx, size)[0]
 
 
@@ -101,9 +97,8 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
 
 def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
                         labels: Sequence[int] | None = None) -> dict[str, list[AttentionTile]]:
-    """Per CAM head, one :class:`AttentionTile` per image: the uint8 image beside its overlay at the head's
-    predicted class, captioned with the prediction, its probability and the true class (``labels``) when known.
-    ``inputs`` are the normalised ``images`` on the model's device."""
+    """Per CAM head, one :class:`AttentionTile` per image: the image beside its overlay at the predicted class,
+    captioned with it, its probability and the true class (``labels``) when known."""
     def name(index: int) -> str:
         return str(class_names[index]) if class_names is not None else f"class {index}"
 
@@ -119,9 +114,8 @@ def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, cl
 
 def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: int | Tensor | None = None,
              size: tuple[int, int] | None = None) -> Tensor:
-    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) on ``attention_source(output, head)``:
-    detached (B, H, W) in [0, 1]. For a GAP -> Linear head this equals its CAM; parameters' ``.grad`` stay
-    untouched."""
+    """Grad-CAM of ``head`` at its predicted class (or ``class_idx``) on ``attention_source(output, head)``: detached
+    (B, H, W) in [0, 1]. For a GAP -> Linear head this equals its CAM; parameters' ``.grad`` stay untouched."""
     size = tuple(images.shape[-2:]) if size is None else size
     # The input requires grad, so the features are in the graph even when every parameter is frozen.
     inputs = images.detach().clone().requires_grad_(True)

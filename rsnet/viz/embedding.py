@@ -1,6 +1,5 @@
-"""Inputs of TensorBoard's embedding projector: pooled main-branch features (what the main classifier reads,
-timm's ``forward_head(..., pre_logits=True)``), class names, thumbnails.
-"""
+"""Inputs of TensorBoard's embedding projector: pooled main-branch features (what the main classifier reads, timm's
+``forward_head(..., pre_logits=True)``), class names, thumbnails."""
 
 from __future__ import annotations
 

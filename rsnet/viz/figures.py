@@ -1,6 +1,5 @@
-"""Figures drawn with matplotlib on its Agg canvas (no pyplot: no global state, thread-safe, no display): curves
-against the epoch, the confusion matrix and attention pages; as RGB arrays for TensorBoard, as PNG and/or PDF files
-(``log.figure_format``) for the run folder and papers."""
+"""Figures drawn with matplotlib on its Agg canvas (no pyplot): curves, the confusion matrix and attention pages, as RGB
+arrays for TensorBoard and PNG/PDF files (``log.figure_format``)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def figure_array(figure: Figure) -> np.ndarray:
 
 
 def save_figure(figure: Figure, stem: Path, figure_format: str = "png") -> list[Path]:
-    """``figure`` written atomically as ``<stem>.png`` (RGB, the TensorBoard image) and/or ``<stem>.pdf`` (vector),
-    as :data:`FIGURE_FORMATS` says."""
+    """``figure`` written atomically as ``<stem>.png`` and/or ``<stem>.pdf``, as :data:`FIGURE_FORMATS` says."""
     paths = []
     for suffix in FIGURE_FORMATS[check_figure_format(figure_format)]:
         path = stem.with_name(f"{stem.name}.{suffix}")
@@ -65,8 +63,7 @@ def save_figure(figure: Figure, stem: Path, figure_format: str = "png") -> list[
 
 
 def line_figure(panels: Sequence[tuple[str, Series]], title: str, xlabel: str) -> Figure:
-    """One panel per ``(y label, series)``, side by side; every curve of a series in the series' colour, its name
-    in the panel's legend."""
+    """One panel per ``(y label, series)``, side by side, every curve of a series in its colour, named in the legend."""
     width = 5.6 * len(panels) + 0.4
     figure = new_figure(width, 4.6)
     figure.suptitle(textwrap.fill(title, int(width * 72 / 8)), fontsize=13)
@@ -123,8 +120,7 @@ def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]],
 
 @dataclass
 class AttentionTile:
-    """One image beside its attention overlay, captioned with the true class (None: unknown), the prediction and its
-    probability."""
+    """One image beside its attention overlay, captioned with the true class (None: unknown) and the prediction."""
 
     image: np.ndarray
     overlaid: np.ndarray

@@ -1,6 +1,5 @@
 """TensorBoard logging: scalars, a confusion-matrix image, attention-map pages, hparams, projector (tags:
-docs/tensorboard.md). A logger built with ``enabled=False`` (non-primary ranks) does nothing and creates no files.
-"""
+docs/tensorboard.md). A logger built with ``enabled=False`` (non-primary ranks) does nothing and creates no files."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from rsnet.viz.figures import attention_pages, render_confusion_matrix
 
 
 def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | None = None) -> list[int]:
-    """Indices of a fixed set of images to draw attention maps for: the first image of each class (classes in
-    increasing order), every class or at most ``max_images``. Deterministic."""
+    """Indices of the first image of each class (classes in increasing order), at most ``max_images``."""
     first: dict[int, int] = {}
     for index, label in enumerate(np.asarray(labels).tolist()):
         first.setdefault(int(label), index)
@@ -46,8 +44,7 @@ def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean:
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """Nested config -> ``{"optimizer.lr": 0.02, ...}``; bools, numbers and strings are kept, anything else
-    (lists, None, ...) becomes its ``str``."""
+    """Nested config -> ``{"optimizer.lr": 0.02, ...}``; bools, numbers and strings kept, the rest as ``str``."""
     flat: dict[str, bool | int | float | str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
@@ -68,8 +65,7 @@ def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _keep_projector_entries(config_path: Path, earlier: str) -> None:
-    """Re-add to ``projector_config.pbtxt`` the entries of ``earlier`` (as the run before a resume left it) that
-    the current writer did not rewrite."""
+    """Re-add to ``projector_config.pbtxt`` the entries of ``earlier`` the current writer did not rewrite."""
     from google.protobuf import text_format
     from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 
