@@ -25,8 +25,8 @@ from rsnet.viz.figures import render_confusion_matrix
 
 @dataclass
 class EvalResult:
-    """Predictions (N,) and softmax probabilities (N, C) of every head over one dataset, and the true labels;
-    ``reported_head`` scores the model (its ensemble head if it has one, else ``main``)."""
+    """Predictions (N,) and probabilities (N, C) of every head, the true labels, and ``reported_head``, which scores the
+    model."""
 
     predictions: dict[str, np.ndarray]
     probabilities: dict[str, np.ndarray]
@@ -82,8 +82,8 @@ def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
 @torch.no_grad()
 def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoader | Iterable,
              device: str | torch.device = "cpu", batch_size: int = 64, progress: str | None = None) -> EvalResult:
-    """Predict every sample of ``data`` (a dataset, a ``DataLoader`` or an iterable of batches) with every head
-    of ``model``, in eval mode (each module's previous mode is restored); ``progress`` names a progress bar."""
+    """Predict every sample of ``data`` (dataset, ``DataLoader`` or batches) with every head, in eval mode (then
+    restored)."""
     device = torch.device(device)
     probs: dict[str, list[np.ndarray]] = {}
     targets: list[np.ndarray] = []
@@ -144,8 +144,7 @@ def precision_recall_f1(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def _precision_recall_f1_metrics(cm: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
-    """``per_class_<precision|recall|f1>`` (class -> %) and their ``macro_*`` means over the classes that occur
-    in the targets or the predictions (as scikit-learn does)."""
+    """``per_class_<precision|recall|f1>`` (class -> %) and their ``macro_*`` means, as scikit-learn's."""
     scores = dict(zip(("precision", "recall", "f1"), precision_recall_f1(cm)))
     seen = (cm.sum(axis=0) + cm.sum(axis=1)) > 0
     metrics: dict[str, Any] = {}

@@ -31,8 +31,7 @@ class UnreadableImageError(ValueError):
 
 def read_image(path: str | Path, image_size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
                report: DecodeReport | None = None) -> np.ndarray:
-    """Decode to RGB uint8 (image_size, image_size, 3) exactly as the datasets do (rsnet.data.decode_image);
-    an unreadable or missing file raises :class:`UnreadableImageError`."""
+    """Decode to RGB uint8 (image_size, image_size, 3) as the datasets do; else :class:`UnreadableImageError`."""
     try:
         return decode_image(Path(path), image_size, high_bit_depth, report)
     except CorruptImageError as error:  # undecodable and missing files; its own text hints at a training setting

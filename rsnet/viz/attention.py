@@ -1,5 +1,4 @@
-"""Attention maps: CAM of every linear head, Grad-CAM of the main branch (``torch.autograd.grad``, no hooks), and colour
-overlays (docs/tensorboard.md, What is logged)."""
+"""Attention maps: CAM of every linear head, Grad-CAM of the main branch, colour overlays (docs/tensorboard.md)."""
 
 from __future__ import annotations
 
@@ -54,15 +53,13 @@ def normalize_maps(maps: Tensor, size: tuple[int, int] | None = None) -> Tensor:
 
 
 def _needs_last_spatial_map(output: MultiBranchOutput, head: str) -> bool:
-    """True for a main head that is not GAP -> Linear of S4 (``features[head]`` is not ``features["stage4"]``,
-    e.g. VGG's pool5 -> ConvMlp map), so its attention maps are drawn on S4 instead."""
+    """True for a main head that is not GAP -> Linear of S4 (VGG's pool5 -> ConvMlp): drawn on S4 instead."""
     features = output.features
     return head == output.main and "stage4" in features and features[head] is not features["stage4"]
 
 
 def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
-    """The (B, C, h, w) map ``head``'s CAM / Grad-CAM is drawn on: S4 for a main head that pools after
-    further layers (VGG), else the map the head pools."""
+    """The (B, C, h, w) map ``head``'s CAM / Grad-CAM is drawn on: S4 for VGG's main head, else the one it pools."""
     if head not in output.features:
         raise KeyError(f"model output has no feature map for head {head!r} (has {sorted(output.features)})")
     return output.features["stage4" if _needs_last_spatial_map(output, head) else head]
@@ -70,8 +67,7 @@ def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
 
 def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
                           size: tuple[int, int] | None = None) -> dict[str, Tensor]:
-    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: its prediction): head -> detached (B, H,
-    W) in [0, 1] at ``size``; a main head without a linear layer on S4 (VGG) gets Grad-CAM."""
+    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: its prediction), (B, H, W) in [0, 1]."""
     return _maps_and_logits(model, images, class_idx, size)[0]
 
 
@@ -97,8 +93,7 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
 
 def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
                         labels: Sequence[int] | None = None) -> dict[str, list[AttentionTile]]:
-    """Per CAM head, one :class:`AttentionTile` per image: the image beside its overlay at the predicted class,
-    captioned with it, its probability and the true class (``labels``) when known."""
+    """Per CAM head, one :class:`AttentionTile` per image: its overlay at the predicted class, captioned."""
     def name(index: int) -> str:
         return str(class_names[index]) if class_names is not None else f"class {index}"
 
@@ -132,8 +127,7 @@ def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: in
 
 
 def overlay(image: np.ndarray, cam: np.ndarray | Tensor, alpha: float = 0.5) -> np.ndarray:
-    """Blend a [0, 1] (h, w) map, resized to the image, over a uint8 (H, W, 3) RGB image with the jet colour
-    map; ``alpha`` weighs the heat map."""
+    """Blend a [0, 1] (h, w) map, resized, over a uint8 (H, W, 3) RGB image with the jet colour map (``alpha``)."""
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"overlay expects an (H, W, 3) image, got shape {image.shape}")

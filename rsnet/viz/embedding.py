@@ -1,5 +1,4 @@
-"""Inputs of TensorBoard's embedding projector: pooled main-branch features (what the main classifier reads, timm's
-``forward_head(..., pre_logits=True)``), class names, thumbnails."""
+"""Inputs of TensorBoard's embedding projector: pooled main-branch features, class names, thumbnails."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ THUMBNAIL_SIDE = 32  # px: thumbnail side when the sprite has room
 
 
 def main_branch_features(model: nn.Module, batches: Iterable[Tensor]) -> Tensor:
-    """(N, D) float32 CPU features of normalised (B, 3, H, W) image batches: the main classifier's input. Only
-    the main branch runs, in eval mode, on the model's device."""
+    """(N, D) float32 CPU features of normalised image batches: the main classifier's input, in eval mode."""
     net = model.backbone.net
     device = next(net.parameters()).device
     rows = []
@@ -45,8 +43,7 @@ def thumbnails(images_uint8: Sequence[np.ndarray] | np.ndarray, side: int) -> Te
 
 
 def pick_embedding_images(labels: Sequence[int] | np.ndarray, max_images: int | None) -> list[int]:
-    """A fixed class-balanced subset: the first ``max_images // classes`` images of every class (at least
-    one each), in index order; ``None`` keeps every image. Deterministic."""
+    """The first ``max_images // classes`` images of every class (at least one), in index order; None: all."""
     labels = np.asarray(labels)
     if max_images is None:
         return list(range(len(labels)))
@@ -58,8 +55,7 @@ def pick_embedding_images(labels: Sequence[int] | np.ndarray, max_images: int | 
 
 def dataset_embedding(model: nn.Module, dataset: Any, indices: Sequence[int], batch_size: int = 64
                       ) -> tuple[Tensor, list[str], Tensor]:
-    """Features, class names and thumbnails of ``SceneDataset`` items ``indices`` for
-    ``TensorBoardLogger.embeddings``."""
+    """Features, class names and thumbnails of ``SceneDataset`` items ``indices`` for the projector."""
     indices = list(indices)
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
     features = main_branch_features(model, (dataset.get_batch(chunk)[0] for chunk in chunks))

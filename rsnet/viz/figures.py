@@ -83,8 +83,7 @@ def line_figure(panels: Sequence[tuple[str, Series]], title: str, xlabel: str) -
 
 def confusion_figure(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
                      title: str | None = None) -> Figure:
-    """The row-normalised confusion matrix (rows: true class): class names on both axes, every non-zero cell's
-    share of its row in %, a colour bar; 45 classes stay legible."""
+    """The row-normalised confusion matrix: class names on both axes, non-zero cells' row share in %, a colour bar."""
     cm = np.asarray(cm, dtype=np.float64)
     n = cm.shape[0]
     names = [str(name) for name in class_names] if class_names else [str(i) for i in range(n)]
@@ -151,8 +150,7 @@ def _caption(axes: Axes, tile: AttentionTile, width: float, height: float) -> No
 
 def attention_pages(tiles: Sequence[AttentionTile], title: str, columns: int = 4,
                     per_page: int = PAGE_SIZE) -> list[np.ndarray]:
-    """``tiles`` on pages of ``per_page`` (``columns`` a row) as uint8 (H, W, 3) arrays: each page titled, every
-    tile the image beside its overlay with its caption below, the overlay's colour bar at the page's right."""
+    """``tiles`` on pages of ``per_page`` (``columns`` a row) as uint8 (H, W, 3) arrays, titled, with a colour bar."""
     pages = []
     count = (len(tiles) + per_page - 1) // per_page
     side = float(np.clip(tiles[0].image.shape[0], 112, 256)) / DPI  # inches: up to 256 px at full resolution

@@ -1,5 +1,5 @@
-"""TensorBoard logging: scalars, a confusion-matrix image, attention-map pages, hparams, projector (tags:
-docs/tensorboard.md). A logger built with ``enabled=False`` (non-primary ranks) does nothing and creates no files."""
+"""TensorBoard logging (tags: docs/tensorboard.md); a logger built with ``enabled=False`` does nothing, creates no
+files."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | 
 def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
                       std: Sequence[float], class_names: Sequence[str] | None = None,
                       labels: Sequence[int] | None = None, title_suffix: str = "") -> dict[str, np.ndarray]:
-    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head, on the model's device. No Grad-CAM
-    page: for every head here (GAP -> linear, or VGG's main head, whose CAM is its Grad-CAM) it equals the CAM."""
+    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head (a Grad-CAM page would equal the CAM)."""
     images = np.asarray(images_uint8)
     if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
@@ -56,8 +55,7 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, boo
 
 
 def hparam_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Final metrics for the HParams tab from a run summary (``metrics.json``) or ``compute_metrics``:
-    ``accuracy``, ``average_accuracy``, ``kappa``, ``val_accuracy`` (those present) and ``oa_<head>``."""
+    """Final metrics for the HParams tab from a run summary or ``compute_metrics`` (those present, ``oa_<head>``)."""
     metrics = {key: float(summary[key]) for key in ("accuracy", "average_accuracy", "kappa", "val_accuracy")
                if isinstance(summary.get(key), (int, float))}
     metrics.update({f"oa_{head}": float(value) for head, value in summary.get("oa", {}).items()})
@@ -143,8 +141,7 @@ class TensorBoardLogger:
             self._writer.add_image(tag, page, step, dataformats="HWC")
 
     def hparams(self, config: Mapping[str, Any], metrics: Mapping[str, float], step: int = 0) -> None:
-        """HParams tab: the flattened ``config`` (:func:`flatten_config`) and ``metrics`` as scalars
-        ``hparam/<name>``, written into this run's own event file (``add_hparams`` would open a sub-run)."""
+        """HParams tab: the flattened ``config`` and ``metrics`` as ``hparam/<name>``, in this run's own event file."""
         if self._writer is None:
             return
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
@@ -156,8 +153,7 @@ class TensorBoardLogger:
 
     def embeddings(self, features: Tensor, labels: Sequence[str], images: Tensor | None, step: int,
                    tag: str = "main") -> None:
-        """Projector entry ``<tag>:<step>``: one point per row of ``features`` (N, D), labelled by its class
-        name, drawn as its thumbnail from ``images`` ((N, 3, h, w) in [0, 1]) when given."""
+        """Projector entry ``<tag>:<step>``: a point per row of ``features``, labelled by class, with thumbnails."""
         if self._writer is None:
             return
         config_path = self.log_dir / "projector_config.pbtxt"
