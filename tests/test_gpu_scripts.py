@@ -53,7 +53,10 @@ def test_the_lease_runs_its_steps_and_keeps_each_output(tmp_path: Path) -> None:
     done = bench("gpu_lease.py", "--stand-in", "--root", str(root), "--out", str(out), "--wheels",
                  str(tmp_path / "no-wheels"), "--budget", "500", "--real-min-train", "60", "--steps",
                  "real_size_epoch", "gpu_profile")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    outcomes = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    failed = [path.read_text()[-3000:] for path in out.glob("*.md")
+              if any(line.startswith(f"== {path.stem}: ") and "exit 0" not in line for line in outcomes)]
+    assert done.returncode == 0, "\n".join([*outcomes, *failed, done.stderr[-2000:]])
     assert sorted(path.name for path in out.iterdir()) == [
         "gpu_profile.md", "machine.md", "profile_trace.json.gz", "real_size_epoch.md"]
     assert "torch " in (out / "machine.md").read_text()
