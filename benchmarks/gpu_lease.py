@@ -119,11 +119,10 @@ def placeholders(arguments: list[str], values: dict[str, str]) -> list[str]:
     return [values[a] if a in values else values["OUT"] + a[3:] if a.startswith("OUT/") else a for a in arguments]
 
 
-def real_size_set(root: Path, min_train: int) -> Path:
+def real_size_set(root: Path, min_train: int, folder: Path) -> Path:
     """The real-size set (aid-dev repeated through links, at least ``min_train`` training images at AID's train
-    ratio), built afresh under the temporary folder."""
-    target = Path(tempfile.gettempdir()) / "rsnet-real-size" / "AID"
-    shutil.rmtree(target.parent, ignore_errors=True)
+    ratio) in ``folder``/AID."""
+    target = folder / "AID"
     made = build_real_size_set(root, target, min_train, train_ratio=0.5)
     print(f"real-size set: {made} images ({made // 2} for training) linked from {root} into {target}", flush=True)
     return target
@@ -150,13 +149,22 @@ def main() -> int:
     print(facts, flush=True)
     chosen = [step for step in STEPS if step[0] in args.steps]
     values = {"ROOT": str(args.root.resolve()), "OUT": str(args.out.resolve())}
-    if any("REAL" in (stand_in if args.stand_in else on_gpu) for _, _, on_gpu, stand_in in chosen):
-        if not args.root.is_dir():
-            print(f"gpu_lease: --root {args.root} is not a folder: point it at aid-dev's class folders (.aid-dev/AID "
-                  "beside the checkout, made by benchmarks/prepare_gpu_lease.sh)")
-            return 2
-        min_train = args.real_min_train or (200 if args.stand_in else 10_000)
-        values["REAL"] = str(real_size_set(args.root.resolve(), min_train))
+    needs_real_size = any("REAL" in (stand_in if args.stand_in else on_gpu) for _, _, on_gpu, stand_in in chosen)
+    if needs_real_size and not args.root.is_dir():
+        print(f"gpu_lease: --root {args.root} is not a folder: point it at aid-dev's class folders (.aid-dev/AID "
+              "beside the checkout, made by benchmarks/prepare_gpu_lease.sh)")
+        return 2
+    # this run's own folder: two leases (or two test processes) at once never read or replace each other's set
+    with tempfile.TemporaryDirectory(prefix="rsnet-real-size-") as folder:
+        if needs_real_size:
+            min_train = args.real_min_train or (200 if args.stand_in else 10_000)
+            values["REAL"] = str(real_size_set(args.root.resolve(), min_train, Path(folder)))
+        return run_steps(chosen, values, args, deadline, env)
+
+
+def run_steps(chosen: list[tuple[str, int, list[str], list[str]]], values: dict[str, str], args: argparse.Namespace,
+              deadline: float, env: dict[str, str]) -> int:
+    """Run each chosen step within its limit and what is left of the budget; 1 if any failed or timed out."""
     failed = 0
     for name, limit, on_gpu, stand_in in chosen:
         arguments = placeholders(stand_in if args.stand_in else on_gpu, values)

@@ -19,8 +19,6 @@ import pytest
 import torch
 from helpers import REPO, make_fake_archive
 
-pytestmark = pytest.mark.xdist_group("gpu_lease")  # the lease builds its real-size set in one fixed folder
-
 
 def bench(script: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *arguments], capture_output=True,
@@ -61,6 +59,9 @@ def test_the_lease_runs_its_steps_and_keeps_each_output(tmp_path: Path) -> None:
         "gpu_profile.md", "machine.md", "profile_trace.json.gz", "real_size_epoch.md"]
     assert "torch " in (out / "machine.md").read_text()
     assert "real-size set: 180 images (90 for training)" in done.stdout  # 90 images linked twice
+    real_size_root = Path(done.stdout.split("real-size set: ")[1].split(" into ")[1].splitlines()[0])
+    assert real_size_root.parent.name.startswith("rsnet-real-size-")  # this run's own folder, not a fixed one...
+    assert not real_size_root.parent.exists()  # ...and removed when the lease ends
     real_size = (out / "real_size_epoch.md").read_text()
     alone, pair = table_rows(real_size)
     assert alone[:2] == ["cpu", "32"] and pair[:2] == ["cpu, cpu", "32"], real_size
