@@ -22,7 +22,7 @@ import importlib
 import warnings
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import pytest
@@ -33,13 +33,14 @@ from torch import nn
 
 import rsnet
 import rsnet.data
-import rsnet.model_loading
 from rsnet.data import DATASETS
-from rsnet.export import ExportResult, export_checkpoint
-from rsnet.models import build_model
-from rsnet.models.output import MultiBranchOutput
-from rsnet.checkpoint import save_checkpoint
-from rsnet.model_loading import LoadedModel, ModelSource, model_from_training_checkpoint
+
+if TYPE_CHECKING:
+    from rsnet.export import ExportResult
+    from rsnet.models.output import MultiBranchOutput
+
+# rsnet's models, checkpoints and exports (timm and the rest) are imported where used: training workers that a test
+# spawns import the test's module, hence this one, and each import of timm costs them seconds of start-up
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -226,6 +227,8 @@ class StandInModel(nn.Module):
         features = {"main": self.main_block(shared), "aux1": self.aux_block(shared)}
         logits = {k: self.cam_classifiers()[k](f.mean(dim=(2, 3))) for k, f in features.items()}
         logits["ensemble"] = (logits["main"] + logits["aux1"]) / 2
+        from rsnet.models.output import MultiBranchOutput
+
         return MultiBranchOutput(logits=logits, features=features, ensemble="ensemble")
 
 
@@ -258,6 +261,9 @@ class TensorDataset(torch.utils.data.Dataset):
 def run_evaluate_script(model: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *overrides: str) -> None:
     """scripts/evaluate.py in-process, its command line ``overrides`` parsed by Hydra from conf/evaluate.yaml; the
     checkpoint is ``model`` (classes ``STAND_IN_CLASSES``, 16 px) and its test split ``TensorDataset(n=8, size=16)``."""
+    import rsnet.model_loading
+    from rsnet.model_loading import LoadedModel, ModelSource
+
     script = importlib.import_module("rsnet.commands.evaluate")  # the code of scripts/evaluate.py (a thin wrapper)
     loaded = LoadedModel(model, ModelSource(tmp_path / "run" / "checkpoints" / "best.pt", "checkpoint"),
                          {"class_names": STAND_IN_CLASSES, "image_size": 16, "mean": [0.5] * 3, "std": [0.5] * 3},
@@ -281,6 +287,9 @@ def write_checkpoint(path: Path, arch: str = "esd_mbenet", classes: list[str] = 
                      **overrides: object) -> Path:
     """A training checkpoint of a seeded ``arch`` on test_resnet (``EXPORT_SIZE`` px); ``overrides`` replace its
     entries."""
+    from rsnet.checkpoint import save_checkpoint
+    from rsnet.models import build_model
+
     torch.manual_seed(0)
     model = build_model(arch, "test_resnet", len(classes))
     model.eval()
@@ -294,6 +303,8 @@ def write_checkpoint(path: Path, arch: str = "esd_mbenet", classes: list[str] = 
 
 def full_logits(checkpoint: Path, x: torch.Tensor, head: str) -> torch.Tensor:
     """The logits of the full model of a training checkpoint: its main branch (``head="main"``) or its prediction."""
+    from rsnet.model_loading import model_from_training_checkpoint
+
     model, _ = model_from_training_checkpoint(checkpoint)
     with torch.no_grad():
         out = model(x)
@@ -303,6 +314,8 @@ def full_logits(checkpoint: Path, x: torch.Tensor, head: str) -> torch.Tensor:
 def export_recording(checkpoint: Path, out: Path, **kwargs: object) -> tuple[ExportResult,
                                                                              list[warnings.WarningMessage]]:
     """``export_checkpoint`` with every warning it emits recorded (none filtered out by the test)."""
+    from rsnet.export import export_checkpoint
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = export_checkpoint(checkpoint, out, **kwargs)

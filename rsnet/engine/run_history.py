@@ -6,12 +6,13 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from rsnet.files import atomic_write
 from rsnet.viz.figures import confusion_figure, line_figure, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LOSS_CURVE = "train/loss/total"
 

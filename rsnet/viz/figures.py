@@ -8,16 +8,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 from rsnet.files import atomic_write
+
+if TYPE_CHECKING:  # matplotlib is imported by the functions that draw: a worker that draws nothing never loads it
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FIGURE_FORMATS = {"png": ("png",), "pdf": ("pdf",), "both": ("png", "pdf")}
 DPI = 100
@@ -35,6 +35,9 @@ def check_figure_format(value: object) -> str:
 
 def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
     """A ``width`` x ``height`` inch figure on its own Agg canvas (constrained layout: 0.1 inch from its edges)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(width, height), dpi=DPI, layout=layout)
     if layout == "constrained":
         figure.get_layout_engine().set(w_pad=0.1, h_pad=0.1)
@@ -64,6 +67,8 @@ def save_figure(figure: Figure, stem: Path, figure_format: str = "png") -> list[
 
 def line_figure(panels: Sequence[tuple[str, Series]], title: str, xlabel: str) -> Figure:
     """One panel per ``(y label, series)``, side by side, every curve of a series in its colour, named in the legend."""
+    from matplotlib.ticker import MaxNLocator
+
     width = 5.6 * len(panels) + 0.4
     figure = new_figure(width, 4.6)
     figure.suptitle(textwrap.fill(title, int(width * 72 / 8)), fontsize=13)
@@ -151,6 +156,9 @@ def _caption(axes: Axes, tile: AttentionTile, width: float, height: float) -> No
 def attention_pages(tiles: Sequence[AttentionTile], title: str, columns: int = 4,
                     per_page: int = PAGE_SIZE) -> list[np.ndarray]:
     """``tiles`` on pages of ``per_page`` (``columns`` a row) as uint8 (H, W, 3) arrays, titled, with a colour bar."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     pages = []
     count = (len(tiles) + per_page - 1) // per_page
     side = float(np.clip(tiles[0].image.shape[0], 112, 256)) / DPI  # inches: up to 256 px at full resolution
