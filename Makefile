@@ -19,7 +19,7 @@ demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU 
 	@echo "next: source $(VENV)/bin/activate (rsnet is installed there), then README.md, 'Your first hour'"
 
 test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data), one test process per core
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 bench: install  ## every benchmark of benchmarks/, one after the other
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

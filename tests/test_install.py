@@ -79,7 +79,8 @@ def test_wheel_holds_every_package_the_configs_and_the_sample(wheel: Path) -> No
     packages = {str(init.parent.relative_to(REPO)) for init in (REPO / "rsnet").rglob("__init__.py")}
     assert {f"{package}/__init__.py" for package in packages} <= names  # pyproject.toml lists the packages
     project = (REPO / "pyproject.toml").read_text()
-    config_groups = [f'"rsnet.conf.{folder.name}"' for folder in (REPO / "conf").iterdir() if folder.is_dir()]
+    config_groups = [f'"rsnet.conf.{folder.name}"' for folder in (REPO / "conf").iterdir()
+                     if folder.is_dir() and any(folder.glob("*.yaml"))]  # not __pycache__
     assert all(group in project for group in config_groups), config_groups  # else setuptools warns of each at install
     configs = {f"rsnet/conf/{path.relative_to(REPO / 'conf')}" for path in (REPO / "conf").rglob("*.yaml")}
     assert configs and configs <= names
