@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, compose_command, run_train
 from omegaconf import DictConfig
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import rsnet.engine.epoch_end
 import rsnet.export
@@ -68,15 +69,25 @@ def _run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_two_workers_log_the_primarys_lines_to_train_log(tmp_path: Path) -> None:
-    """Was: with two workers the epoch lines went to the console only; train.log held the launcher's few lines."""
+    """Was: with two workers the epoch lines went to the console only; train.log held the launcher's few lines. The
+    run goes through the adaptive scheduler, the simulated slowdown said as such, its decisions in TensorBoard."""
     run_dir = tmp_path / "run"
-    result = _run_script(*TINY, "trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.5]",
-                         f"hydra.run.dir={run_dir}")
+    result = _run_script(*TINY, "trainer=adaptive", "trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1",
+                         "trainer.slowdown=[1.0,1.5]", "trainer.merge_rounds=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
     logged = (run_dir / "train.log").read_text()
     assert "launched 2 workers" in logged
     assert "[worker 0] - epoch 1/1: test accuracy" in logged, logged
     assert "[worker 1]" not in logged, logged  # the primary's lines only (worker 1 warns of its slowdown)
+    assert "SIMULATED" in result.stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["trainer"] == "adaptive" and len(metrics["scheduler"]["workers"]) == 2
+    tags = set()
+    for events in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    assert {"scheduler/b/0", "scheduler/b/1", "scheduler/p/0", "scheduler/idle/1"} <= tags, tags
 
 
 def test_a_failed_worker_is_named_in_train_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -290,21 +290,6 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: 
     assert all(torch.isfinite(value).all() for value in checkpoint["model_state"].values() if value.is_floating_point())
 
 
-def test_two_cpu_workers_train_through_the_adaptive_scheduler(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    run_dir = tmp_path / "two_workers"
-    result = train(capfd, run_dir, "model=baseline", "epochs=1", "trainer=adaptive", "trainer.devices=[cpu,cpu]",
-                   "trainer.slowdown=[1.0,2.0]", "trainer.merge_rounds=2")
-    assert "SIMULATED" in result.stderr  # the slowdown is reported as simulated
-    metrics = check_run_outputs(run_dir, epochs=1)
-    assert metrics["trainer"] == "adaptive"
-    tags = set()
-    for events in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
-        accumulator = EventAccumulator(str(events))
-        accumulator.Reload()
-        tags |= set(accumulator.Tags()["scalars"])
-    assert {"scheduler/b/0", "scheduler/b/1", "scheduler/p/0", "scheduler/idle/1"} <= tags, tags
-
-
 def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """Defect: this command crashed in epoch 1 on a batch of 1 ('Expected more than 1 value per channel')."""
     run_dir = tmp_path / "three_workers"
