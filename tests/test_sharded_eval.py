@@ -22,24 +22,30 @@ def _model() -> StandInModel:
     return StandInModel(num_classes=len(CLASSES)).eval()
 
 
-def _sharded_worker(ctx, num_samples: int, shares: list[float] | None):
-    result = sharded_evaluate(ctx, _model(), TensorDataset(n=num_samples, size=16), batch_size=4, shares=shares)
-    return None if result is None else (result, compute_metrics(result, CLASSES))
-
-
-@pytest.mark.parametrize(("num_samples", "shares"), [
+CASES = [
     (2, None),  # equal slices; 2 < 3 workers: one worker's slice is empty
     (11, [50.0, 1.0, 0.0]),  # by speed: a slow worker takes a small slice, a worker left out none
-])
-def test_three_workers_get_the_single_process_predictions_and_metrics(num_samples: int,
-                                                                      shares: list[float] | None) -> None:
-    result, metrics = launch(_sharded_worker, ["cpu", "cpu", "cpu"], num_samples, shares, timeout_s=120)
-    alone = evaluate(_model(), TensorDataset(n=num_samples, size=16), batch_size=4)
-    assert metrics == compute_metrics(alone, CLASSES)
-    np.testing.assert_array_equal(result.targets, alone.targets)
-    for head in alone.predictions:
-        np.testing.assert_array_equal(result.predictions[head], alone.predictions[head])
-        np.testing.assert_allclose(result.probabilities[head], alone.probabilities[head], rtol=0, atol=1e-6)
+]
+
+
+def _sharded_worker(ctx, cases: list[tuple[int, list[float] | None]]):
+    """Each case evaluated by the three workers in turn (one launch: a launch's start-up costs more than the work)."""
+    results = []
+    for num_samples, shares in cases:
+        result = sharded_evaluate(ctx, _model(), TensorDataset(n=num_samples, size=16), batch_size=4, shares=shares)
+        results.append(None if result is None else (result, compute_metrics(result, CLASSES)))
+    return results
+
+
+def test_three_workers_get_the_single_process_predictions_and_metrics() -> None:
+    outcomes = launch(_sharded_worker, ["cpu", "cpu", "cpu"], CASES, timeout_s=120)
+    for (num_samples, shares), (result, metrics) in zip(CASES, outcomes, strict=True):
+        alone = evaluate(_model(), TensorDataset(n=num_samples, size=16), batch_size=4)
+        assert metrics == compute_metrics(alone, CLASSES), (num_samples, shares)
+        np.testing.assert_array_equal(result.targets, alone.targets)
+        for head in alone.predictions:
+            np.testing.assert_array_equal(result.predictions[head], alone.predictions[head])
+            np.testing.assert_allclose(result.probabilities[head], alone.probabilities[head], rtol=0, atol=1e-6)
 
 
 def test_concatenate_puts_every_slice_back_in_its_place() -> None:
