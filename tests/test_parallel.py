@@ -244,7 +244,9 @@ def test_merge_weights_by_samples_are_the_ablation_of_weights_by_updates() -> No
                              log_intervals=False)
     rows = launch(_adaptive_worker, ["cpu", "cpu"], 192, 2, trainer, 0.0, slowdown=[1.0, 3.0],
                   timeout_s=TIMEOUT)["rows"]
-    assert len(rows) >= 3  # the speed probe (up to the first epoch), then intervals of 2 rounds of B = 32
+    # the speed probe lasts until every worker has timed a step (the first epoch, on a loaded machine the second
+    # too), then intervals of 2 rounds of B = 32: 2 merges at least, each checked
+    assert len(rows) >= 2
     for row in rows:  # p_i = n_i / (n_0 + n_1), and Σ p = 1 only if the merge summed the same weights
         assert row["p/0"] == pytest.approx(row["n/0"] / (row["n/0"] + row["n/1"]))
         assert row["p/0"] + row["p/1"] == pytest.approx(1.0)
