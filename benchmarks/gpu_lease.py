@@ -53,7 +53,7 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
      ["gpu_throughput.py", "--root", "REAL", "--backbone", "resnet50", "--batch-size", "256", "--sizes", "224",
       "--configs", "1gpu", "gpu+cpu", "--epochs", "4", "--eval-every", "1", "--timeout", "150"],
      ["gpu_throughput.py", "--cpu-stand-in", "--root", "REAL", "--backbone", "test_resnet", "--batch-size", "16",
-      "--sizes", "32", "--configs", "1gpu", "gpu+cpu", "--epochs", "2", "--eval-every", "1", "--timeout", "150"]),
+      "--sizes", "32", "--configs", "gpu+cpu", "--epochs", "2", "--eval-every", "1", "--timeout", "150"]),
     ("gpu_profile", 130,
      ["gpu_profile.py", "--require-cuda", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2",
       "--trace", "OUT/profile_trace.json.gz"],

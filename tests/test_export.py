@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (EXPORT_CLASSES, EXPORT_SIZE, REPO, compose_command, deprecations_from_rsnet, export_recording,
+from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_from_rsnet, export_recording,
                      full_logits, load_export_script, write_checkpoint)
 
 import rsnet.export
@@ -144,20 +144,20 @@ def test_onnx_export_emits_no_deprecation(onnx_main) -> None:
     assert deprecations_from_rsnet(caught) == []
 
 
-def test_export_script_end_to_end(checkpoint: Path, tmp_path: Path) -> None:
+def test_export_script_end_to_end(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """rsnet-export's main with the settings Hydra composes (the installed command itself runs in test_install.py):
+    the export and its report; an export given as the checkpoint is one line and exit status 2."""
     out = tmp_path / "exported"
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "export_main_branch.py"), f"checkpoint={checkpoint}",
-                          "format=torchscript", "head=main", f"out={out}"], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "max abs logit difference" in run.stdout
+    load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=torchscript",
+                                              "head=main", f"out={out}"))
+    assert "max abs logit difference" in capsys.readouterr().out
     assert sorted(path.name for path in out.iterdir()) == ["model.json", "model.ts"]
-    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "export_main_branch.py"),
-                          f"checkpoint={out / 'model.json'}", f"out={tmp_path / 'x'}"], capture_output=True,
-                         text=True, cwd=REPO, timeout=300)
-    assert bad.returncode == 2
-    assert bad.stderr == (f"error: checkpoint={out / 'model.json'} is an exported model, not a training checkpoint; "
-                          "export reads a run's checkpoints/best.pt (or the run folder)\n")
+    with pytest.raises(SystemExit) as stop:
+        load_export_script().main(compose_command("export", f"checkpoint={out / 'model.json'}",
+                                                  f"out={tmp_path / 'x'}"))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"error: checkpoint={out / 'model.json'} is an exported model, not a training "
+                                       "checkpoint; export reads a run's checkpoints/best.pt (or the run folder)\n")
 
 
 def test_errors(checkpoint: Path, tmp_path: Path) -> None:

@@ -184,7 +184,8 @@ def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path) -> 
     assert "dataset.skip_corrupt" not in error
 
 
-def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run: Path, tmp_path: Path) -> None:
+def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run: Path, tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
     """Was: the hint said dataset.skip_corrupt=true, which Hydra refuses when the dataset is the checkpoint's own,
     and +dataset.skip_corrupt=true then failed with a KeyError traceback."""
     root = tmp_path / "ucmerced-mini"
@@ -195,6 +196,7 @@ def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run
     moved = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint)
     line = one_line_error(script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}"))
     assert "beach80.jpg" in line and "pass +dataset.skip_corrupt=true to skip it" in line
-    result = script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}", "+dataset.skip_corrupt=true")
+    result = in_process("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}",
+                        "+dataset.skip_corrupt=true", capsys=capsys)  # the override as Hydra parses it
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["num_samples"] in (209, 210)  # 419 images split in two
