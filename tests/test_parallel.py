@@ -213,7 +213,8 @@ def test_adaptive_claims_every_index_once_and_adapts_to_a_slow_worker() -> None:
     assert all(torch.equal(out["state"][0][k], out["state"][1][k]) for k in out["state"][0])
     rows = out["rows"]
     assert len(rows) == 1 + epochs * n // 192  # the speed probe's interval, then intervals of 4 rounds of B = 48
-    assert rows[0]["updates/1"] == 2 and rows[0]["n/0"] + rows[0]["n/1"] < 192  # a first step and a timed one
+    # a first step and a timed one (a third when the other worker, slowed by a loaded machine, times its step later)
+    assert rows[0]["updates/1"] >= 2 and rows[0]["n/0"] + rows[0]["n/1"] < 192
     late = rows[len(rows) // 2:]
     # The fast worker ends up with about twice the batch of the slow one, and claims about twice the samples.
     b0, b1 = rows[-1]["b_next/0"], rows[-1]["b_next/1"]
