@@ -4,7 +4,8 @@ conftest.py.
 - paths: ``REPO``, ``CONF``, ``MINI_ROOT`` (data/ucmerced-mini), ``TIF_SAMPLE_ROOT``
   (tests/fixtures/ucmerced-tif-sample), ``RSNET`` (the package's folder);
 - commands: ``compose_command`` (a command's Hydra settings), ``training_config`` / ``trainer_config`` (rsnet-train's
-  settings as a dict), ``run_train`` (rsnet-train in-process), ``load_predict_script``, ``load_export_script``, ``run_evaluate_script``;
+  settings as a dict), ``run_train`` (rsnet-train in-process), ``command_in_process`` (export, predict or evaluate
+  in-process), ``load_predict_script``, ``load_export_script``, ``run_evaluate_script``;
 - fake archives: ``make_fake_archive(base, name, ...)`` writes a tiny archive of ``name`` ("ucmerced",
   "nwpu_resisc45", "aid", "ucmerced_mini") with the real class names and file naming. Every image is a solid colour
   that encodes its label (red channel = ``label_value(label)``), so tests can check labels from pixels;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import subprocess
 import warnings
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -84,6 +86,22 @@ def dataset_config(name: str, **overrides: object) -> dict:
 def trainer_config(name: str, **overrides: object) -> dict:
     """conf/trainer/<name>.yaml as a run composes it (with conf/_base/launcher.yaml), plus ``overrides``."""
     return {**training_config(f"trainer={name}")["trainer"], **overrides}
+
+
+def command_in_process(name: str, *args: str, capture: pytest.CaptureFixture) -> subprocess.CompletedProcess:
+    """rsnet-<name> (``export``, ``predict``, ``evaluate``; a trailing ``.py`` is dropped) in this process: its
+    settings composed from ``args`` as Hydra composes the command line, then the command's ``main`` (no interpreter
+    start); its exit status (0 when it returned) and what it printed (``capture``: capsys or capfd)."""
+    command = name.removesuffix(".py")
+    main = importlib.import_module(f"rsnet.commands.{command}").main
+    capture.readouterr()
+    try:
+        main(compose_command(command, *args))
+        status = 0
+    except SystemExit as stop:
+        status = stop.code
+    captured = capture.readouterr()
+    return subprocess.CompletedProcess([name, *args], status, captured.out, captured.err)
 
 
 def run_train(run_dir: Path, *overrides: str) -> int:

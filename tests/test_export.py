@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_from_rsnet, export_recording,
-                     full_logits, load_export_script, write_checkpoint)
+from helpers import (EXPORT_CLASSES, EXPORT_SIZE, command_in_process, compose_command, deprecations_from_rsnet,
+                     export_recording, full_logits, load_export_script, write_checkpoint)
 
 import rsnet.export
 from rsnet.export import ExportResult, export_checkpoint
@@ -148,16 +148,15 @@ def test_export_script_end_to_end(checkpoint: Path, tmp_path: Path, capsys: pyte
     """rsnet-export's main with the settings Hydra composes (the installed command itself runs in test_install.py):
     the export and its report; an export given as the checkpoint is one line and exit status 2."""
     out = tmp_path / "exported"
-    load_export_script().main(compose_command("export", f"checkpoint={checkpoint}", "format=torchscript",
-                                              "head=main", f"out={out}"))
-    assert "max abs logit difference" in capsys.readouterr().out
+    done = command_in_process("export", f"checkpoint={checkpoint}", "format=torchscript", "head=main", f"out={out}",
+                              capture=capsys)
+    assert done.returncode == 0, done.stderr
+    assert "max abs logit difference" in done.stdout
     assert sorted(path.name for path in out.iterdir()) == ["model.json", "model.ts"]
-    with pytest.raises(SystemExit) as stop:
-        load_export_script().main(compose_command("export", f"checkpoint={out / 'model.json'}",
-                                                  f"out={tmp_path / 'x'}"))
-    assert stop.value.code == 2
-    assert capsys.readouterr().err == (f"error: checkpoint={out / 'model.json'} is an exported model, not a training "
-                                       "checkpoint; export reads a run's checkpoints/best.pt (or the run folder)\n")
+    bad = command_in_process("export", f"checkpoint={out / 'model.json'}", f"out={tmp_path / 'x'}", capture=capsys)
+    assert bad.returncode == 2
+    assert bad.stderr == (f"error: checkpoint={out / 'model.json'} is an exported model, not a training checkpoint; "
+                          "export reads a run's checkpoints/best.pt (or the run folder)\n")
 
 
 def test_errors(checkpoint: Path, tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ errors for bad settings, unwritable outputs and unreadable images (exit status 2
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, compose_command
+from helpers import REPO, command_in_process, compose_command
 from omegaconf import OmegaConf
 
 from rsnet.data import DATASETS
@@ -57,21 +56,6 @@ def script(name: str, *args: str, full_disk: bool = False) -> subprocess.Complet
     command = ["-c", FULL_DISK] if full_disk else []
     return subprocess.run([sys.executable, *command, str(REPO / "scripts" / name), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
-
-
-def in_process(name: str, *args: str, capsys: pytest.CaptureFixture) -> subprocess.CompletedProcess:
-    """scripts/<name> (predict.py or evaluate.py) run in this process: its config composed from ``args`` as Hydra
-    composes the command line, then the command's ``main`` (no interpreter start: for the cases that stop early)."""
-    command = name.removesuffix(".py")
-    main = importlib.import_module(f"rsnet.commands.{command}").main
-    capsys.readouterr()
-    try:
-        main(compose_command(command, *args))
-        status = 0
-    except SystemExit as stop:
-        status = stop.code
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess([name, *args], status, captured.out, captured.err)
 
 
 def model_args(name: str, run: Path, images: Path) -> list[str]:
@@ -130,7 +114,7 @@ def test_evaluate_prints_its_result_before_a_full_disk(run: Path, tmp_path: Path
                                               ("predict.py", "tpu")])
 def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: str, capsys) -> None:
     """Was (evaluate): the checkpoint file was blamed for an absent CUDA device."""
-    result = in_process(name, *model_args(name, run, images), f"device={device}", capsys=capsys)
+    result = command_in_process(name, *model_args(name, run, images), f"device={device}", capture=capsys)
     expected = (f"error: device={device}: not a device rsnet runs on; use auto, cpu or cuda:<index> (this machine "
                 "has: cpu)" if device == "tpu" else
                 f"error: device={device}: no such CUDA device here (this machine has: cpu); use device=cpu or "
@@ -141,13 +125,13 @@ def test_devices_this_machine_lacks(run: Path, images: Path, name: str, device: 
 @pytest.mark.parametrize(("name", "argument"), [("predict.py", "topk=abc"), ("evaluate.py", "batch_size=abc")])
 def test_numbers_that_are_not(run: Path, images: Path, name: str, argument: str, capsys) -> None:
     key = argument.split("=")[0]
-    assert one_line_error(in_process(name, *model_args(name, run, images), argument, capsys=capsys)) == \
+    assert one_line_error(command_in_process(name, *model_args(name, run, images), argument, capture=capsys)) == \
         f"error: {key}='abc': must be a whole number >= 1"
 
 
 def _refused_before_running(name: str, run: Path, images: Path, out: str,
                             capsys: pytest.CaptureFixture) -> tuple[str, str]:
-    result = in_process(name, *model_args(name, run, images), f"out={out}", capsys=capsys)
+    result = command_in_process(name, *model_args(name, run, images), f"out={out}", capture=capsys)
     return one_line_error(result), result.stdout
 
 
@@ -196,7 +180,7 @@ def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run
     moved = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint)
     line = one_line_error(script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}"))
     assert "beach80.jpg" in line and "pass +dataset.skip_corrupt=true to skip it" in line
-    result = in_process("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}",
-                        "+dataset.skip_corrupt=true", capsys=capsys)  # the override as Hydra parses it
+    result = command_in_process("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}",
+                        "+dataset.skip_corrupt=true", capture=capsys)  # the override as Hydra parses it
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["num_samples"] in (209, 210)  # 419 images split in two

@@ -5,7 +5,6 @@ Ctrl-C, export/predict/evaluate/aggregate on a trained run)."""
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import os
 import shlex
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, compose_command, run_train
+from helpers import REPO, command_in_process, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -213,39 +212,39 @@ def dir_contents(folder: Path) -> dict[str, bytes]:
             if path.is_file() and path.name not in (".rsnet.lock", ".rsnet.pid")}
 
 
-def run_command(capfd: pytest.CaptureFixture, command: str, *overrides: str) -> str:
-    """rsnet-<command> in this process (its ``main`` with the settings Hydra composes for ``overrides``); what it
-    printed. The installed commands themselves run as a user runs them in test_install.py."""
-    capfd.readouterr()
-    importlib.import_module(f"rsnet.commands.{command}").main(compose_command(command, *overrides))
-    return capfd.readouterr().out
-
-
 def test_export_predict_and_evaluate(esd_run: Path, images: Path, tmp_path: Path,
                                      capfd: pytest.CaptureFixture) -> None:
+    """export, predict and evaluate on a trained run, in this process (test_install.py runs the installed commands
+    as a user does)."""
+
+    def run_command(name: str, *args: str) -> str:
+        done = command_in_process(name, *args, capture=capfd)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
     export_dir = tmp_path / "exported"
-    printed = run_command(capfd, "export", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", "format=torchscript",
+    printed = run_command("export", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", "format=torchscript",
                           f"out={export_dir}")
     assert "max abs logit difference vs the full model's main logits: " in printed
     predictions = tmp_path / "preds.csv"
-    run_command(capfd, "predict", f"checkpoint={export_dir}", f"images={images}", f"out={predictions}")
+    run_command("predict", f"checkpoint={export_dir}", f"images={images}", f"out={predictions}")
     rows = predictions.read_text().strip().splitlines()
     assert len(rows) == 3  # header + 2 images
     attention = tmp_path / "attention"
-    run_command(capfd, "predict", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"images={images}",
+    run_command("predict", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"images={images}",
                 f"attention_dir={attention}")
     assert {path.name for path in attention.iterdir()} == {
         f"{stem}_{tag}.png" for stem in ("beach80", "forest81")
         for tag in ("cam_main", "cam_aux1", "cam_aux2", "cam_feature_ensemble")}
     out = tmp_path / "eval.json"
-    run_command(capfd, "evaluate", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"out={out}")
+    run_command("evaluate", f"checkpoint={esd_run / 'checkpoints' / 'best.pt'}", f"out={out}")
     full = json.loads(out.read_text())
     trained = json.loads((esd_run / "metrics.json").read_text())
     selected = max(trained["history"], key=lambda row: row["val_accuracy"])  # the first epoch on a tie
     assert trained["selected_epoch"] == selected["epoch"] and trained["val_accuracy"] == selected["val_accuracy"]
     assert full["accuracy"] == pytest.approx(selected["test_accuracy"], abs=1e-6) == trained["accuracy"]
     out_exported = tmp_path / "eval_exported.json"
-    run_command(capfd, "evaluate", f"checkpoint={export_dir}", "dataset=ucmerced_mini", "dataset.image_size=64",
+    run_command("evaluate", f"checkpoint={export_dir}", "dataset=ucmerced_mini", "dataset.image_size=64",
                 f"out={out_exported}")
     exported = json.loads(out_exported.read_text())
     assert exported["oa"]["main"] == pytest.approx(full["oa"]["main"], abs=1e-6)
