@@ -72,7 +72,9 @@ def find_class_root(spec: DatasetSpec | str, root: str | os.PathLike) -> Path:
         raise dataset_not_found(spec, root, "the root folder is empty")
     classes = set(spec.classes)
     best: tuple[tuple[int, bool, int], Path] | None = None
-    queue: deque[tuple[Path, int]] = deque([(root, 0)])
+    # the archive's own class-folder parent (base_dir/images_subdir) is searched too, however deep (EuroSAT MS: 6)
+    direct = [root / spec.base_dir / spec.images_subdir, root / spec.images_subdir] if spec.images_subdir else []
+    queue: deque[tuple[Path, int]] = deque([(root, 0), *((p, 0) for p in direct if p.is_dir())])
     seen = 0
     while queue and seen < _MAX_DIRS:
         d, depth = queue.popleft()

@@ -20,7 +20,12 @@ IMAGE_EXTENSIONS = (".tif", ".tiff", ".jpg", ".jpeg", ".png", ".bmp")
 @dataclass(frozen=True)
 class DatasetSpec:
     """One scene-classification archive: ``classes`` in label order, expected ``counts``, the folders above the class
-    folders, and for messages ``file_pattern`` and ``url``."""
+    folders, and for messages ``file_pattern`` and ``url``.
+
+    Optional: ``band_names`` of a multispectral archive in file order (empty: an ordinary RGB dataset),
+    ``rgb_bands`` the 1-based indices of its RGB composite, ``download_url``/``download_md5`` an archive that
+    :func:`rsnet.data.download.download_dataset` fetches (empty: no download offered), ``ground_resolution_m``
+    the ground sampling distance (None: unknown or varying)."""
 
     name: str
     title: str
@@ -30,6 +35,11 @@ class DatasetSpec:
     images_subdir: str
     file_pattern: str
     url: str
+    band_names: tuple[str, ...] = ()
+    rgb_bands: tuple[int, ...] = ()
+    download_url: str = ""
+    download_md5: str | None = None
+    ground_resolution_m: float | None = None
 
     @property
     def num_classes(self) -> int:
@@ -73,24 +83,49 @@ AID_COUNTS = {
     "SparseResidential": 300, "Square": 330, "Stadium": 290, "StorageTanks": 360, "Viaduct": 420,
 }  # fmt: skip
 
+EUROSAT_COUNTS = {
+    "AnnualCrop": 3000, "Forest": 3000, "HerbaceousVegetation": 3000, "Highway": 2500, "Industrial": 2500,
+    "Pasture": 2000, "PermanentCrop": 2500, "Residential": 3000, "River": 2500, "SeaLake": 3000,
+}  # fmt: skip
+SENTINEL2_BANDS = ("B01", "B02", "B03", "B04", "B05", "B06", "B07", "B08", "B09", "B10", "B11", "B12", "B8A")
+
 UCMERCED = _spec({c: 100 for c in UCM_CLASSES}, name="ucmerced", title="UC Merced Land Use",
                  base_dir="UCMerced_LandUse", images_subdir="Images", file_pattern="<class>NN.tif",
                  url="http://weegee.vision.ucmerced.edu/datasets/UCMerced_LandUse.zip "
-                     "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)")
+                     "(page: http://weegee.vision.ucmerced.edu/datasets/landuse.html)",
+                 ground_resolution_m=0.3)  # 1 ft USGS orthophotos
 NWPU_RESISC45 = _spec({c: 700 for c in NWPU_CLASSES}, name="nwpu_resisc45", title="NWPU-RESISC45",
                       base_dir="NWPU-RESISC45", images_subdir="", file_pattern="<class>_NNN.jpg",
                       url="https://gcheng-nwpu.github.io/#Datasets "
-                          "(official OneDrive/Baidu links to NWPU-RESISC45.rar)")
+                          "(official OneDrive/Baidu links to NWPU-RESISC45.rar)")  # resolution: 0.2-30 m, varies
 AID = _spec(AID_COUNTS, name="aid", title="AID (Aerial Image Dataset)", base_dir="AID", images_subdir="",
             file_pattern="<classname>_<n>.jpg",
-            url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)")
+            url="https://captain-whu.github.io/AID/ (official OneDrive/Baidu links to AID.zip)")  # 0.5-8 m, varies
 UCMERCED_MINI = _spec({c: 20 for c in UCM_CLASSES}, name="ucmerced_mini",
                       title="UC Merced Land Use (bundled mini sample)", base_dir="ucmerced-mini",
                       images_subdir="Images", file_pattern="<class>NN.jpg",
                       url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)")
+# EuroSAT (Helber et al., JSTARS 2019 / IGARSS 2018; MIT, github.com/phelber/EuroSAT): Sentinel-2, 64 px at 10 m.
+# The Hugging Face copies are torchgeo's unmodified mirrors of the authors' archives (same checksums), pinned to
+# a revision: the URLs and md5s are torchvision's EuroSAT (RGB) and torchgeo's EuroSAT (all bands).
+EUROSAT_RGB = _spec(EUROSAT_COUNTS, name="eurosat_rgb", title="EuroSAT (RGB)", base_dir="2750", images_subdir="",
+                    file_pattern="<class>_<n>.jpg",
+                    url="https://madm.dfki.de/files/sentinel/EuroSAT.zip (page: https://github.com/phelber/EuroSAT; "
+                        "mirror: https://huggingface.co/datasets/torchgeo/eurosat)",
+                    download_url="https://huggingface.co/datasets/torchgeo/eurosat/resolve/"
+                                 "c877bcd43f099cd0196738f714544e355477f3fd/EuroSAT.zip",
+                    download_md5="c8fa014336c82ac7804f0398fcb19387", ground_resolution_m=10.0)
+EUROSAT_MS = _spec(EUROSAT_COUNTS, name="eurosat_ms", title="EuroSAT (multispectral, 13 bands)", base_dir="ds",
+                   images_subdir="images/remote_sensing/otherDatasets/sentinel_2/tif", file_pattern="<class>_<n>.tif",
+                   url="https://madm.dfki.de/files/sentinel/EuroSATallBands.zip (page: "
+                       "https://github.com/phelber/EuroSAT; mirror: https://huggingface.co/datasets/torchgeo/eurosat)",
+                   band_names=SENTINEL2_BANDS, rgb_bands=(4, 3, 2),
+                   download_url="https://hf.co/datasets/torchgeo/eurosat/resolve/"
+                                "1ce6f1bfb56db63fd91b6ecc466ea67f2509774c/EuroSATallBands.zip",
+                   download_md5="5ac12b3b2557aa56e1826e981e8e200e", ground_resolution_m=10.0)
 
 DATASETS: Mapping[str, DatasetSpec] = MappingProxyType({s.name: s for s in (UCMERCED, NWPU_RESISC45, AID,
-                                                                              UCMERCED_MINI)})
+                                                                              UCMERCED_MINI, EUROSAT_RGB, EUROSAT_MS)})
 
 IMAGE_FOLDER = "image_folder"  # dataset.name of the user's own data: its spec is read from dataset.root
 _IMAGE_FOLDER_LAYOUT = "a folder with one sub-folder of images per class"
