@@ -28,6 +28,7 @@ class DatasetSchema:
     cache_dir: Optional[str]
     skip_corrupt: bool
     high_bit_depth: str
+    bands: Any  # null, all, or a list of 1-based band indices or band names
     name: str
 
 

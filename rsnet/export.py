@@ -48,8 +48,8 @@ class ExportResult:
     source: ModelSource | None = None  # the checkpoint exported, when export_checkpoint resolved it
 
 
-def _reference_batch(image_size: int, batch_size: int, seed: int) -> Tensor:
-    return torch.randn(batch_size, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
+def _reference_batch(image_size: int, batch_size: int, seed: int, channels: int = 3) -> Tensor:
+    return torch.randn(batch_size, channels, image_size, image_size, generator=torch.Generator().manual_seed(seed))
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:
@@ -102,7 +102,8 @@ def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> No
     from timm.models import save_for_hf
 
     size = int(metadata["image_size"])
-    data_config = {"input_size": (3, size, size), "mean": tuple(metadata["mean"]), "std": tuple(metadata["std"]),
+    channels = len(metadata["mean"])  # a band per normalisation entry
+    data_config = {"input_size": (channels, size, size), "mean": tuple(metadata["mean"]), "std": tuple(metadata["std"]),
                    "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear"}  # rsnet resizes the whole image
     with tempfile.TemporaryDirectory(prefix=".timm-", dir=out_dir) as staging:
         save_for_hf(module, staging, model_config={"label_names": list(metadata["class_names"])},
@@ -198,7 +199,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     config = model.model_config
     backbone = registry_backbone(config["backbone"])
     image_size = int(metadata["image_size"])
-    x = _reference_batch(image_size, batch_size, seed)
+    x = _reference_batch(image_size, batch_size, seed, int(config.get("in_chans", 3)))
     module = extract_main_branch(model) if head == "main" else EnsembleLogits(model).eval()
     on_stage(f"writing {format}")
     with torch.no_grad():
@@ -212,6 +213,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
             "backbone": backbone, "num_classes": int(config["num_classes"]), "arch": config["arch"],
             "model_config": {**config, "backbone": backbone, "pretrained": False},
             "output_size": int(reference.shape[-1]),
+            **({"bands": metadata["bands"]} if metadata.get("bands") else {}),
             DIGEST_KEY: {name: file_digest(out_dir / name)
                          for name in export_files({"format": format, "file": path.name})}}
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)

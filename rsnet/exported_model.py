@@ -217,7 +217,8 @@ def _check_output_size(exported: ExportedModel, metadata_path: Path) -> None:
     size = int(meta["image_size"])
     device = next(iter(exported.parameters()), torch.zeros(0)).device  # an ONNX session takes CPU tensors
     with torch.no_grad():
-        outputs = int(exported(torch.zeros(1, 3, size, size, device=device)).shape[-1])
+        channels = int(meta.get("model_config", {}).get("in_chans", 3))
+        outputs = int(exported(torch.zeros(1, channels, size, size, device=device)).shape[-1])
     named = len(meta["class_names"])
     recorded = (int(meta.get("num_classes", named)), int(meta.get("output_size", outputs)))
     if outputs != named or recorded != (named, outputs):
@@ -253,7 +254,9 @@ def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | to
         if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
             raise ExportError(f"{file} holds no state dict (names of tensors); export the checkpoint again")
         if meta["head"] == "main":
-            module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"])
+            in_chans = meta.get("model_config", {}).get("in_chans")
+            module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"],
+                                       **({"in_chans": in_chans} if in_chans else {}))
         else:
             module = EnsembleLogits(build_model(**buildable_config(meta)))
             state = {f"model.{k}": v for k, v in state.items()}

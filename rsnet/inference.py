@@ -11,9 +11,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, decode_image
+from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, Decoding, decode_image
 from rsnet.data.errors import CorruptImageError
 from rsnet.data.normalize import to_float_chw
+from rsnet.data.raster import Bands, bands_from_metadata
 from rsnet.data.specs import IMAGE_EXTENSIONS
 from rsnet.evaluation import TTAModel
 from rsnet.export import attention_model
@@ -29,11 +30,12 @@ class UnreadableImageError(ValueError):
         self.path = path
 
 
-def read_image(path: str | Path, image_size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+def read_image(path: str | Path, image_size: int, decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH,
                report: DecodeReport | None = None) -> np.ndarray:
-    """Decode to RGB uint8 (image_size, image_size, 3) as the datasets do; else :class:`UnreadableImageError`."""
+    """Decode to RGB uint8 (image_size, image_size, 3), or a model's :class:`Bands`, as the datasets do; else
+    :class:`UnreadableImageError`."""
     try:
-        return decode_image(Path(path), image_size, high_bit_depth, report)
+        return decode_image(Path(path), image_size, decoding, report)
     except CorruptImageError as error:  # undecodable and missing files; its own text hints at a training setting
         raise UnreadableImageError(Path(path), error.reason or "cannot be decoded") from error
 
@@ -57,7 +59,8 @@ def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
 
 @dataclass
 class Predictor:
-    """A trained model with its preprocessing: uint8 RGB images in, class probabilities out."""
+    """A trained model with its preprocessing: images as :meth:`read_images` decodes them in (uint8 RGB, or the
+    ``bands`` of a multispectral model), class probabilities out."""
 
     forward: Callable[[Tensor], Tensor]  # normalised images -> logits of the scored head
     class_names: list[str]
@@ -68,17 +71,36 @@ class Predictor:
     full_model: nn.Module | None  # checkpoints, and exports loaded with attention=True: for attention maps
     description: str
     high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH  # how 16-bit/float images become 8 bit, as in training
+    bands: Bands | None = None  # the bands a multispectral model reads (None: RGB pictures)
+
+    @property
+    def decoding(self) -> Decoding:
+        """How a file becomes the model's pixels: its bands, else the high-bit-depth rule of RGB pictures."""
+        return self.bands or self.high_bit_depth
+
+    @property
+    def channels(self) -> int:
+        return len(self.mean)
 
     def read_images(self, paths: Sequence[str | Path], report: DecodeReport | None = None) -> np.ndarray:
-        """The images at ``paths`` as one uint8 (N, image_size, image_size, 3) batch, decoded as in training."""
-        return np.stack([read_image(path, self.image_size, self.high_bit_depth, report) for path in paths])
+        """The images at ``paths`` as one (N, image_size, image_size, C) batch, decoded as in training."""
+        return np.stack([read_image(path, self.image_size, self.decoding, report) for path in paths])
 
     def preprocess(self, images: np.ndarray) -> Tensor:
-        """uint8 (N, H, W, 3) at the model's image size -> normalised float (N, 3, H, W) on the model's device."""
-        return to_float_chw(images, self.mean, self.std).to(self.device)
+        """(N, H, W, C) images at the model's image size -> normalised float (N, C, H, W) on the model's device."""
+        scale = 255.0 if self.bands is None else self.bands.max_pixel_value
+        return to_float_chw(images, self.mean, self.std, scale).to(self.device)
+
+    def display_images(self, images: np.ndarray) -> np.ndarray:
+        """uint8 RGB pictures of decoded ``images``: themselves, or the RGB composite of a model's bands."""
+        if self.bands is None:
+            return images
+        from rsnet.data.raster import rgb_composite
+
+        return rgb_composite(images, self.bands.rgb)
 
     def probabilities(self, inputs: np.ndarray | Tensor) -> Tensor:
-        """Class probabilities (N, classes) on the CPU of uint8 images (N, H, W, 3) or preprocessed ones."""
+        """Class probabilities (N, classes) on the CPU of decoded images (N, H, W, C) or preprocessed ones."""
         if isinstance(inputs, np.ndarray):
             inputs = self.preprocess(inputs)
         with torch.no_grad():
@@ -115,7 +137,8 @@ def load_predictor(path: str | Path, device: str | torch.device = "auto", head: 
     scored = TTAModel(model) if tta == "d4" else model
     settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
                     mean=list(meta["mean"]), std=list(meta["std"]), device=device,
-                    high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH))
+                    high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
+                    bands=bands_from_metadata(meta.get("bands")))
     if loaded.source.kind == "export":
         if head is not None and head != meta.get("head", head):
             raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")
@@ -124,7 +147,7 @@ def load_predictor(path: str | Path, device: str | torch.device = "auto", head: 
                          f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head, tta {tta})")
     with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
         size = settings["image_size"]
-        probe = model(torch.zeros(1, 3, size, size, device=device))
+        probe = model(torch.zeros(1, len(settings["mean"]), size, size, device=device))
     heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
     if head is not None and head not in heads:
         raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")

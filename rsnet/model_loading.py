@@ -76,7 +76,7 @@ class LoadedModel:
 
     model: nn.Module
     source: ModelSource
-    metadata: dict[str, Any]  # class_names, image_size, mean, std (an export: all of its model.json)
+    metadata: dict[str, Any]  # class_names, image_size, mean, std, bands (an export: all of its model.json)
     train_config: dict[str, Any] | None = None  # a checkpoint's training config
     epoch: int | None = None
     sha256: str | None = None  # a checkpoint's: the SHA-256 of the bytes its model was loaded from
@@ -90,6 +90,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", setting: st
         return LoadedModel(exported.to(device), source, dict(exported.metadata))
     model, checkpoint = model_from_training_checkpoint(source.path)
     metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
+    metadata["bands"] = checkpoint.get("bands")  # a multispectral model's bands (None: RGB pictures)
     dataset = (checkpoint.get("config") or {}).get("dataset") or {}
     metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
     return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"),

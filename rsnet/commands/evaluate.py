@@ -94,6 +94,7 @@ def main(cfg: DictConfig) -> None:
     """Score the model, print the main figures and per-class table, then write the metrics and confusion."""
     with user_errors():  # around the imports too: a Ctrl-C while torch loads is one line as well
         from rsnet.data import build_datasets_from_config
+        from rsnet.data.raster import bands_from_metadata
         from rsnet.evaluation import TTAModel, compute_metrics, evaluate
         from rsnet.model_loading import load_model
 
@@ -109,6 +110,8 @@ def main(cfg: DictConfig) -> None:
         out = output_path(cfg, loaded.source, dataset)
         run_split = loaded.source.path.resolve().parent.parent / "split.json"
         same_run = runs_own and cfg.seed is None
+        # read the bands the model was trained on (None: RGB pictures), normalised with its own statistics
+        dataset["bands"] = bands_from_metadata(loaded.metadata.get("bands"))
         try:
             data = build_datasets_from_config(dataset, seed, image_size=loaded.metadata["image_size"],
                                               split_file=run_split if same_run and run_split.is_file() else None,

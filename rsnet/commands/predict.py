@@ -40,7 +40,7 @@ def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableIma
     good, pixels = [], []
     for path in paths:
         try:
-            pixels.append(read_image(path, predictor.image_size, predictor.high_bit_depth, report))
+            pixels.append(read_image(path, predictor.image_size, predictor.decoding, report))
             good.append(path)
         except UnreadableImageError as error:
             bad.append(error)
@@ -144,7 +144,8 @@ def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, An
                 rows.append(row)
                 bar.write(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}\t[{row['top_k']}]", file=sys.stdout)
             if attention_dir is not None:
-                _save_attention(predictor.full_model, images, inputs, batch_paths, names, attention_dir,
+                _save_attention(predictor.full_model, predictor.display_images(images), inputs, batch_paths, names,
+                                attention_dir,
                                 predictor.class_names)
     return rows, bad, report
 

@@ -112,7 +112,8 @@ class AugmentParams:
 @dataclass(frozen=True)
 class AugmentSettings:
     """The augmentation's settings and draw: ``crop_scale``, the crop's area range (None: no crop); ``color_jitter`` on
-    a ``jitter_p`` share of the images; nothing set: it only normalises."""
+    a ``jitter_p`` share of the images; nothing set: it only normalises, ``(x / max_pixel_value - mean) / std``
+    (``max_pixel_value`` 1 for a multispectral dataset's bands, whose mean/std are in their own units)."""
 
     image_size: int
     mean: tuple[float, ...]
@@ -122,14 +123,17 @@ class AugmentSettings:
     color_jitter: float = 0.0
     jitter_p: float = COLOR_JITTER_P
     dihedral: bool = False
+    max_pixel_value: float = 255.0
 
     @classmethod
     def for_training(cls, image_size: int, mean: Sequence[float], std: Sequence[float],
-                     scale: Sequence[float] | None, color_jitter: float) -> AugmentSettings:
+                     scale: Sequence[float] | None, color_jitter: float,
+                     max_pixel_value: float = 255.0) -> AugmentSettings:
         """The training augmentation: crop, 8 flips/rotations, jitter (see ``augmentation_options``)."""
         crop = None if scale is None else (float(scale[0]), float(scale[1]))
         return cls(int(image_size), tuple(float(m) for m in mean), tuple(float(s) for s in std), crop,
-                   color_jitter=float(color_jitter), jitter_p=COLOR_JITTER_P, dihedral=True)
+                   color_jitter=float(color_jitter), jitter_p=COLOR_JITTER_P, dihedral=True,
+                   max_pixel_value=float(max_pixel_value))
 
     @property
     def augments(self) -> bool:

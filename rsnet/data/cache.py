@@ -18,7 +18,9 @@ import numpy as np
 
 from rsnet.files import DiskFullError, atomic_write
 
-from .decode import DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, check_high_bit_depth, decode_image
+from .decode import (DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, Decoding, check_decoding, decode_image,
+                     pixel_layout)
+from .raster import Bands
 from .errors import CorruptImageError
 from .store import ImageStore
 
@@ -38,7 +40,7 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rsnet"
 
 
-def decode_into(out: np.ndarray, paths: Sequence[str], size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+def decode_into(out: np.ndarray, paths: Sequence[str], size: int, decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH,
                 report: DecodeReport | None = None) -> dict[int, str]:
     """Decode ``paths[i]`` into ``out[i]`` with a thread pool (PIL releases the GIL while decoding); returns
     ``{i: reason}`` for the undecodable files (their rows are zero)."""
@@ -46,7 +48,7 @@ def decode_into(out: np.ndarray, paths: Sequence[str], size: int, high_bit_depth
 
     def work(i: int) -> tuple[int, str] | None:
         try:
-            out[i] = decode_image(paths[i], size, high_bit_depth, report)  # module-level: tests may patch it
+            out[i] = decode_image(paths[i], size, decoding, report)  # module-level: tests may patch it
             return None
         except CorruptImageError as exc:
             out[i] = 0
@@ -61,10 +63,11 @@ def decode_into(out: np.ndarray, paths: Sequence[str], size: int, high_bit_depth
 
 
 def cache_key(dataset: str, size: int, names: Sequence[str], paths: Sequence[str],
-              high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> str:
+              decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH) -> str:
     """Hash of what determines the decoded array: dataset, size, rescaling, file list (with sizes/mtimes)."""
     h = hashlib.sha256()
-    h.update(json.dumps([CACHE_VERSION, dataset, int(size), str(RESAMPLE), high_bit_depth, PERCENTILES]).encode())
+    how = decoding.to_metadata() if isinstance(decoding, Bands) else decoding  # an RGB set keeps its earlier key
+    h.update(json.dumps([CACHE_VERSION, dataset, int(size), str(RESAMPLE), how, PERCENTILES]).encode())
     for name, path in zip(names, paths):
         st = os.stat(path)
         h.update(f"\n{name}\t{st.st_size}\t{int(st.st_mtime)}".encode())
@@ -73,37 +76,46 @@ def cache_key(dataset: str, size: int, names: Sequence[str], paths: Sequence[str
 
 def build_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int, mode: str = "memory",
                 cache_dir: str | os.PathLike | None = None, skip_corrupt: bool = False,
-                high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH) -> ImageStore:
+                decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH) -> ImageStore:
     """Decode (or reuse) the images of ``paths`` (``names``: part of the disk-cache key); all undecodable files are
     raised as one CorruptImageError unless ``skip_corrupt`` (then in ``store.corrupt``)."""
     if mode not in CACHE_MODES:
         raise ValueError(f"dataset.cache must be one of {CACHE_MODES}, got {mode!r}")
-    check_high_bit_depth(high_bit_depth)
+    check_decoding(decoding)
     if mode == "disk":
-        return _disk_store(dataset, names, paths, size, cache_dir, skip_corrupt, high_bit_depth)
+        return _disk_store(dataset, names, paths, size, cache_dir, skip_corrupt, decoding)
     if mode == "memory":
-        return _memory_store(paths, size, skip_corrupt, high_bit_depth)
-    return _uncached_store(paths, size, skip_corrupt, high_bit_depth)
+        return _memory_store(paths, size, skip_corrupt, decoding)
+    return _uncached_store(paths, size, skip_corrupt, decoding)
 
 
-def _memory_store(paths: Sequence[str], size: int, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
+def _memory_store(paths: Sequence[str], size: int, skip_corrupt: bool, decoding: Decoding) -> ImageStore:
     """Mode "memory": every image decoded into one array in RAM."""
     started = time.perf_counter()
     report = DecodeReport()
-    _check_memory_for(len(paths), size)
-    array = np.empty((len(paths), size, size, 3), np.uint8)
-    corrupt = decode_into(array, paths, size, high_bit_depth, report)
+    shape, dtype = _array_layout(len(paths), size, decoding)
+    _check_memory_for(shape, dtype)
+    array = np.empty(shape, dtype)
+    corrupt = decode_into(array, paths, size, decoding, report)
     log.info("decoded %d images at %d px into memory (%.1f MB) in %.1f s",
              len(paths), size, array.nbytes / 1e6, time.perf_counter() - started)
     _raise_unless_skipped(paths, corrupt, skip_corrupt)
     return ImageStore(paths, size, "memory", array, corrupt=sorted(corrupt), decoded=len(paths),
-                      high_bit_depth=high_bit_depth, rescaled=_rescaled_rows(paths, report))
+                      decoding=decoding, rescaled=_rescaled_rows(paths, report))
 
 
-def _check_memory_for(count: int, size: int) -> None:
-    """Refuse a memory cache of ``count`` RGB images at ``size`` px that the machine's available memory cannot
-    hold, before anything is decoded (numpy would fail on the allocation with a traceback)."""
-    needed = count * size * size * 3
+def _array_layout(count: int, size: int, decoding: Decoding) -> tuple[tuple[int, int, int, int], np.dtype]:
+    """Shape and sample type of the array of ``count`` decoded images: (N, S, S, 3) uint8 for RGB pictures, (N, S,
+    S, bands) in the files' own sample type for a multispectral dataset."""
+    channels, dtype = pixel_layout(decoding)
+    return (count, size, size, channels), dtype
+
+
+def _check_memory_for(shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Refuse a memory cache of ``shape`` that the machine's available memory cannot hold, before anything is
+    decoded (numpy would fail on the allocation with a traceback)."""
+    count, size = shape[0], shape[1]
+    needed = int(np.prod(shape)) * dtype.itemsize
     available = available_memory()
     if available is not None and needed > available:
         raise ValueError(f"dataset.cache=memory: {count} images at {size} px need {_binary_size(needed)} and this "
@@ -134,18 +146,19 @@ def _binary_size(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
-def _uncached_store(paths: Sequence[str], size: int, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
+def _uncached_store(paths: Sequence[str], size: int, skip_corrupt: bool, decoding: Decoding) -> ImageStore:
     """Mode "none": every image decoded once, a chunk at a time, only to find the undecodable ones."""
     report = DecodeReport()
-    scratch = np.empty((min(len(paths), _CHECK_CHUNK), size, size, 3), np.uint8)
+    shape, dtype = _array_layout(min(len(paths), _CHECK_CHUNK), size, decoding)
+    scratch = np.empty(shape, dtype)
     corrupt: dict[int, str] = {}
     for start in range(0, len(paths), len(scratch)):
         chunk = paths[start : start + len(scratch)]
-        bad = decode_into(scratch[: len(chunk)], chunk, size, high_bit_depth, report)
+        bad = decode_into(scratch[: len(chunk)], chunk, size, decoding, report)
         corrupt.update((start + i, why) for i, why in bad.items())
     _raise_unless_skipped(paths, corrupt, skip_corrupt)
     return ImageStore(paths, size, "none", None, corrupt=sorted(corrupt), decoded=len(paths),
-                      high_bit_depth=high_bit_depth, rescaled=_rescaled_rows(paths, report))
+                      decoding=decoding, rescaled=_rescaled_rows(paths, report))
 
 
 def _raise_unless_skipped(paths: Sequence[str], corrupt: dict[int, str], skip_corrupt: bool) -> None:
@@ -160,12 +173,12 @@ def _rescaled_rows(paths: Sequence[str], report: DecodeReport) -> dict[int, str]
 
 
 def _disk_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
-                cache_dir: str | os.PathLike | None, skip_corrupt: bool, high_bit_depth: str) -> ImageStore:
+                cache_dir: str | os.PathLike | None, skip_corrupt: bool, decoding: Decoding) -> ImageStore:
     """Mode "disk": reuse or write ``<cache_dir>/<dataset>_<size>px_n<N>_<key>.npy`` (docs/data.md)."""
     n = len(paths)
     folder, setting = _cache_folder(cache_dir)
-    npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, names, paths, high_bit_depth)}.npy"
-    reused = _reuse(npy, names, (n, size, size, 3))
+    npy = folder / f"{dataset}_{size}px_n{n}_{cache_key(dataset, size, names, paths, decoding)}.npy"
+    reused = _reuse(npy, names, *_array_layout(n, size, decoding))
     if reused is not None:
         array, meta = reused
         corrupt = {int(i): f"recorded as undecodable when the disk cache '{npy}' was written"
@@ -173,12 +186,12 @@ def _disk_store(dataset: str, names: Sequence[str], paths: Sequence[str], size: 
         _raise_unless_skipped(paths, corrupt, skip_corrupt)
         log.info("reusing disk cache %s", npy)
         return ImageStore(paths, size, "disk", array, npy, corrupt=sorted(corrupt), decoded=0,
-                          high_bit_depth=high_bit_depth,
+                          decoding=decoding,
                           rescaled={int(i): src for i, src in meta.get("rescaled", [])})
-    corrupt, rescaled = _write_cache(npy, setting, dataset, names, paths, size, high_bit_depth)
+    corrupt, rescaled = _write_cache(npy, setting, dataset, names, paths, size, decoding)
     _raise_unless_skipped(paths, corrupt, skip_corrupt)  # the cache is kept: a rerun that skips them reuses it
     return ImageStore(paths, size, "disk", np.load(npy, mmap_mode="r"), npy, corrupt=sorted(corrupt), decoded=n,
-                      high_bit_depth=high_bit_depth, rescaled=rescaled)
+                      decoding=decoding, rescaled=rescaled)
 
 
 def _cache_folder(cache_dir: str | os.PathLike | None) -> tuple[Path, str]:
@@ -209,7 +222,7 @@ def _checksum(array: np.ndarray) -> str:
     return f"crc32:{crc:08x}"
 
 
-def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...]) -> tuple[np.ndarray, dict] | None:
+def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, dict] | None:
     """The cached array and its sidecar when both exist, match the file list and pass the checksum."""
     meta_path = npy.with_suffix(".json")
     if not (npy.exists() and meta_path.exists()):
@@ -220,7 +233,7 @@ def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...]) -> tuple[np.
     except (OSError, ValueError) as exc:
         log.warning("disk cache %s is unreadable (%s); rebuilding", npy, exc)
         return None
-    if array.shape != shape or meta.get("names") != list(names):
+    if array.shape != shape or array.dtype != dtype or meta.get("names") != list(names):
         log.warning("disk cache %s does not match the file list; rebuilding", npy)
         return None
     if meta.get("checksum") != _checksum(array):
@@ -230,38 +243,40 @@ def _reuse(npy: Path, names: Sequence[str], shape: tuple[int, ...]) -> tuple[np.
 
 
 def _write_cache(npy: Path, setting: str, dataset: str, names: Sequence[str], paths: Sequence[str], size: int,
-                 high_bit_depth: str) -> tuple[dict[int, str], dict[int, str]]:
+                 decoding: Decoding) -> tuple[dict[int, str], dict[int, str]]:
     """Decode every image into ``npy``, then write its sidecar (the completion marker); returns the undecodable
     rows (row -> reason) and the rescaled ones (row -> source pixel format)."""
     started = time.perf_counter()
     report = DecodeReport()
-    corrupt, digest = _decode_to_file(npy, setting, paths, size, high_bit_depth, report)
+    corrupt, digest = _decode_to_file(npy, setting, paths, size, decoding, report)
     rescaled = _rescaled_rows(paths, report)
-    meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, "high_bit_depth": high_bit_depth,
+    how = {"bands": decoding.to_metadata()} if isinstance(decoding, Bands) else {"high_bit_depth": decoding}
+    meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, **how,
             "names": list(names), "corrupt": sorted(corrupt), "rescaled": sorted(rescaled.items()),
             "checksum": digest, "created": time.time()}
     with atomic_write(npy.with_suffix(".json"), "w") as handle:
         handle.write(json.dumps(meta))
     log.info("decoded %d images at %d px into disk cache %s (%.1f MB) in %.1f s",
-             len(paths), size, npy, len(paths) * size * size * 3 / 1e6, time.perf_counter() - started)
+             len(paths), size, npy, npy.stat().st_size / 1e6, time.perf_counter() - started)
     return corrupt, rescaled
 
 
-def _decode_to_file(npy: Path, setting: str, paths: Sequence[str], size: int, high_bit_depth: str,
+def _decode_to_file(npy: Path, setting: str, paths: Sequence[str], size: int, decoding: Decoding,
                     report: DecodeReport) -> tuple[dict[int, str], str]:
     """Decode into a temporary ``.npy`` beside ``npy``, renamed into place once complete; returns the undecodable
     rows (row -> reason) and the pixels' checksum."""
     n = len(paths)
+    shape, dtype = _array_layout(n, size, decoding)
     tmp = npy.with_name(f".{npy.name}.tmp-{os.getpid()}")
     try:
         try:
-            mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, size, size, 3))
+            mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
         except OSError as exc:
             raise ValueError(f"cannot write the disk cache in {setting} '{npy.parent}' ({exc.strerror or exc}; "
-                             f"{n * size * size * 3 / 1e6:.0f} MB needed): point {setting} at a writable "
+                             f"{np.prod(shape) * dtype.itemsize / 1e6:.0f} MB needed): point {setting} at a writable "
                              "folder, or set dataset.cache=memory") from exc
         _reserve(tmp, npy)
-        corrupt = decode_into(mm, paths, size, high_bit_depth, report)
+        corrupt = decode_into(mm, paths, size, decoding, report)
         digest = _checksum(mm)
         mm.flush()
         del mm

@@ -16,6 +16,7 @@ from .cache import build_store
 from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .discovery import ScanResult, dataset_not_found, default_root, scan_dataset
 from .errors import CorruptImageWarning, DatasetValidationError, HighBitDepthWarning
+from .raster import Bands, band_statistics, resolve_bands
 from .scene_dataset import SceneDataset
 from .specs import DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
@@ -31,13 +32,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class DataBundle:
     """What ``build_datasets`` returns: the splits as views into one decoded store, the normalisation, the split's file
-    lists, and the train and eval augmentations of whole uint8 batches on a worker's device."""
+    lists, the train and eval augmentations of whole stored batches on a worker's device, and the ``bands`` of a
+    multispectral dataset (None: RGB pictures)."""
 
     train: SceneDataset
     test: SceneDataset
     class_names: list[str]
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     image_size: int
     split: Split
     skipped: list[str] = field(default_factory=list)
@@ -46,6 +48,12 @@ class DataBundle:
     val: SceneDataset | None = None
     train_augment: DeviceAugment | None = None
     eval_augment: DeviceAugment | None = None
+    bands: Bands | None = None
+
+    @property
+    def channels(self) -> int:
+        """Bands of a model input: 3 for RGB pictures."""
+        return 3 if self.bands is None else self.bands.channels
 
 
 def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float, seed: int, image_size: int,
@@ -53,9 +61,11 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
                    split_file: str | os.PathLike | None = None, *, check_counts: bool = True,
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, augment: Mapping[str, Any] | None = None,
-                   val_ratio: float = 0.0) -> DataBundle:
+                   val_ratio: float = 0.0, bands: Any = None) -> DataBundle:
     """Locate, validate, split and decode the dataset ``name`` (a key of ``DATASETS`` or "image_folder") below ``root``
-    (None: the bundled sample), docs/data.md; raises DatasetValidationError for a class without images in a part."""
+    (None: the bundled sample), docs/data.md; raises DatasetValidationError for a class without images in a part.
+    ``bands`` (``dataset.bands``) reads N-band rasters, normalised with the training split's per-band statistics
+    instead of ``mean``/``std``."""
     spec = get_spec(name, root)
     if split_file is None:
         train_ratio, val_ratio = check_train_ratio(train_ratio), check_val_ratio(val_ratio)
@@ -66,19 +76,30 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     scan = scan_dataset(spec, _root(spec, root), check_counts=check_counts)
     # split before the (long) decode so a class without a test image is refused at once
     split, rows = _checked_split(scan, [], train_ratio, val_ratio, seed, split_file)
-    store = build_store(spec.name, scan.names, scan.paths, image_size, cache, cache_dir, skip_corrupt, high_bit_depth)
+    given = isinstance(bands, Bands)  # a trained model's bands: read them, normalised with its mean/std
+    raster_bands = bands if given else resolve_bands(bands, scan.paths[0], spec.band_names, spec.rgb_bands)
+    store = build_store(spec.name, scan.names, scan.paths, image_size, cache, cache_dir, skip_corrupt,
+                        raster_bands or high_bit_depth)
     skipped = _report_decoding(scan, store)
     if skipped:  # skipping undecodable files can only remove images: draw the split again and recheck it
         split, rows = _checked_split(scan, skipped, train_ratio, val_ratio, seed, split_file)
     mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    train, test, val = _views(scan, store, rows, image_size, mean_t, std_t, augmentation)
+    pixel_scale = 255.0
+    if raster_bands is not None and not given:
+        mean_t, std_t = band_statistics(store, rows.train)
+        log.info("%s: bands %s (%s), per-band mean %s, std %s from the training split", spec.name,
+                 list(raster_bands.names), raster_bands.dtype, [round(m, 2) for m in mean_t],
+                 [round(s, 2) for s in std_t])
+    if raster_bands is not None:
+        pixel_scale = raster_bands.max_pixel_value
+    train, test, val = _views(scan, store, rows, image_size, mean_t, std_t, augmentation, pixel_scale)
     held_out = f" / {len(val)} val" if val is not None else ""
     log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",
              spec.name, len(train), held_out, len(test), spec.num_classes, image_size, cache)
     return DataBundle(train, test, list(spec.classes), mean_t, std_t, image_size, split, skipped,
                       scan.class_root, spec, val,
-                      DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation),
-                      DeviceAugment(image_size, mean_t, std_t))
+                      DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation, max_pixel_value=pixel_scale),
+                      DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands)
 
 
 def _root(spec: DatasetSpec, root: str | os.PathLike | None) -> str | os.PathLike:
@@ -96,7 +117,7 @@ def _report_decoding(scan: ScanResult, store: ImageStore) -> list[str]:
     spec = scan.spec
     if store.rescaled:
         warnings.warn(f"{spec.name} under '{scan.class_root}': "
-                      + describe_rescaled(store.rescaled.values(), len(store), store.high_bit_depth),
+                      + describe_rescaled(store.rescaled.values(), len(store), str(store.decoding)),
                       HighBitDepthWarning, stacklevel=3)
     skipped = [scan.names[i] for i in store.corrupt]
     if skipped:
@@ -111,7 +132,7 @@ def _report_decoding(scan: ScanResult, store: ImageStore) -> list[str]:
 
 
 def _views(scan: ScanResult, store: ImageStore, rows: SplitRows, image_size: int, mean: tuple[float, ...],
-           std: tuple[float, ...], augmentation: Mapping[str, Any]
+           std: tuple[float, ...], augmentation: Mapping[str, Any], pixel_scale: float
            ) -> tuple[SceneDataset, SceneDataset, SceneDataset | None]:
     """The train (augmenting), test and validation (eval transform; None without a validation part) datasets,
     all views into ``store``."""
@@ -121,9 +142,10 @@ def _views(scan: ScanResult, store: ImageStore, rows: SplitRows, image_size: int
         return SceneDataset(store, part_rows, scan.labels[part_rows], [scan.names[r] for r in part_rows],
                             spec.classes, transform, f"{spec.name}/{part}")
 
-    train = view("train", rows.train, train_transform(image_size, mean, std, **augmentation))
-    test = view("test", rows.test, eval_transform(image_size, mean, std))
-    val = view("val", rows.val, eval_transform(image_size, mean, std)) if len(rows.val) else None
+    train = view("train", rows.train, train_transform(image_size, mean, std, **augmentation,
+                                                      max_pixel_value=pixel_scale))
+    test = view("test", rows.test, eval_transform(image_size, mean, std, pixel_scale))
+    val = view("val", rows.val, eval_transform(image_size, mean, std, pixel_scale)) if len(rows.val) else None
     return train, test, val
 
 
@@ -200,4 +222,4 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
         dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset["cache"], cache_dir=dataset["cache_dir"],
         skip_corrupt=bool(dataset["skip_corrupt"]), split_file=split_file, high_bit_depth=dataset["high_bit_depth"],
-        mean=mean, std=std, augment=augment, val_ratio=dataset["val_ratio"])
+        mean=mean, std=std, augment=augment, val_ratio=dataset["val_ratio"], bands=dataset.get("bands"))

@@ -1,5 +1,6 @@
-"""Decoding one image file to the uint8 RGB array every model input starts from; 16-bit and float pixels are stretched
-to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery)."""
+"""Decoding one image file to the array a model input starts from: uint8 RGB, with 16-bit and float pixels stretched
+to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery), or the :class:`~rsnet.data.raster.Bands`
+of a multispectral dataset in their own sample type."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .errors import CorruptImageError
+from .raster import Bands
 
-__all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "check_high_bit_depth", "decode_image",
-           "describe_rescaled"]
+__all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "Decoding", "check_decoding",
+           "check_high_bit_depth", "decode_image", "describe_rescaled", "pixel_layout"]
 
 HIGH_BIT_DEPTH_MODES = ("percentile", "minmax", "refuse")
 DEFAULT_HIGH_BIT_DEPTH = "percentile"
 PERCENTILES = (2.0, 98.0)  # the stretch of high_bit_depth="percentile"
 _HIGH_BIT_PIL_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # gray 16-bit, int32, float32
 RESAMPLE = Image.Resampling.BILINEAR
+Decoding = str | Bands  # how files become pixels: a high_bit_depth mode (RGB pictures) or a dataset's bands
 
 
 def check_high_bit_depth(value: str) -> str:
@@ -29,6 +32,18 @@ def check_high_bit_depth(value: str) -> str:
     if value not in HIGH_BIT_DEPTH_MODES:
         raise ValueError(f"dataset.high_bit_depth must be one of {HIGH_BIT_DEPTH_MODES}, got {value!r}")
     return value
+
+
+def check_decoding(decoding: Decoding) -> Decoding:
+    """Return ``decoding``: :class:`Bands`, or a known ``dataset.high_bit_depth`` mode (ValueError otherwise)."""
+    return decoding if isinstance(decoding, Bands) else check_high_bit_depth(decoding)
+
+
+def pixel_layout(decoding: Decoding) -> tuple[int, np.dtype]:
+    """(channels, sample type) of the arrays ``decoding`` gives: 3 × uint8 for RGB pictures."""
+    if isinstance(decoding, Bands):
+        return decoding.channels, np.dtype(decoding.dtype)
+    return 3, np.dtype(np.uint8)
 
 
 def describe_rescaled(sources: Iterable[str], total: int, high_bit_depth: str) -> str:
@@ -54,10 +69,13 @@ class DecodeReport:
             self.rescaled[path] = source
 
 
-def decode_image(path: str | os.PathLike, size: int, high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH,
+def decode_image(path: str | os.PathLike, size: int, high_bit_depth: Decoding = DEFAULT_HIGH_BIT_DEPTH,
                  report: DecodeReport | None = None) -> np.ndarray:
-    """Decode one image file to uint8 ``size × size × 3`` RGB; a stretched high-bit-depth file is recorded in
+    """Decode one image file to uint8 ``size × size × 3`` RGB (``high_bit_depth``: a mode) or to ``size × size × C``
+    samples (``high_bit_depth``: the dataset's :class:`Bands`); a stretched high-bit-depth file is recorded in
     ``report`` so the caller warns once. CorruptImageError names a file that cannot be read or converted."""
+    if isinstance(high_bit_depth, Bands):
+        return high_bit_depth.read(path, size)
     check_high_bit_depth(high_bit_depth)
     try:
         arr, source = _decode(path, size, high_bit_depth)
@@ -132,8 +150,8 @@ def _from_high_bit(path: str | os.PathLike, pixels: np.ndarray, source: str, siz
                                            "(set it to percentile or minmax, or convert the file to 8-bit RGB)")
     bands = 1 if pixels.ndim == 2 else pixels.shape[2]
     if bands not in (1, 2, 3, 4):
-        raise ValueError(f"{source} image with {bands} bands: only gray, gray+alpha, RGB or RGBA can be read "
-                         "(export an RGB composite)")
+        raise ValueError(f"{source} image with {bands} bands: as a picture only gray, gray+alpha, RGB or RGBA "
+                         "can be read; set dataset.bands (all, or the bands to read) to train on its bands")
     colour = pixels if pixels.ndim == 2 else pixels[..., :3] if bands >= 3 else pixels[..., 0]  # drop alpha
     u8 = _stretch(colour, high_bit_depth)
     rgb = np.repeat(u8[..., None], 3, axis=2) if u8.ndim == 2 else u8

@@ -59,7 +59,8 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch
 
 @dataclass(frozen=True)
 class DeviceAugment(AugmentSettings):
-    """A uint8 (N, H, W, C) batch on any device -> the normalised float32 (N, C, S, S) model input, with the
+    """A stored (N, H, W, C) batch (uint8 RGB, or float32 bands) on any device -> the normalised float32 (N, C, S, S)
+    model input, with the
     parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw` (the settings are its fields)."""
 
     def apply(self, images: torch.Tensor, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
@@ -70,7 +71,7 @@ class DeviceAugment(AugmentSettings):
 
     def __call__(self, images: torch.Tensor, params: AugmentParams,
                  memory_format: torch.memory_format = torch.channels_last) -> torch.Tensor:
-        """Augment and normalise uint8 (N, H, W, C) ``images`` on their device with ``params`` from :meth:`draw`."""
+        """Augment and normalise (N, H, W, C) ``images`` on their device with ``params`` from :meth:`draw`."""
         n, height, width, channels = images.shape
         device = images.device
         if params.dihedral is not None:
@@ -84,7 +85,7 @@ class DeviceAugment(AugmentSettings):
             pixels = images.float()
         if params.factors is not None:
             pixels = _jitter(pixels, params.factors.to(device))
-        scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], device=device)
+        scale = torch.tensor([1.0 / (self.max_pixel_value * s) for s in self.std], device=device)
         shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=device)
         out = torch.addcmul(shift, pixels, scale).permute(0, 3, 1, 2)  # NHWC memory: a channels_last view
         return out.contiguous(memory_format=memory_format)
@@ -117,13 +118,22 @@ def _dihedral(images: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
 
 def _jitter(pixels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """Brightness b, contrast c, saturation s per image on float (N, H, W, 3) pixels in [0, 255]: ``b·c·(s·x + (1 −
-    s)·gray) + b·(1 − c)·mean(gray)``, clamped."""
-    if pixels.shape[-1] != 3:
-        raise ValueError(f"colour jitter needs RGB images, got {pixels.shape[-1]} channels")
+    s)·gray) + b·(1 − c)·mean(gray)``, clamped; on other band counts b and c per band (:func:`_jitter_bands`)."""
     n = pixels.shape[0]
+    if pixels.shape[-1] != 3:
+        return _jitter_bands(pixels, factors)
     b, c, s = factors.unbind(1)
     k = b * c
     gray = pixels @ torch.tensor(LUMA, device=pixels.device)
     offset = (b * (1 - c) * gray.mean((1, 2))).view(n, 1, 1)
     shift = torch.addcmul(offset, gray, (k * (1 - s)).view(n, 1, 1))
     return torch.addcmul(shift.unsqueeze(-1), pixels, (k * s).view(n, 1, 1, 1)).clamp_(0.0, 255.0)
+
+
+def _jitter_bands(pixels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness b and contrast c per image on float (N, H, W, C) bands, each around its own mean:
+    ``b·(c·x + (1 − c)·mean)``, not clipped (the host's :func:`~rsnet.data.transforms.jitter_bands`)."""
+    n = pixels.shape[0]
+    b, c = factors[:, 0].view(n, 1, 1, 1), factors[:, 1].view(n, 1, 1, 1)
+    mean = pixels.mean((1, 2), keepdim=True)
+    return torch.addcmul(b * (1 - c) * mean, pixels, b * c)

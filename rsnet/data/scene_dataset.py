@@ -9,7 +9,9 @@ import torch
 from torch.utils.data import Dataset
 
 from .batch_transform import batch_transform
+from .decode import pixel_layout
 from .normalize import to_float_chw
+from .raster import Bands, rgb_composite
 from .store import ImageStore
 from .transforms import HostAugment
 
@@ -47,8 +49,14 @@ class SceneDataset(Dataset):
         return self.store.array
 
     def raw(self, i: int) -> np.ndarray:
-        """The stored uint8 H×W×3 image of item ``i`` (resized to the working size, not augmented)."""
+        """The stored H×W×C image of item ``i`` (resized to the working size, not augmented)."""
         return self.store[int(self.rows[i])]
+
+    def picture(self, i: int) -> np.ndarray:
+        """Item ``i`` as a uint8 RGB picture: the stored image, or the RGB composite of a multispectral one's bands."""
+        decoding = self.store.decoding
+        image = self.raw(i)
+        return rgb_composite(image, decoding.rgb) if isinstance(decoding, Bands) else image
 
     def _apply(self, img: np.ndarray) -> torch.Tensor:
         if self.transform is None:
@@ -68,7 +76,7 @@ class SceneDataset(Dataset):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int | None = None,
                   epoch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform items ``indices`` and stack them: (B, 3, S, S) float, (B,) int64 (None: the dataset's draw)."""
+        """Transform items ``indices`` and stack them: (B, C, S, S) float, (B,) int64 (None: the dataset's draw)."""
         idx, labels = self._indices_and_labels(indices)
         if len(idx) == 0:
             return torch.empty(0), labels
@@ -81,11 +89,15 @@ class SceneDataset(Dataset):
         return self._batch(images), labels
 
     def uint8_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored pixels of items ``indices``: uint8 (B, S, S, 3) and int64 (B,) labels, all a host thread
-    prepares for :class:`~rsnet.data.device_augment.DeviceAugment`."""
+        """The stored pixels of items ``indices``: (B, S, S, C), uint8 RGB or float32 bands (torch's device
+    kernels take few other sample types), and int64 (B,) labels, all a host thread prepares for
+    :class:`~rsnet.data.device_augment.DeviceAugment`."""
         idx, labels = self._indices_and_labels(indices)
         if self.store.array is not None:
-            return torch.from_numpy(self.store.array[self.rows[idx]]), labels
-        size = self.store.size
-        return torch.from_numpy(np.stack([self.raw(i) for i in idx]) if len(idx) else
-                                np.empty((0, size, size, 3), np.uint8)), labels
+            pixels = self.store.array[self.rows[idx]]
+        elif len(idx):
+            pixels = np.stack([self.raw(i) for i in idx])
+        else:
+            channels, dtype = pixel_layout(self.store.decoding)
+            pixels = np.empty((0, self.store.size, self.store.size, channels), dtype)
+        return torch.from_numpy(pixels if pixels.dtype == np.uint8 else pixels.astype(np.float32)), labels

@@ -1,4 +1,4 @@
-"""The decoded images of one ordered file list: ONE uint8 (N, S, S, 3) array of which the datasets are index views,
+"""The decoded images of one ordered file list: ONE (N, S, S, C) array (uint8 RGB, or a multispectral dataset's bands) of which the datasets are index views,
 shared with loader workers, never copied (docs/data.md, Input pipeline and the cache choice)."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from typing import Sequence
 
 import numpy as np
 
-from .decode import DEFAULT_HIGH_BIT_DEPTH, decode_image
+from .decode import DEFAULT_HIGH_BIT_DEPTH, Decoding, decode_image
 
 __all__ = ["ImageStore"]
 
 
 class ImageStore:
-    """Decoded images of one ordered file list, ``store[i]`` → uint8 H×W×3 (a view); ``array`` is None for mode "none",
+    """Decoded images of one ordered file list, ``store[i]`` → H×W×C (a view; ``decoding`` says how files became them); ``array`` is None for mode "none",
     ``corrupt`` the undecodable rows, ``decoded`` 0 where the cache was reused."""
 
     def __init__(self, paths: Sequence[str], size: int, mode: str, array: np.ndarray | None = None,
                  cache_path: Path | None = None, corrupt: Sequence[int] = (), decoded: int = 0,
-                 high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, rescaled: dict[int, str] | None = None) -> None:
+                 decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH, rescaled: dict[int, str] | None = None) -> None:
         self.paths = list(paths)
         self.size = int(size)
         self.mode = mode
@@ -27,7 +27,7 @@ class ImageStore:
         self.cache_path = cache_path
         self.corrupt = list(corrupt)
         self.decoded = decoded
-        self.high_bit_depth = high_bit_depth
+        self.decoding = decoding
         self.rescaled = dict(rescaled or {})
         self._shared = None  # torch tensor in shared memory, created on first spawn-pickle
 
@@ -36,7 +36,7 @@ class ImageStore:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if self.array is None:
-            return decode_image(self.paths[i], self.size, self.high_bit_depth)
+            return decode_image(self.paths[i], self.size, self.decoding)
         return self.array[i]
 
     def keep_in_memory(self) -> None:

@@ -1,4 +1,4 @@
-"""The training augmentation on the host (:class:`HostAugment`: OpenCV uint8 kernels, image by image) and the evaluation
+"""The training augmentation on the host (:class:`HostAugment`: OpenCV kernels, image by image) and the evaluation
 transform (albumentations: resize, normalise, to tensor). docs/data.md, Training augmentation."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from albumentations.pytorch import ToTensorV2
 from .augment_params import DIHEDRAL_ELEMENTS, AugmentParams, AugmentSettings
 from .normalize import to_float_chw
 
-__all__ = ["augmentation_options", "IMAGENET_MEAN", "IMAGENET_STD", "HostAugment", "dihedral", "jitter_image",
-           "jitter_matrix", "resized_crop", "train_transform", "eval_transform"]
+__all__ = ["augmentation_options", "IMAGENET_MEAN", "IMAGENET_STD", "HostAugment", "dihedral", "jitter_bands",
+           "jitter_image", "jitter_matrix", "resized_crop", "train_transform", "eval_transform"]
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -36,21 +36,34 @@ _CV2_D4 = {
     "h": lambda x: cv2.flip(x, 1),
     "t": lambda x: cv2.transpose(x),
 }
+# The same with numpy, for images OpenCV's transpose does not take (many bands of 16 bits and more)
+_NUMPY_D4 = {
+    "e": lambda x: x,
+    "r90": lambda x: np.ascontiguousarray(np.rot90(x, 1)),
+    "r180": lambda x: np.ascontiguousarray(x[::-1, ::-1]),
+    "r270": lambda x: np.ascontiguousarray(np.rot90(x, 3)),
+    "v": lambda x: np.ascontiguousarray(x[::-1]),
+    "hvt": lambda x: np.ascontiguousarray(np.rot90(x, 2).swapaxes(0, 1)),
+    "h": lambda x: np.ascontiguousarray(x[:, ::-1]),
+    "t": lambda x: np.ascontiguousarray(x.swapaxes(0, 1)),
+}
 
 
 def dihedral(image: np.ndarray, element: str) -> np.ndarray:
-    """One of the 8 symmetries (``"e", "r90", "r180", "r270", "v", "hvt", "h", "t"``, as ``A.D4``) of a uint8
-    H×W×3 image, by OpenCV."""
+    """One of the 8 symmetries (``"e", "r90", "r180", "r270", "v", "hvt", "h", "t"``, as ``A.D4``) of an H×W×C
+    image: by OpenCV for uint8 RGB, by numpy for other band counts and sample types."""
     if element not in _CV2_D4:
         raise ValueError(f"unknown dihedral group element {element!r}; expected one of {DIHEDRAL_ELEMENTS}")
-    return _CV2_D4[element](image)
+    rgb = image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+    return (_CV2_D4 if rgb else _NUMPY_D4)[element](image)
 
 
 def resized_crop(image: np.ndarray, box: Sequence[int], size: int) -> np.ndarray:
-    """The ``box`` (top, left, h, w) of a uint8 H×W×3 image resized to ``size`` × ``size``: one ``cv2.resize``
-    (``INTER_LINEAR``) of the crop view."""
+    """The ``box`` (top, left, h, w) of an H×W×C image resized to ``size`` × ``size``: one ``cv2.resize``
+    (``INTER_LINEAR``) of the crop view, in the image's sample type."""
     top, left, h, w = (int(v) for v in box)
-    return cv2.resize(image[top:top + h, left:left + w], (size, size), interpolation=cv2.INTER_LINEAR)
+    out = cv2.resize(image[top:top + h, left:left + w], (size, size), interpolation=cv2.INTER_LINEAR)
+    return out.reshape(size, size, image.shape[2])  # OpenCV drops a single band's axis
 
 
 def jitter_matrix(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
@@ -76,10 +89,19 @@ def jitter_image(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
     return cv2.transform(image, jitter_matrix(image, factors))
 
 
+def jitter_bands(image: np.ndarray, factors: Sequence[float]) -> np.ndarray:
+    """Brightness b and contrast c of ``factors`` on each band of an H×W×C multispectral image, around the band's
+    own mean: ``b·(c·x + (1 − c)·mean)``, float32, not clipped (there is no saturation without colours)."""
+    b, c = float(factors[0]), float(factors[1])
+    pixels = image.astype(np.float32)
+    mean = pixels.mean(axis=(0, 1), dtype=np.float64).astype(np.float32)
+    return (b * c) * pixels + (b * (1.0 - c)) * mean
+
+
 @dataclass(frozen=True)
 class HostAugment(AugmentSettings):
-    """uint8 H×W×3 images -> the normalised float32 (N, 3, S, S) batch, with OpenCV, at the parameters of
-    :meth:`~rsnet.data.augment_params.AugmentSettings.draw`."""
+    """Stored H×W×C images (uint8 RGB, or a multispectral dataset's bands) -> the normalised float32 (N, C, S, S)
+    batch, with OpenCV, at the parameters of :meth:`~rsnet.data.augment_params.AugmentSettings.draw`."""
 
     def apply(self, images: Sequence[np.ndarray], indices: Sequence[int] | np.ndarray | torch.Tensor, seed: int = 0,
               epoch: int = 0) -> torch.Tensor:
@@ -88,9 +110,11 @@ class HostAugment(AugmentSettings):
         return self(images, self.draw(seed, epoch, indices, height, width))
 
     def __call__(self, images: Sequence[np.ndarray], params: AugmentParams) -> torch.Tensor:
-        """Augment and normalise the uint8 H×W×3 ``images`` (all of one size) with ``params`` from :meth:`draw`."""
+        """Augment and normalise the H×W×C ``images`` (all of one size) with ``params`` from :meth:`draw`: uint8
+        RGB pictures get colour jitter, other images brightness/contrast per band."""
         size = self.image_size
-        height, width = np.asarray(images[0]).shape[:2]
+        height, width, channels = np.asarray(images[0]).shape
+        rgb = channels == 3 and np.asarray(images[0]).dtype == np.uint8
         if params.dihedral is not None and height != width:
             raise ValueError(f"the 8 flips/rotations need square images, got {(height, width)}")
         boxes = params.source_boxes(height, width)
@@ -99,7 +123,7 @@ class HostAugment(AugmentSettings):
         codes = params.dihedral_codes()
         jittered = params.jittered()
         factors = None if params.factors is None else params.factors.tolist()
-        batch = np.empty((len(images), size, size, 3), np.uint8)
+        batch = np.empty((len(images), size, size, channels), np.uint8 if rgb else np.float32)
         for k, image in enumerate(images):
             out = np.asarray(image)
             if boxes is not None:
@@ -107,9 +131,9 @@ class HostAugment(AugmentSettings):
             if codes is not None:
                 out = dihedral(out, DIHEDRAL_ELEMENTS[codes[k]])
             if jittered is not None and jittered[k]:
-                out = jitter_image(out, factors[k])
+                out = jitter_image(out, factors[k]) if rgb else jitter_bands(out, factors[k])
             batch[k] = out
-        return to_float_chw(batch, self.mean, self.std)
+        return to_float_chw(batch, self.mean, self.std, self.max_pixel_value)
 
 
 AUTO_CROP_MIN_SIZE = 128
@@ -117,10 +141,12 @@ AUTO_CROP_SCALE = (0.5, 1.0)
 
 
 def train_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2) -> HostAugment:
+                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2,
+                    max_pixel_value: float = 255.0) -> HostAugment:
     """The host training augmentation: random resized crop (``scale``: its area range; None: no crop), the 8
-    flips/rotations (aerial scenes have no canonical orientation), colour jitter on half the images, normalisation."""
-    return HostAugment.for_training(image_size, mean, std, scale, color_jitter)
+    flips/rotations (aerial scenes have no canonical orientation), colour jitter (per-band brightness/contrast
+    for multispectral bands) on half the images, normalisation."""
+    return HostAugment.for_training(image_size, mean, std, scale, color_jitter, max_pixel_value)
 
 
 def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> dict[str, Any]:
@@ -144,8 +170,8 @@ def augmentation_options(augment: Mapping[str, Any] | None, image_size: int) -> 
     return {"scale": scale, "color_jitter": float(jitter)}
 
 
-def eval_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN,
-                   std: Sequence[float] = IMAGENET_STD) -> A.Compose:
+def eval_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                   max_pixel_value: float = 255.0) -> A.Compose:
     """Resize to the working size (no-op for cached images), normalize, to tensor."""
     return A.Compose([A.Resize(height=image_size, width=image_size, interpolation=cv2.INTER_AREA),
-                      A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0), ToTensorV2()])
+                      A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=max_pixel_value), ToTensorV2()])

@@ -161,6 +161,7 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
     """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
     payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
                "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
+               "bands": None if data.bands is None else data.bands.to_metadata(),
                "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,
                **state.as_payload()}
     save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
@@ -173,7 +174,7 @@ def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: tor
     """Attention maps of every branch, and the main branch's features of ``log.embedding_images`` test images."""
     images = np.stack([data.test.raw(index) for index in attention_ids])
     tb.attention_maps(model, images, data.mean, data.std, epoch, data.class_names,
-                      [int(data.test.labels[index]) for index in attention_ids])
+                      [int(data.test.labels[index]) for index in attention_ids], data.bands)
     indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
     features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
     tb.embeddings(features, names, thumbnails, epoch)

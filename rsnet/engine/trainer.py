@@ -133,7 +133,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     torch.manual_seed(seed)  # identical initial replicas on every worker
     data = load_data(ctx, config, run_dir)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
-                        pretrained=config["backbone"]["pretrained"],
+                        pretrained=config["backbone"]["pretrained"], in_chans=data.channels,
                         **config["model"]["options"]).to(ctx.device)
     if use_channels_last(config, ctx.device):
         model = model.to(memory_format=torch.channels_last)

@@ -23,19 +23,21 @@ def check_arch(arch: str, setting: str = "model.arch") -> str:
 
 
 def model_options(arch: str) -> list[str]:
-    """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained (its ``__init__``'s)."""
-    skip = {"self", "backbone", "num_classes", "pretrained", "options"}
+    """Names of the options ``arch`` accepts besides backbone / num_classes / pretrained / in_chans (its
+    ``__init__``'s)."""
+    skip = {"self", "backbone", "num_classes", "pretrained", "options", "in_chans"}
     return [name for name in inspect.signature(MODELS[arch].__init__).parameters if name not in skip]
 
 
-def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | str = False,
+def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | str = False, in_chans: int = 3,
                 **options: Any) -> nn.Module:
-    """Build an rsnet model; ``build_model(**model.model_config)`` rebuilds the same architecture."""
+    """Build an rsnet model for images of ``in_chans`` bands; ``build_model(**model.model_config)`` rebuilds the same
+    architecture."""
     check_arch(arch)
     unknown = sorted(set(options) - set(model_options(arch)))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for arch {arch!r}; valid: {model_options(arch)}")
-    return MODELS[arch](backbone, num_classes, pretrained, **options)
+    return MODELS[arch](backbone, num_classes, pretrained, in_chans=in_chans, **options)
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",

@@ -200,12 +200,15 @@ class TimmBackbone(nn.Module):
     """A timm classifier run in pieces: ``trunk`` (S1..S3), ``stage4``, ``head_map``, ``head``."""
 
     def __init__(self, name: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
-                 verify: bool = True) -> None:
+                 verify: bool = True, in_chans: int = 3) -> None:
         super().__init__()
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
         self.name = name
-        self.net = create_timm_classifier(name, num_classes, pretrained, drop_rate=drop_rate)
+        self.in_chans = int(in_chans)
+        # in_chans: timm adapts pretrained RGB filters of the first convolution to that many bands
+        self.net = create_timm_classifier(name, num_classes, pretrained, drop_rate=drop_rate,
+                                          **({"in_chans": in_chans} if in_chans != 3 else {}))
         layout = _level_layout(self.net)
         ordered = layout["ordered"]
         self.level_names: list[str] = layout["levels"]
@@ -223,7 +226,7 @@ class TimmBackbone(nn.Module):
     def _verify(self) -> None:
         """One small eval forward: the piecewise path must equal timm's own forward exactly."""
         size = 64
-        x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(1, self.in_chans, size, size, generator=torch.Generator().manual_seed(0))
         was_training = self.training
         self.eval()
         with torch.no_grad():

@@ -28,14 +28,16 @@ class RSNetModel(nn.Module):
     arch = "base"
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
-                 **options: Any) -> None:
+                 in_chans: int = 3, **options: Any) -> None:
         super().__init__()
-        self.backbone = TimmBackbone(backbone, num_classes, pretrained, drop_rate=drop_rate)
+        self.backbone = TimmBackbone(backbone, num_classes, pretrained, drop_rate=drop_rate, in_chans=in_chans)
         self.num_classes = num_classes
         self.model_config: dict[str, Any] = {
             "arch": self.arch, "backbone": backbone, "num_classes": num_classes,
             "pretrained": pretrained if isinstance(pretrained, bool) else str(pretrained),
             "drop_rate": float(drop_rate), **options}
+        if in_chans != 3:  # a multispectral model (an RGB one's config stays as it was)
+            self.model_config["in_chans"] = int(in_chans)
 
     def main_branch(self, s3: Tensor) -> MainBranch:
         """Run the main branch (the backbone's stage 4 and its own classifier) on S3."""

@@ -21,7 +21,7 @@ class ESDMBENet(RSNetModel):
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  num_branches: int = 3, aux_branch: str = "dilated", dilations: Sequence[int] | None = None,
-                 fam_width: int | None = None) -> None:
+                 fam_width: int | None = None, in_chans: int = 3) -> None:
         if not isinstance(num_branches, int) or num_branches < 2:
             raise ValueError(f"num_branches must be an int >= 2 (main + auxiliaries), got {num_branches!r}")
         if aux_branch not in AUX_BRANCHES:
@@ -30,7 +30,7 @@ class ESDMBENet(RSNetModel):
         if len(dilations) != num_branches - 1 or min(dilations) < 1:
             raise ValueError(f"dilations needs {num_branches - 1} positive ints (one per auxiliary branch), "
                              f"got {dilations}")
-        super().__init__(backbone, num_classes, pretrained, drop_rate, num_branches=num_branches,
+        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, num_branches=num_branches,
                          aux_branch=aux_branch, dilations=dilations, fam_width=fam_width)
         c3, c4 = self.backbone.channels[2], self.backbone.channels[3]
         stride = max(1, self.backbone.reductions[3] // self.backbone.reductions[2])

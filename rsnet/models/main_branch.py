@@ -18,7 +18,8 @@ def extract_main_branch(model: nn.Module) -> nn.Module:
     if net is None or not hasattr(model, "model_config"):
         raise TypeError(f"{type(model).__name__} is not an rsnet model (built by rsnet.models.build_model)")
     config = model.model_config
-    plain = timm.create_model(config["backbone"], pretrained=False, num_classes=config["num_classes"])
+    plain = timm.create_model(config["backbone"], pretrained=False, num_classes=config["num_classes"],
+                              **({"in_chans": config["in_chans"]} if "in_chans" in config else {}))
     plain.load_state_dict(net.state_dict(), strict=True)
     return plain.eval()
 

@@ -18,14 +18,15 @@ class MGMLFENet(RSNetModel):
     arch = "mgml_fenet"
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
-                 levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512) -> None:
+                 levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512,
+                 in_chans: int = 3) -> None:
         levels = sorted({int(level) for level in levels})
         grids = [int(g) for g in grids]
         if not levels or min(levels) < 1 or max(levels) > 4:
             raise ValueError(f"levels must be a non-empty subset of [1, 2, 3, 4] (S1..S4), got {levels}")
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
-        super().__init__(backbone, num_classes, pretrained, drop_rate, levels=levels, grids=grids,
+        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, levels=levels, grids=grids,
                          ffb_width=int(ffb_width))
         self.levels, self.grids = levels, grids
         channels = [self.backbone.channels[level - 1] for level in levels]

@@ -60,5 +60,5 @@ def dataset_embedding(model: nn.Module, dataset: Any, indices: Sequence[int], ba
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
     features = main_branch_features(model, (dataset.get_batch(chunk)[0] for chunk in chunks))
     names = [dataset.class_names[int(dataset.labels[index])] for index in indices]
-    images = thumbnails([dataset.raw(index) for index in indices], thumbnail_side(len(indices)))
+    images = thumbnails([dataset.picture(index) for index in indices], thumbnail_side(len(indices)))
     return features, names, images

@@ -12,6 +12,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
+from rsnet.data.raster import Bands, rgb_composite
 from rsnet.files import atomic_write, disk_was_full
 from rsnet.viz.attention import captioned_attention
 from rsnet.viz.figures import attention_pages, render_confusion_matrix
@@ -27,15 +28,18 @@ def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | 
 
 def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
                       std: Sequence[float], class_names: Sequence[str] | None = None,
-                      labels: Sequence[int] | None = None, title_suffix: str = "") -> dict[str, np.ndarray]:
-    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head (a Grad-CAM page would equal the CAM)."""
+                      labels: Sequence[int] | None = None, title_suffix: str = "",
+                      bands: Bands | None = None) -> dict[str, np.ndarray]:
+    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head (a Grad-CAM page would equal the CAM); the
+    images are uint8 RGB, or a multispectral model's ``bands``, drawn as their RGB composite."""
     images = np.asarray(images_uint8)
-    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+    if bands is None and (images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8):
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
-    inputs = to_float_chw(images, mean, std).to(device)
+    inputs = to_float_chw(images, mean, std, 255.0 if bands is None else bands.max_pixel_value).to(device)
+    pictures = images if bands is None else rgb_composite(images, bands.rgb)
     figures = {}
-    for head, tiles in captioned_attention(model, images, inputs, class_names, labels).items():
+    for head, tiles in captioned_attention(model, pictures, inputs, class_names, labels).items():
         pages = attention_pages(tiles, f"CAM of head {head} at its predicted class{title_suffix}")
         for number, page in enumerate(pages, 1):
             figures[f"attention/cam_{head}" + (f"/page{number}" if number > 1 else "")] = page
@@ -132,12 +136,12 @@ class TensorBoardLogger:
 
     def attention_maps(self, model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
                        std: Sequence[float], step: int, class_names: Sequence[str] | None = None,
-                       labels: Sequence[int] | None = None) -> None:
+                       labels: Sequence[int] | None = None, bands: Bands | None = None) -> None:
         """Log ``attention/cam_<head>`` for every CAM head (:func:`attention_figures`)."""
         if self._writer is None:
             return
         for tag, page in attention_figures(model, images_uint8, mean, std, class_names, labels,
-                                           f", epoch {step}").items():
+                                           f", epoch {step}", bands).items():
             self._writer.add_image(tag, page, step, dataformats="HWC")
 
     def hparams(self, config: Mapping[str, Any], metrics: Mapping[str, float], step: int = 0) -> None:
