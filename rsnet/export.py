@@ -214,6 +214,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
             "model_config": {**config, "backbone": backbone, "pretrained": False},
             "output_size": int(reference.shape[-1]),
             **({"bands": metadata["bands"]} if metadata.get("bands") else {}),
+            **({"footprint": metadata["footprint"]} if metadata.get("footprint") else {}),
             DIGEST_KEY: {name: file_digest(out_dir / name)
                          for name in export_files({"format": format, "file": path.name})}}
     metadata_path = _write_metadata(out_dir / METADATA_FILE, meta)

@@ -4,7 +4,7 @@ as the datasets decode them. ``rsnet-predict`` is a shell over this module (docs
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +72,7 @@ class Predictor:
     description: str
     high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH  # how 16-bit/float images become 8 bit, as in training
     bands: Bands | None = None  # the bands a multispectral model reads (None: RGB pictures)
+    footprint: dict[str, float | None] = field(default_factory=dict)  # a training image: pixels, metres (maps)
 
     @property
     def decoding(self) -> Decoding:
@@ -138,7 +139,7 @@ def load_predictor(path: str | Path, device: str | torch.device = "auto", head: 
     settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
                     mean=list(meta["mean"]), std=list(meta["std"]), device=device,
                     high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
-                    bands=bands_from_metadata(meta.get("bands")))
+                    bands=bands_from_metadata(meta.get("bands")), footprint=dict(meta.get("footprint") or {}))
     if loaded.source.kind == "export":
         if head is not None and head != meta.get("head", head):
             raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")

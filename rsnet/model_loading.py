@@ -91,6 +91,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", setting: st
     model, checkpoint = model_from_training_checkpoint(source.path)
     metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
     metadata["bands"] = checkpoint.get("bands")  # a multispectral model's bands (None: RGB pictures)
+    metadata["footprint"] = checkpoint.get("footprint") or {}  # a training image's size, for maps of scenes
     dataset = (checkpoint.get("config") or {}).get("dataset") or {}
     metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
     return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"),

@@ -16,7 +16,7 @@ from .cache import build_store
 from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .discovery import ScanResult, dataset_not_found, default_root, scan_dataset
 from .errors import CorruptImageWarning, DatasetValidationError, HighBitDepthWarning
-from .raster import Bands, band_statistics, resolve_bands
+from .raster import Bands, band_statistics, resolve_bands, training_footprint
 from .scene_dataset import SceneDataset
 from .specs import DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
@@ -49,6 +49,7 @@ class DataBundle:
     train_augment: DeviceAugment | None = None
     eval_augment: DeviceAugment | None = None
     bands: Bands | None = None
+    footprint: dict[str, float | None] = field(default_factory=dict)  # a training image's size: pixels, metres
 
     @property
     def channels(self) -> int:
@@ -99,7 +100,8 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     return DataBundle(train, test, list(spec.classes), mean_t, std_t, image_size, split, skipped,
                       scan.class_root, spec, val,
                       DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation, max_pixel_value=pixel_scale),
-                      DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands)
+                      DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands,
+                      training_footprint([scan.paths[r] for r in rows.train], spec.ground_resolution_m))
 
 
 def _root(spec: DatasetSpec, root: str | os.PathLike | None) -> str | os.PathLike:

@@ -17,7 +17,7 @@ from .errors import CorruptImageError
 from .raster import Bands
 
 __all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "Decoding", "check_decoding",
-           "check_high_bit_depth", "decode_image", "describe_rescaled", "pixel_layout"]
+           "check_high_bit_depth", "decode_image", "decode_window", "describe_rescaled", "picture_bands", "pixel_layout"]
 
 HIGH_BIT_DEPTH_MODES = ("percentile", "minmax", "refuse")
 DEFAULT_HIGH_BIT_DEPTH = "percentile"
@@ -88,6 +88,30 @@ def decode_image(path: str | os.PathLike, size: int, high_bit_depth: Decoding = 
     if source is not None and report is not None:
         report.add_rescaled(str(path), source)
     return arr
+
+
+def picture_bands(count: int) -> list[int]:
+    """The bands (1-based) of a raster of ``count`` bands read as an RGB picture: 1-3 (alpha dropped), else gray."""
+    return [1, 2, 3] if count >= 3 else [1]
+
+
+def decode_window(samples: np.ndarray, size: int, decoding: Decoding, path: str | os.PathLike,
+                  report: DecodeReport | None = None) -> np.ndarray:
+    """A window of a larger raster, bands × H × W as rasterio reads them (the model's bands, or for RGB pictures
+    :func:`picture_bands`), as :func:`decode_image` gives a file of those pixels (JPEG's reduced-scale decoding
+    aside)."""
+    if isinstance(decoding, Bands):
+        return decoding.from_window(samples, path, size)
+    check_high_bit_depth(decoding)
+    pixels = np.moveaxis(samples, 0, -1)
+    if pixels.dtype == np.uint8:
+        rgb = pixels if pixels.shape[2] == 3 else np.repeat(pixels[..., :1], 3, axis=2)
+        return _from_8bit(Image.fromarray(np.ascontiguousarray(rgb), "RGB"), size)
+    source = f"{pixels.shape[2]}-band {pixels.dtype}"
+    out = _from_high_bit(path, pixels[..., 0] if pixels.shape[2] == 1 else pixels, source, size, decoding)
+    if report is not None:
+        report.add_rescaled(str(path), source)
+    return out
 
 
 def _decode(path: str | os.PathLike, size: int, high_bit_depth: str) -> tuple[np.ndarray, str | None]:

@@ -14,8 +14,8 @@ import numpy as np
 
 from .errors import CorruptImageError
 
-__all__ = ["SAMPLE_TYPES", "Bands", "band_statistics", "bands_from_metadata", "open_raster", "resolve_bands",
-           "rgb_composite"]
+__all__ = ["SAMPLE_TYPES", "Bands", "band_statistics", "bands_from_metadata", "open_raster", "resize_bands",
+           "resolve_bands", "rgb_composite", "training_footprint"]
 
 SAMPLE_TYPES = ("uint8", "uint16", "int16", "float32")  # sample types a model can read (OpenCV resizes them)
 
@@ -157,6 +157,28 @@ def band_statistics(images: Any, rows: Sequence[int], chunk: int = 256) -> tuple
     std = np.sqrt(np.maximum(sq / count - mean * mean, 0.0))
     std[std <= 0] = 1.0
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
+def training_footprint(paths: Sequence[str], ground_resolution_m: float | None = None,
+                       sample: int = 32) -> dict[str, float | None]:
+    """The ground footprint of a training image, for maps of whole scenes: the median width in pixels of up to
+    ``sample`` of ``paths`` and, where known, in metres (from their georeference in a projected coordinate system,
+    else ``ground_resolution_m`` × pixels)."""
+    widths, metres = [], []
+    for path in list(paths)[:sample]:
+        try:
+            with open_raster(path) as src:
+                widths.append(src.width)
+                if src.crs is not None and src.crs.is_projected:
+                    metres.append(src.width * abs(src.transform.a) * src.crs.linear_units_factor[1])
+        except Exception:  # noqa: BLE001 - an unreadable file is reported by decoding, not here
+            continue
+    pixels = float(np.median(widths)) if widths else None
+    if metres:
+        ground = float(np.median(metres))
+    else:
+        ground = pixels * ground_resolution_m if pixels and ground_resolution_m else None
+    return {"pixels": pixels, "metres": ground}
 
 
 def rgb_composite(images: np.ndarray, rgb: Sequence[int]) -> np.ndarray:

@@ -161,7 +161,7 @@ def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.
     """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
     payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
                "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
-               "bands": None if data.bands is None else data.bands.to_metadata(),
+               "bands": None if data.bands is None else data.bands.to_metadata(), "footprint": data.footprint,
                "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,
                **state.as_payload()}
     save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
