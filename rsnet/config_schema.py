@@ -29,6 +29,7 @@ class DatasetSchema:
     skip_corrupt: bool
     high_bit_depth: str
     bands: Any  # null, all, or a list of 1-based band indices or band names
+    download: bool
     name: str
 
 

@@ -1,5 +1,6 @@
 """Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``): one line per image,
-a CSV, attention maps; a shell over :mod:`rsnet.inference` (docs/tensorboard.md, Prediction)."""
+a CSV, attention maps; or, with ``map=``, map each image window by window; a shell over :mod:`rsnet.inference` and
+:mod:`rsnet.scene_map` (docs/usage.md, Prediction and Mapping a scene)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from rsnet.data.decode import DecodeReport
     from rsnet.inference import Predictor, UnreadableImageError
+    from rsnet.scene_map import SceneMap
 
 
 def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableImageError],
@@ -114,6 +116,41 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def map_images(args: Mapping[str, Any]) -> list[SceneMap]:
+    """Map every image of ``args["images"]`` window by window into the folder ``args["map"]`` (the settings of
+    conf/predict.yaml), printing one line per map written."""
+    batch_size = int_setting("batch_size", args["batch_size"], 1)
+    tta = tta_setting(args["tta"])
+    window, stride = (None if args[key] is None else int_setting(key, args[key], 1) for key in ("window", "stride"))
+    for setting in ("out", "attention_dir"):
+        if args[setting]:
+            raise ValueError(f"{setting}= is for images classified whole; map= writes each image's map into "
+                             f"{args['map']}: leave {setting} out, or map in a separate run")
+    folder = check_writable_dir(Path(str(args["map"])), "map")
+    progress = bool_setting("progress_bar", args["progress_bar"])
+    from rsnet.inference import list_images, load_predictor  # the model code (torch) only once the settings are good
+    from rsnet.scene_map import map_scene
+
+    paths = list_images(str(args["images"]), bool_setting("recursive", args["recursive"]))
+    stems = Counter(path.stem for path in paths)
+    shared = [path for path in paths if stems[path.stem] > 1]
+    if shared:
+        raise ValueError(f"{shared[0]} and {shared[1]} would both be mapped to {folder / shared[0].stem}_*: rename "
+                         "one, or map them into separate folders")
+    predictor = load_predictor(str(args["checkpoint"]), resolve_device(str(args["device"])), args["head"], tta)
+    print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
+          f"{len(paths)} images to map", file=sys.stderr)
+    maps = []
+    for path in paths:
+        scene = map_scene(predictor, path, folder, window, stride, batch_size, progress)
+        rows, cols = scene.grid
+        print(f"{path}\twrote {scene.classes_path}, _probabilities.tif, _preview.png: {rows} x {cols} cells, window "
+              f"{scene.window} px ({scene.window_rule}), stride {scene.stride} px, {scene.windows} windows in "
+              f"{scene.seconds:.1f} s", flush=True)
+        maps.append(scene)
+    return maps
+
+
 def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, Any], batch_size: int, topk: int,
                   attention_dir: Path | None) -> tuple[list[dict[str, Any]], list[UnreadableImageError], DecodeReport]:
     """Classify ``paths`` batch by batch, printing each row as it comes: the rows, the unreadable images and the
@@ -174,9 +211,9 @@ def _save_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, paths:
 
 @hydra.main(config_path=hydra_config_path(), config_name="predict", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Classify the images; a bad setting or input is one line (exit status 2)."""
+    """Classify the images, or map them with ``map=``; a bad setting or input is one line (exit status 2)."""
     with user_errors():
-        predict(cfg)
+        (map_images if cfg.get("map") else predict)(cfg)
 
 
 def run() -> None:

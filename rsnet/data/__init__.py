@@ -18,6 +18,8 @@ _EXPORTS = {
     **dict.fromkeys(["DeviceAugment", "augments_on_device", "check_on_device"], "device_augment"),
     **dict.fromkeys(["BatchPrefetcher", "PreparedBatch", "device_batches"], "loader"),
     **dict.fromkeys(["to_float_chw"], "normalize"),
+    **dict.fromkeys(["Bands", "resolve_bands"], "raster"),
+    **dict.fromkeys(["download_dataset"], "download"),
     **dict.fromkeys(["SceneDataset"], "scene_dataset"),
     **dict.fromkeys(["DATASETS", "DatasetSpec", "get_spec"], "specs"),
     **dict.fromkeys(["Split", "SplitRows", "check_train_ratio", "check_val_ratio", "stratified_split"], "splits"),
@@ -41,12 +43,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "AugmentSettings", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN",
+    "CACHE_MODES", "HIGH_BIT_DEPTH_MODES", "AugmentSettings", "Bands", "BatchPrefetcher", "DATASETS", "IMAGENET_MEAN",
     "IMAGENET_STD", "CorruptImageError", "CorruptImageWarning", "DataBundle", "DatasetCountWarning",
     "DatasetNotFoundError", "DatasetSpec", "DatasetValidationError", "DecodeReport", "DeviceAugment",
     "HighBitDepthWarning", "HostAugment", "ImageStore", "PreparedBatch", "ScanResult", "SceneDataset", "Split",
     "SplitMismatchError", "SplitRows", "augments_on_device", "build_datasets", "build_datasets_from_config",
     "build_store", "check_on_device", "check_train_ratio", "check_val_ratio", "decode_image", "default_cache_dir",
-    "default_root", "device_batches", "eval_transform", "find_class_root", "get_spec", "scan_dataset",
-    "stratified_split", "to_float_chw", "train_transform"
+    "default_root", "device_batches", "download_dataset", "eval_transform", "find_class_root", "get_spec", "resolve_bands",
+    "scan_dataset", "stratified_split", "to_float_chw", "train_transform"
 ]

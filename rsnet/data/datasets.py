@@ -15,6 +15,7 @@ import numpy as np
 from .cache import build_store
 from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .discovery import ScanResult, dataset_not_found, default_root, scan_dataset
+from .download import download_dataset
 from .errors import CorruptImageWarning, DatasetValidationError, HighBitDepthWarning
 from .raster import Bands, band_statistics, resolve_bands, training_footprint
 from .scene_dataset import SceneDataset
@@ -219,7 +220,12 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
                                split_file: str | os.PathLike | None = None, mean: Sequence[float] = IMAGENET_MEAN,
                                std: Sequence[float] = IMAGENET_STD,
                                augment: Mapping[str, Any] | None = None) -> DataBundle:
-    """:func:`build_datasets` from a composed ``dataset:`` config; ``image_size`` overrides the config's."""
+    """:func:`build_datasets` from a composed ``dataset:`` config (``download``: fetch the archive into ``root``
+    first); ``image_size`` overrides the config's."""
+    if dataset.get("download"):
+        if not dataset["root"]:
+            raise ValueError("dataset.download=true needs dataset.root=<folder> to unpack the archive into")
+        download_dataset(dataset["name"], dataset["root"])
     return build_datasets(
         dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset["cache"], cache_dir=dataset["cache_dir"],

@@ -32,12 +32,14 @@ def open_raster(path: str | os.PathLike) -> Any:
 
 def resize_bands(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     """H×W×C samples of any band count resized to ``height`` × ``width`` (OpenCV: area when shrinking, bilinear
-    when enlarging), in their own sample type."""
+    when enlarging; 4 bands at a time, as OpenCV's area resize takes at most 4), in their own sample type."""
     if pixels.shape[:2] == (height, width):
         return pixels
     shrink = height * width < pixels.shape[0] * pixels.shape[1]
-    out = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
-    return out.reshape(height, width, pixels.shape[2])  # OpenCV drops a single band's axis
+    how = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+    parts = [cv2.resize(np.ascontiguousarray(pixels[..., k:k + 4]), (width, height), interpolation=how)
+             .reshape(height, width, -1) for k in range(0, pixels.shape[2], 4)]  # OpenCV drops a single band's axis
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=2)
 
 
 @dataclass(frozen=True)
