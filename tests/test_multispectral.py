@@ -12,6 +12,7 @@ import pytest
 import rasterio
 import torch
 from rasterio.transform import Affine
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from eurosat_fakes import write_eurosat_ms
 from helpers import command_in_process, run_train
@@ -196,6 +197,9 @@ def test_multispectral_sets_train_evaluate_export_and_predict(tmp_path: Path, ni
     checkpoint = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     assert len(checkpoint["bands"]["indices"]) == channels == len(checkpoint["mean"])
     assert checkpoint["model_config"]["in_chans"] == channels
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert "attention/cam_main" in events.Tags()["images"]  # drawn on the RGB composite of the bands
 
     scored = command_in_process("evaluate", f"checkpoint={run}", "progress_bar=false", capture=capfd)
     assert scored.returncode == 0, scored.stderr
