@@ -11,7 +11,7 @@ Measures, in one run on the bundled data/ucmerced-mini (or --root) at 128 px:
    batch 32, for ``--steps`` steps: the fraction of step time spent waiting for the next batch,
    for the plain path, the cached path (synchronous ``get_batch``), and the cached path through the
    trainer's ``BatchPrefetcher`` (``prefetch=true``: the next batch prepared by a background thread
-   during the step), and the device path (``uint8_batch`` through the prefetcher, augmented by
+   during the step), and the device path (``stored_batch`` through the prefetcher, augmented by
    ``DeviceAugment`` on the prefetch thread: ``augment.on_device=true``, a GPU worker's default). The sources take turns,
    ``--repeats`` rounds; median and range per source.
 
@@ -140,13 +140,13 @@ def prefetched(ds, batch, load=None, finish=None):
 
 
 def prefetched_on_device(ds, augment, batch):
-    """A source factory: the device path, ``ds.uint8_batch`` through the BatchPrefetcher with the batch augmented
+    """A source factory: the device path, ``ds.stored_batch`` through the BatchPrefetcher with the batch augmented
     by ``augment`` (a DeviceAugment) on the prefetch thread."""
 
     def finish(images, indices):
         return augment.apply(images, indices, memory_format=torch.contiguous_format)
 
-    return prefetched(ds, batch, ds.uint8_batch, finish)
+    return prefetched(ds, batch, ds.stored_batch, finish)
 
 
 def endless(ds, batch):

@@ -3,7 +3,7 @@
 For every image size and batch size, ``--rounds`` interleaved rounds of ``--steps`` timed steps (after
 ``--warmup`` untimed ones) of:
 
-  (a)   host side of the input pipeline: cache -> uint8 batch ready to upload (``SceneDataset.uint8_batch``, pinned
+  (a)   host side of the input pipeline: cache -> uint8 batch ready to upload (``SceneDataset.stored_batch``, pinned
         for a GPU) — all a host thread must do for a worker; one thread
   (a0)  the host path, a CPU worker's input (``SceneDataset.get_batch``: OpenCV crop/flips/jitter per image with its
         parameters of (seed, epoch, index), normalised float32 batch); one thread
@@ -166,7 +166,7 @@ def training_feed(dataset: SceneDataset, device: torch.device, on_device: bool |
     """The trainer's prefetcher for ``device`` with ``augment.on_device`` = ``on_device``: uint8 batches augmented on
     the device by ``augmenter``, or the host path."""
     if augments_on_device(on_device, device):
-        return BatchPrefetcher(dataset.uint8_batch, device, True, augmenter)
+        return BatchPrefetcher(dataset.stored_batch, device, True, augmenter)
     return BatchPrefetcher(host_augmenter(dataset), device, True)
 
 
@@ -180,7 +180,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
     next_indices = index_batches(len(dataset), batch)
 
     def host() -> None:
-        images, _ = dataset.uint8_batch(next_indices())
+        images, _ = dataset.stored_batch(next_indices())
         if cuda:
             images.pin_memory()
 
@@ -191,7 +191,7 @@ def measure(args: argparse.Namespace, size: int, batch: int, device: torch.devic
 
     def pipeline() -> None:
         indices = next_indices()
-        images, _ = dataset.uint8_batch(indices)
+        images, _ = dataset.stored_batch(indices)
         on_device(images.to(device, non_blocking=cuda), indices)
 
     train = rsnet_training_step(args.backbone, device, args.amp)

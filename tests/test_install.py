@@ -101,7 +101,7 @@ def test_installed_commands_train_export_predict_outside_the_checkout(venv, tmp_
     venv_root = bin_dir.parent
     assert all(Path(line).is_relative_to(venv_root) for line in where), where  # the wheel's, not the checkout's
 
-    assert "dataset: aid, image_folder, nwpu_resisc45, ucmerced, ucmerced_mini" in _ok(
+    assert "dataset: aid, eurosat_ms, eurosat_rgb, image_folder, nwpu_resisc45, ucmerced, ucmerced_mini" in _ok(
         _run([str(bin_dir / "rsnet-train"), "--help"], cwd=work, env=env))
     assert "checkpoint: ???" in _ok(_run([str(bin_dir / "rsnet-predict"), "--help"], cwd=work, env=env))
 

@@ -86,14 +86,9 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     if skipped:  # skipping undecodable files can only remove images: draw the split again and recheck it
         split, rows = _checked_split(scan, skipped, train_ratio, val_ratio, seed, split_file)
     mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    pixel_scale = 255.0
     if raster_bands is not None and not given:
-        mean_t, std_t = band_statistics(store, rows.train)
-        log.info("%s: bands %s (%s), per-band mean %s, std %s from the training split", spec.name,
-                 list(raster_bands.names), raster_bands.dtype, [round(m, 2) for m in mean_t],
-                 [round(s, 2) for s in std_t])
-    if raster_bands is not None:
-        pixel_scale = raster_bands.max_pixel_value
+        mean_t, std_t = _band_normalisation(spec.name, raster_bands, store, rows.train)
+    pixel_scale = 255.0 if raster_bands is None else raster_bands.max_pixel_value
     train, test, val = _views(scan, store, rows, image_size, mean_t, std_t, augmentation, pixel_scale)
     held_out = f" / {len(val)} val" if val is not None else ""
     log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",
@@ -103,6 +98,15 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
                       DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation, max_pixel_value=pixel_scale),
                       DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands,
                       training_footprint([scan.paths[r] for r in rows.train], spec.ground_resolution_m))
+
+
+def _band_normalisation(name: str, bands: Bands, store: ImageStore, train_rows: np.ndarray
+                        ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-band mean and std of the training split's stored images (logged): a multispectral model's normalisation."""
+    mean, std = band_statistics(store, train_rows)
+    log.info("%s: bands %s (%s), per-band mean %s, std %s from the training split", name, list(bands.names),
+             bands.dtype, [round(m, 2) for m in mean], [round(s, 2) for s in std])
+    return mean, std
 
 
 def _root(spec: DatasetSpec, root: str | os.PathLike | None) -> str | os.PathLike:

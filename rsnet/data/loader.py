@@ -109,5 +109,5 @@ def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: t
     made the model's input by ``on_device`` on ``device``."""
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
-        images, labels = dataset.uint8_batch(chunk)
+        images, labels = dataset.stored_batch(chunk)
         yield on_device.apply(images.to(device), chunk, memory_format=memory_format), labels

@@ -88,7 +88,7 @@ class SceneDataset(Dataset):
             return torch.stack([self._apply(image) for image in images]), labels
         return self._batch(images), labels
 
-    def uint8_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def stored_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored pixels of items ``indices``: (B, S, S, C), uint8 RGB or float32 bands (torch's device
     kernels take few other sample types), and int64 (B,) labels, all a host thread prepares for
     :class:`~rsnet.data.device_augment.DeviceAugment`."""

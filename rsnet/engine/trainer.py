@@ -244,7 +244,7 @@ def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, dat
     def finish(images: torch.Tensor, claim: Claim) -> torch.Tensor:
         return augment.apply(images, claim.indices, seed, epoch, layout)
 
-    return BatchPrefetcher(lambda claim: data.train.uint8_batch(claim.indices), ctx.device, enabled, finish)
+    return BatchPrefetcher(lambda claim: data.train.stored_batch(claim.indices), ctx.device, enabled, finish)
 
 
 class _StepRunner:

@@ -37,7 +37,8 @@ def build_model(arch: str, backbone: str, num_classes: int, pretrained: bool | s
     unknown = sorted(set(options) - set(model_options(arch)))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for arch {arch!r}; valid: {model_options(arch)}")
-    return MODELS[arch](backbone, num_classes, pretrained, in_chans=in_chans, **options)
+    bands = {"in_chans": in_chans} if in_chans != 3 else {}  # a model of RGB pictures is built as before
+    return MODELS[arch](backbone, num_classes, pretrained, **bands, **options)
 
 
 __all__ = ["MODELS", "BackboneError", "Baseline", "ESDMBENet", "MGMLFENet", "MultiBranchOutput", "RSNetModel",
