@@ -124,8 +124,8 @@ def map_images(args: Mapping[str, Any]) -> list[SceneMap]:
     window, stride = (None if args[key] is None else int_setting(key, args[key], 1) for key in ("window", "stride"))
     for setting in ("out", "attention_dir"):
         if args[setting]:
-            raise ValueError(f"{setting}= is for images classified whole; map= writes each image's map into "
-                             f"{args['map']}: leave {setting} out, or map in a separate run")
+            raise ValueError(f"{setting}= is for images classified whole, and map= maps each image window by "
+                             f"window into {args['map']}: drop {setting}=, or classify in a separate run")
     folder = check_writable_dir(Path(str(args["map"])), "map")
     progress = bool_setting("progress_bar", args["progress_bar"])
     from rsnet.inference import list_images, load_predictor  # the model code (torch) only once the settings are good
