@@ -1,0 +1,285 @@
+"""Maps of whole scenes (rsnet.scene_map, rsnet-predict map=): a mosaic of real images classified window by window
+gives the classes of its tiles classified one by one, on the scene's coordinates; overlapping windows are averaged;
+multispectral rasters; one-line errors; bounded memory; the benchmark's smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import rasterio
+import torch
+from helpers import MINI_ROOT, REPO, command_in_process
+from PIL import Image
+from rasterio.transform import Affine
+
+from rsnet.checkpoint import save_checkpoint
+from rsnet.data.raster import Bands, open_raster
+from rsnet.inference import load_predictor, read_image
+from rsnet.scene_map import map_scene, scene_window
+
+CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:8]
+TILE = 128  # the sample's images: 128 px JPEGs
+
+
+def north_up(west: float, north: float, pixel: float) -> Affine:
+    """The transform of a north-up raster whose top-left corner is (``west``, ``north``), ``pixel`` units a pixel."""
+    return Affine(pixel, 0.0, west, 0.0, -pixel, north)
+
+
+ORIGIN = north_up(500_000.0, 4_000_000.0, 0.3)  # UTM zone 11N, 0.3 m pixels
+
+
+def write_geotiff(path: Path, pixels: np.ndarray, transform: Affine = ORIGIN, crs: str = "EPSG:32611") -> Path:
+    """(H, W, C) ``pixels`` as a GeoTIFF (uncompressed, lossless)."""
+    with rasterio.open(path, "w", driver="GTiff", height=pixels.shape[0], width=pixels.shape[1],
+                       count=pixels.shape[2], dtype=pixels.dtype.name, crs=crs, transform=transform) as dst:
+        dst.write(np.moveaxis(pixels, -1, 0))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiles() -> np.ndarray:
+    """8 x 8 real images, (8, 8, 128, 128, 3): row i holds the first 8 images of class CLASSES[i]."""
+    def first(name: str) -> list[Path]:
+        return sorted((MINI_ROOT / "Images" / name).glob("*.jpg"))[:8]
+
+    return np.stack([np.stack([np.asarray(Image.open(path).convert("RGB")) for path in first(name)])
+                     for name in CLASSES])
+
+
+@pytest.fixture(scope="module")
+def scene(tiles: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The tiles as one 1024 x 1024 mosaic: a GeoTIFF (EPSG:32611, 0.3 m), a plain PNG, and each tile as a PNG."""
+    folder = tmp_path_factory.mktemp("scene")
+    mosaic = tiles.transpose(0, 2, 1, 3, 4).reshape(8 * TILE, 8 * TILE, 3)
+    (folder / "tiles").mkdir()
+    for row in range(8):
+        for col in range(8):
+            Image.fromarray(tiles[row, col]).save(folder / "tiles" / f"{row}_{col}.png")
+    Image.fromarray(mosaic).save(folder / "plain.png")
+    return SimpleNamespace(mosaic=mosaic, tif=write_geotiff(folder / "mosaic.tif", mosaic), png=folder / "plain.png",
+                           tiles=folder / "tiles")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiles: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A baseline test_resnet at 128 px whose classifier is the class centroids of the tiles' features, so that its
+    answers differ from tile to tile; a training image is 128 px, 38.4 m."""
+    from rsnet.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("baseline", "test_resnet", len(CLASSES)).eval()
+    mean, std = [0.45, 0.45, 0.45], [0.25, 0.25, 0.25]
+    images = torch.from_numpy(tiles.reshape(-1, TILE, TILE, 3)).permute(0, 3, 1, 2).float() / 255
+    inputs = (images - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    classifier, features = model.cam_classifiers()["main"], []
+    hook = classifier.register_forward_pre_hook(lambda module, args: features.append(args[0]))
+    with torch.no_grad():
+        model(inputs)
+    hook.remove()
+    centred = features[0] - features[0].mean(0)
+    centroids = centred.reshape(len(CLASSES), 8, -1).mean(1)
+    with torch.no_grad():
+        classifier.weight.copy_(centroids * 20 / centroids.norm(dim=1, keepdim=True))
+        classifier.bias.copy_(-classifier.weight @ features[0].mean(0))
+    payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": CLASSES,
+               "image_size": TILE, "mean": mean, "std": std, "footprint": {"pixels": 128.0, "metres": 38.4},
+               "epoch": 0}
+    return save_checkpoint(tmp_path_factory.mktemp("model") / "best.pt", payload)
+
+
+@pytest.fixture(scope="module")
+def predictor(checkpoint: Path):
+    return load_predictor(checkpoint, "cpu")
+
+
+def test_a_mosaic_of_real_images_maps_to_the_classes_of_its_tiles_on_the_scene(predictor, scene, tmp_path) -> None:
+    result = map_scene(predictor, scene.tif, tmp_path, window=128, progress=False)
+    assert result.grid == (8, 8) and result.windows == 64 and (result.window, result.stride) == (128, 128)
+    one_by_one = [[predictor.top_k(read_image(scene.tiles / f"{row}_{col}.png", TILE)[None])[0][0][0]
+                   for col in range(8)] for row in range(8)]
+    assert [[CLASSES[i] for i in row] for row in result.classes.tolist()] == one_by_one
+    assert len({name for row in one_by_one for name in row}) >= 4  # the tiles' answers differ: a real check
+    with rasterio.open(scene.tif) as src, rasterio.open(result.classes_path) as classes:
+        assert classes.crs == src.crs and classes.transform == src.transform @ Affine.scale(128)
+        assert classes.dtypes == ("uint8",) and classes.nodata == 255
+        assert json.loads(classes.tags()["class_names"]) == CLASSES
+        assert (classes.read(1) == result.classes).all()
+    with rasterio.open(result.probabilities_path) as probabilities:
+        assert probabilities.count == len(CLASSES) and list(probabilities.descriptions) == CLASSES
+        assert probabilities.crs.to_epsg() == 32611 and probabilities.transform == ORIGIN @ Affine.scale(128)
+        cells = probabilities.read()
+    np.testing.assert_allclose(cells.sum(axis=0), 1.0, atol=1e-5)
+    tile = predictor.probabilities(read_image(scene.tiles / "3_5.png", TILE)[None])[0].numpy()
+    np.testing.assert_allclose(cells[:, 3, 5], tile, atol=1e-5)
+    assert result.preview_path == tmp_path / "mosaic_preview.png"
+    with Image.open(result.preview_path) as preview:
+        assert preview.format == "PNG" and preview.width > preview.height > 200  # the map and its legend beside it
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "mosaic_classes.tif", "mosaic_preview.png", "mosaic_probabilities.tif"]  # no temporary file left
+
+
+def test_overlapping_windows_average_the_probabilities_of_every_window_over_a_cell(predictor, scene, tmp_path) -> None:
+    result = map_scene(predictor, scene.tif, tmp_path, window=128, stride=64, progress=False)
+    assert result.grid == (16, 16) and result.windows == 15 * 15  # cells of 64 px; a window every 64 px
+    with rasterio.open(result.probabilities_path) as probabilities:
+        cells = probabilities.read()
+        assert probabilities.transform == ORIGIN @ Affine.scale(64)
+
+    def window(row: int, col: int) -> np.ndarray:  # the probabilities of the window at these pixels
+        pixels = scene.mosaic[row:row + 128, col:col + 128]
+        return predictor.probabilities(pixels[None])[0].numpy()
+
+    # cell (3, 5) spans pixels 192..255 x 320..383: the windows starting at rows 128/192 and columns 256/320 hold it
+    by_hand = np.mean([window(r, c) for r in (128, 192) for c in (256, 320)], axis=0)
+    np.testing.assert_allclose(cells[:, 3, 5], by_hand, atol=1e-5)
+    np.testing.assert_allclose(cells[:, 0, 15], window(0, 896), atol=1e-5)  # a corner cell: one window
+    assert result.classes[3, 5] == by_hand.argmax()
+
+
+def test_partial_windows_at_the_right_and_bottom_edges_are_left_out_and_their_cells_are_nodata(predictor, scene,
+                                                                                              tmp_path) -> None:
+    raster = write_geotiff(tmp_path / "crop.tif", scene.mosaic[:300, :300])
+    result = map_scene(predictor, raster, tmp_path / "maps", window=128, progress=False)
+    assert result.windows == 4 and result.grid == (3, 3)  # ceil(300 / 128) cells per side, 2 whole windows
+    assert (result.classes[2, :] == 255).all() and (result.classes[:, 2] == 255).all()
+    assert (result.classes[:2, :2] != 255).all()
+    with rasterio.open(result.probabilities_path) as probabilities:
+        cells = probabilities.read()
+    assert np.isnan(cells[:, 2, :]).all() and np.isfinite(cells[:, :2, :2]).all()
+
+
+def test_the_window_is_a_training_images_ground_size_else_its_width_else_the_image_size(tmp_path: Path) -> None:
+    pixels = np.zeros((200, 200, 3), np.uint8)
+    half_metre = write_geotiff(tmp_path / "utm.tif", pixels, north_up(500_000, 4_000_000, 0.5))
+    degrees = write_geotiff(tmp_path / "wgs84.tif", pixels, north_up(-117, 34, 1e-5), "EPSG:4326")
+    trained = SimpleNamespace(footprint={"pixels": 128.0, "metres": 38.4}, image_size=64)
+    old = SimpleNamespace(footprint={}, image_size=64)
+    with open_raster(half_metre) as utm, open_raster(degrees) as wgs84:
+        assert scene_window(trained, utm) == (77, "a training image's ground size, 38.4 m, at 0.5 m per pixel")
+        assert scene_window(trained, wgs84)[0] == 128 and "width in pixels" in scene_window(trained, wgs84)[1]
+        assert scene_window(old, utm) == (64, "the model's image size; it records no training image size")
+        assert scene_window(trained, utm, 100) == (100, "window=100")
+
+
+def test_a_plain_png_gives_the_same_map_without_coordinates(predictor, scene, tmp_path) -> None:
+    georeferenced = map_scene(predictor, scene.tif, tmp_path / "tif", progress=False)
+    plain = map_scene(predictor, scene.png, tmp_path / "png", progress=False)
+    assert georeferenced.window == plain.window == 128  # 38.4 m at 0.3 m; a training image's 128 px
+    assert "ground size" in georeferenced.window_rule and "width in pixels" in plain.window_rule
+    assert (plain.classes == georeferenced.classes).all()
+    with rasterio.open(plain.classes_path) as classes:
+        assert classes.crs is None and classes.transform == Affine.scale(128)
+
+
+def multispectral_checkpoint(path: Path) -> Path:
+    """A baseline test_resnet reading bands 1-4 of uint16 rasters at 32 px, 3 classes."""
+    from rsnet.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("baseline", "test_resnet", 3, in_chans=4).eval()
+    bands = Bands((1, 2, 3, 4), ("blue", "green", "red", "nir"), "uint16", (2, 1, 0))
+    return save_checkpoint(path, {"model_config": model.model_config, "model_state": model.state_dict(),
+                                  "class_names": ["water", "field", "town"], "image_size": 32,
+                                  "mean": [900.0, 1000.0, 1100.0, 2000.0], "std": [300.0, 300.0, 300.0, 600.0],
+                                  "bands": bands.to_metadata(), "footprint": {"pixels": 64.0, "metres": 640.0},
+                                  "epoch": 0})
+
+
+def test_a_multispectral_model_maps_a_4_band_raster_and_names_a_raster_without_its_bands(tmp_path: Path) -> None:
+    predictor = load_predictor(multispectral_checkpoint(tmp_path / "ms.pt"), "cpu")
+    samples = np.random.default_rng(0).integers(0, 4000, (256, 256, 4)).astype(np.uint16)
+    raster = write_geotiff(tmp_path / "s2.tif", samples, north_up(300_000, 5_000_000, 10))
+    result = map_scene(predictor, raster, tmp_path / "maps", progress=False)
+    assert (result.window, result.grid) == (64, (4, 4))  # 640 m at 10 m per pixel
+    assert set(np.unique(result.classes)) <= {0, 1, 2}
+    with rasterio.open(result.probabilities_path) as probabilities:
+        first = probabilities.read()[:, 0, 0]
+    window = predictor.bands.from_window(np.moveaxis(samples[:64, :64], -1, 0), raster, 32)  # its own dtype, 32 px
+    np.testing.assert_allclose(first, predictor.probabilities(window[None])[0].numpy(), atol=1e-5)
+    three = write_geotiff(tmp_path / "rgb.tif", samples[..., :3], north_up(300_000, 5_000_000, 10))
+    with pytest.raises(ValueError) as refused:
+        map_scene(predictor, three, tmp_path / "maps", progress=False)
+    assert str(refused.value) == (f"{three} has 3 band(s) and the model reads bands [1, 2, 3, 4] (blue, green, red, "
+                                  "nir): map a raster that holds them")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("large window", "window 600 px > raster 512 × 400 px: pass window=... (at most 400)"),
+    ("stride", "stride 200 px > window 100 px leaves pixels that no window sees: pass stride=... (1 to 100)"),
+    ("zero window", "window=0: must be a whole number >= 1"),
+    ("five bands", "has 5 bands and the model was trained on RGB pictures (gray, RGB or RGBA): map an RGB rendering"),
+    ("unreadable", "cannot read raster"),
+])
+def test_bad_input_is_one_line_naming_the_file(predictor, tmp_path: Path, case: str, message: str) -> None:
+    raster = write_geotiff(tmp_path / "scene.tif", np.zeros((400, 512, 5 if case == "five bands" else 3), np.uint8))
+    options = {"large window": {"window": 600}, "stride": {"window": 100, "stride": 200},
+               "zero window": {"window": 0}}.get(case, {})
+    if case == "unreadable":
+        raster.write_bytes(b"not a raster")
+    with pytest.raises(ValueError) as refused:
+        map_scene(predictor, raster, tmp_path / "maps", progress=False, **options)
+    text = str(refused.value)
+    assert message in text and "\n" not in text and (case == "zero window" or str(raster) in text)
+    assert not (tmp_path / "maps").exists()  # refused before anything is written
+
+
+def test_memory_stays_bounded_by_a_batch_of_windows_not_the_raster(tmp_path: Path) -> None:
+    from helpers import write_checkpoint
+
+    size, block = 6000, 512
+    raster = tmp_path / "large.tif"
+    with rasterio.open(raster, "w", driver="GTiff", height=size, width=size, count=3, dtype="uint8", tiled=True,
+                       blockxsize=block, blockysize=block, crs="EPSG:32611", transform=ORIGIN) as dst:
+        for _, window in dst.block_windows(1):  # written block by block
+            shade = (window.row_off + 3 * window.col_off) // block % 256
+            dst.write(np.full((3, window.height, window.width), shade, np.uint8), window=window)
+    small = load_predictor(write_checkpoint(tmp_path / "small.pt", arch="baseline", image_size=32), "cpu")
+    map_scene(small, raster, tmp_path / "warm-up", window=3000, progress=False)  # first use: fonts, caches
+    tracemalloc.start()
+    try:
+        result = map_scene(small, raster, tmp_path / "maps", window=750, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.windows == 64 and result.grid == (8, 8)
+    raster_bytes = 3 * size * size
+    assert peak < raster_bytes / 4, f"{peak / 2**20:.1f} MiB of Python memory, {raster_bytes / 2**20:.0f} MiB raster"
+
+
+def test_rsnet_predict_map_writes_the_three_files_of_every_image(checkpoint: Path, scene, tmp_path: Path,
+                                                                 capsys) -> None:
+    images = tmp_path / "scenes"
+    images.mkdir()
+    write_geotiff(images / "north.tif", scene.mosaic[:256, :256])
+    write_geotiff(images / "south.tif", scene.mosaic[256:512, :384])
+    maps = tmp_path / "maps"
+    done = command_in_process("predict", f"checkpoint={checkpoint}", f"images={images}", f"map={maps}",
+                              "progress_bar=false", capture=capsys)
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in maps.iterdir()) == sorted(
+        f"{stem}_{suffix}" for stem in ("north", "south")
+        for suffix in ("classes.tif", "probabilities.tif", "preview.png"))
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"{images / 'south.tif'}\twrote {maps / 'south_classes.tif'}")
+    assert "2 x 3 cells, window 128 px (a training image's ground size, 38.4 m, at 0.3 m per pixel)" in lines[1]
+    for extra, needle in [(f"out={tmp_path / 'p.csv'}", "out= is for images classified whole"),
+                          ("stride=0", "stride=0: must be a whole number >= 1")]:
+        refused = command_in_process("predict", f"checkpoint={checkpoint}", f"images={images}", f"map={maps}", extra,
+                                     capture=capsys)
+        assert refused.returncode == 2 and needle in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_the_benchmark_runs_at_a_small_size(capsys) -> None:
+    spec = importlib.util.spec_from_file_location("bench_scene_map", REPO / "benchmarks" / "bench_scene_map.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--size", "1024", "--window", "256", "--rounds", "1", "--files", "4", "--no-memory"])
+    out = capsys.readouterr().out
+    assert "| map_scene | 16 |" in out and "| per-file | 4 |" in out and "map / per-file: " in out
