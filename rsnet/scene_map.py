@@ -257,12 +257,16 @@ def _write_preview(path: Path, classes: np.ndarray, nodata: int, names: Sequence
     colours = _palette(names)
     palette = ListedColormap(colours).with_extremes(bad="white")
     cells = np.ma.masked_equal(classes, nodata)  # an index image: drawn with less memory than an RGB one
-    figure = new_figure(9.0, float(np.clip(6.0 * classes.shape[0] / classes.shape[1], 3.0, 10.0)))
+    present = np.unique(cells.compressed())
+    columns = max(1, -(-len(present) // 24))  # legend columns of at most 24 classes
+    height = max(float(np.clip(6.0 * classes.shape[0] / classes.shape[1], 2.0, 10.0)),
+                 0.22 * -(-len(present) // columns) + 0.8)  # the map, or the legend beside it if taller
+    figure = new_figure(6.5 + 2.2 * columns, height)
     axes = figure.add_subplot()
     axes.imshow(cells, cmap=palette, vmin=-0.5, vmax=len(names) - 0.5, interpolation="nearest")
     axes.set_xticks([])
     axes.set_yticks([])
     axes.set_title(title, fontsize="medium")
-    axes.legend(handles=[Patch(color=colours[i], label=names[i]) for i in np.unique(cells.compressed())],
+    axes.legend(handles=[Patch(color=colours[i], label=names[i]) for i in present], ncols=columns,
                 loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small", frameon=False)
     save_figure(figure, path.with_suffix(""), "png")
