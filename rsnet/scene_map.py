@@ -5,7 +5,6 @@ a preview PNG (docs/usage.md, Mapping a scene)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import sys
@@ -30,8 +29,6 @@ from rsnet.files import disk_full_named
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,6 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
         size, rule = scene_window(predictor, src, window)
         step = size if stride is None else _whole("stride", stride)
         _check_fits(raster, src, size, step, "" if window is not None else f" ({rule})")
-        log.info("mapping %s: window %d px (%s), stride %d px", raster, size, rule, step)
         with _block_cache(src, size):
             sums, counts, windows = _classify(predictor, src, raster, indexes, size, step, batch_size, progress, rule)
         crs, transform = src.crs, src.transform @ Affine.scale(step, step)
@@ -221,11 +217,11 @@ def _replacing(path: Path) -> Iterator[Path]:
 def _write_classes(path: Path, classes: np.ndarray, nodata: int, names: Sequence[str], profile: dict) -> None:
     with _replacing(path) as temporary:
         with rasterio.open(temporary, "w", count=1, dtype=classes.dtype.name, nodata=nodata, **profile) as dst:
+            if classes.dtype == np.uint8:  # before the pixels: it makes the file a palette image
+                dst.write_colormap(1, {i: (*(255 * c).round().astype(int), 255) for i, c in enumerate(_palette(names))})
             dst.write(classes, 1)
             dst.set_band_description(1, "class index (its name: tag class_names)")
             dst.update_tags(class_names=json.dumps(list(names)))
-            if classes.dtype == np.uint8:
-                dst.write_colormap(1, {i: (*(255 * c).round().astype(int), 255) for i, c in enumerate(_palette(names))})
 
 
 def _write_probabilities(path: Path, probabilities: np.ndarray, names: Sequence[str], profile: dict) -> None:
