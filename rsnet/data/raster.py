@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from .errors import CorruptImageError
 
@@ -169,6 +171,10 @@ def training_footprint(paths: Sequence[str], ground_resolution_m: float | None =
     widths, metres = [], []
     for path in list(paths)[:sample]:
         try:
+            if Path(path).suffix.lower() not in (".tif", ".tiff"):  # a picture has no georeference: its header
+                with Image.open(path) as picture:
+                    widths.append(picture.width)
+                continue
             with open_raster(path) as src:
                 widths.append(src.width)
                 if src.crs is not None and src.crs.is_projected:
