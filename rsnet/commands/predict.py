@@ -182,8 +182,7 @@ def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, An
                 bar.write(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}\t[{row['top_k']}]", file=sys.stdout)
             if attention_dir is not None:
                 _save_attention(predictor.full_model, predictor.display_images(images), inputs, batch_paths, names,
-                                attention_dir,
-                                predictor.class_names)
+                                attention_dir, predictor.class_names)
     return rows, bad, report
 
 
