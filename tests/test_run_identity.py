@@ -80,6 +80,15 @@ def test_shipped_datasets_keep_their_name_as_run_dir() -> None:
     assert dataset_folder("image_folder", "/").startswith("image_folder-root-")
 
 
+def test_runs_of_other_bands_get_their_own_run_dirs() -> None:
+    assert run_dir("dataset=eurosat_ms", "dataset.root=/data") == \
+        "outputs/eurosat_ms_bands-all/r0.8_64px_scratch/esd_mbenet_resnet18/seed0"
+    assert run_dir("dataset=eurosat_ms", "dataset.root=/data", "dataset.bands=[B04,B03,B02,B08]").startswith(
+        "outputs/eurosat_ms_bands-B04-B03-B02-B08/")
+    folder = dataset_folder("image_folder", "/data/rgbn", [4, 3, 2])
+    assert folder.startswith("image_folder-rgbn-") and folder.endswith("_bands-4-3-2")
+
+
 @pytest.mark.parametrize("name", ["../../../../escaped/x", "nested/name", ".."])
 def test_a_checkpoint_dataset_name_cannot_lead_outside_its_folder(tmp_path: Path, name: str,
                                                                   capsys: pytest.CaptureFixture) -> None:

@@ -157,8 +157,8 @@ def check_top_level_keys(config: dict[str, Any], known: set[str]) -> None:
 
 # The settings that define a run: a resumed run must keep them (anything else, e.g. epochs, trainer.devices,
 # eval_batch_size, log.*, may change on resume).
-RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "model.arch", "model.options",
-                "model.loss", "backbone.name", "seed")
+RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "dataset.bands", "model.arch",
+                "model.options", "model.loss", "backbone.name", "seed")
 
 
 def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpoint: Path) -> None:
