@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import rasterio
+from rasterio.enums import MaskFlags
 from rasterio.env import get_gdal_config, set_gdal_config
 from rasterio.transform import Affine
 from rasterio.windows import Window
@@ -64,7 +65,8 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
     right or bottom edge is left out. The output grid has cells of ``stride`` × ``stride`` pixels (ceil(height /
     stride) rows, ceil(width / stride) columns); a cell's probabilities are the mean of those of every window that
     holds the cell's centre (with stride = window: the one window on it), its class their argmax; a cell no window
-    covers is nodata. ValueError names the file for a raster the model cannot read or a window that does not fit."""
+    covers is nodata. A window mostly over the scene's own nodata (a nodata value, an alpha band or a mask) is not
+    classified. ValueError names the file for a raster the model cannot read or a window that does not fit."""
     raster, out_dir = Path(raster), Path(out_dir)
     batch_size = _whole("batch_size", batch_size)
     started = time.perf_counter()
@@ -152,25 +154,42 @@ def _check_fits(path: Path, src: Any, size: int, step: int, why: str) -> None:
 
 def _classify(predictor: Predictor, src: Any, path: Path, indexes: list[int], size: int, step: int, batch_size: int,
               progress: bool, rule: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per output cell, the sum of the probabilities of the windows covering it and their count; the windows."""
+    """Per output cell, the sum of the probabilities of the windows covering it and their count; the windows
+    classified (a window mostly over the scene's nodata is not: :func:`_mostly_data`)."""
     rows, cols = (src.height - size) // step + 1, (src.width - size) // step + 1
     grid = (-(-src.height // step), -(-src.width // step))
     span = (2 * size + step - 1) // (2 * step)  # cells per side whose centre lies inside a window
     sums = np.zeros((*grid, len(predictor.class_names)), np.float64)
     counts = np.zeros(grid, np.int32)
-    total = rows * cols
+    total, classified = rows * cols, 0
+    masked = _has_nodata(src)
     with tqdm(total=total, unit="window", desc=f"mapping {path.name}", leave=False, dynamic_ncols=True,
               disable=not progress) as bar:
         if progress:
             bar.write(f"mapping {path}: window {size} px ({rule}), stride {step} px, {total} windows", file=sys.stderr)
         for first in range(0, total, batch_size):
-            corners = [divmod(index, cols) for index in range(first, min(first + batch_size, total))]
+            batch = [divmod(index, cols) for index in range(first, min(first + batch_size, total))]
+            bar.update(len(batch))
+            corners = [(r, c) for r, c in batch if not masked or _mostly_data(src, r * step, c * step, size)]
+            if not corners:
+                continue
             images = np.stack([_window(predictor, src, path, indexes, r * step, c * step, size) for r, c in corners])
             for (r, c), p in zip(corners, predictor.probabilities(predictor.preprocess(images)).numpy()):
                 sums[r:r + span, c:c + span] += p
                 counts[r:r + span, c:c + span] += 1
-            bar.update(len(corners))
-    return sums, counts, total
+            classified += len(corners)
+    return sums, counts, classified
+
+
+def _has_nodata(src: Any) -> bool:
+    """Whether the scene marks pixels as nodata: a nodata value, an alpha band or a mask (GDAL's mask flags)."""
+    return src.nodata is not None or any(MaskFlags.all_valid not in flags for flags in src.mask_flag_enums)
+
+
+def _mostly_data(src: Any, row: int, col: int, size: int) -> bool:
+    """Whether at least half of the window at (``row``, ``col``) is data by the scene's mask (an empty border of an
+    orthophoto is not classified: its cells stay nodata unless a window with data covers them)."""
+    return np.count_nonzero(src.dataset_mask(window=Window(col, row, size, size))) * 2 >= size * size
 
 
 def _window(predictor: Predictor, src: Any, path: Path, indexes: list[int], row: int, col: int,

@@ -155,6 +155,20 @@ def test_partial_windows_at_the_right_and_bottom_edges_are_left_out_and_their_ce
     assert np.isnan(cells[:, 2, :]).all() and np.isfinite(cells[:, :2, :2]).all()
 
 
+def test_windows_mostly_over_the_scenes_nodata_are_not_classified(predictor, scene, tmp_path) -> None:
+    pixels = np.maximum(scene.mosaic, 1)  # no black pixel in the data: GDAL masks one whose every band is nodata
+    pixels[:, :448] = 0  # an empty border: 3.5 tiles wide
+    raster = write_geotiff(tmp_path / "border.tif", pixels)
+    with rasterio.open(raster, "r+") as dst:
+        dst.nodata = 0
+    result = map_scene(predictor, raster, tmp_path / "maps", window=128, progress=False)
+    assert result.windows == 8 * 5  # columns 0-2 are empty, column 3 is half data (classified), 4-7 whole
+    assert (result.classes[:, :3] == 255).all() and (result.classes[:, 3:] != 255).all()
+    unmasked = map_scene(predictor, write_geotiff(tmp_path / "plain.tif", pixels), tmp_path / "maps", window=128,
+                         progress=False)
+    assert unmasked.windows == 64 and (unmasked.classes != 255).all()  # no nodata declared: every window
+
+
 def test_the_window_is_a_training_images_ground_size_else_its_width_else_the_image_size(tmp_path: Path) -> None:
     pixels = np.zeros((200, 200, 3), np.uint8)
     half_metre = write_geotiff(tmp_path / "utm.tif", pixels, north_up(500_000, 4_000_000, 0.5))
