@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH, DecodeReport, Decoding, decode_image
 from rsnet.data.errors import CorruptImageError
 from rsnet.data.normalize import to_float_chw
-from rsnet.data.raster import Bands, bands_from_metadata
+from rsnet.data.raster import Bands, bands_from_metadata, max_pixel_value, pictures
 from rsnet.data.specs import IMAGE_EXTENSIONS
 from rsnet.evaluation import TTAModel
 from rsnet.export import attention_model
@@ -89,16 +89,11 @@ class Predictor:
 
     def preprocess(self, images: np.ndarray) -> Tensor:
         """(N, H, W, C) images at the model's image size -> normalised float (N, C, H, W) on the model's device."""
-        scale = 255.0 if self.bands is None else self.bands.max_pixel_value
-        return to_float_chw(images, self.mean, self.std, scale).to(self.device)
+        return to_float_chw(images, self.mean, self.std, max_pixel_value(self.bands)).to(self.device)
 
     def display_images(self, images: np.ndarray) -> np.ndarray:
         """uint8 RGB pictures of decoded ``images``: themselves, or the RGB composite of a model's bands."""
-        if self.bands is None:
-            return images
-        from rsnet.data.raster import rgb_composite
-
-        return rgb_composite(images, self.bands.rgb)
+        return pictures(images, self.bands)
 
     def probabilities(self, inputs: np.ndarray | Tensor) -> Tensor:
         """Class probabilities (N, classes) on the CPU of decoded images (N, H, W, C) or preprocessed ones."""

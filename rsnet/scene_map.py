@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from rsnet.data.decode import decode_window, picture_bands
 from rsnet.data.errors import CorruptImageError
-from rsnet.data.raster import open_raster
+from rsnet.data.raster import ground_pixel_size, open_raster
 from rsnet.files import disk_full_named
 
 if TYPE_CHECKING:
@@ -104,8 +104,8 @@ def scene_window(predictor: Predictor, src: Any, window: int | None = None) -> t
     if window is not None:
         return _whole("window", window), f"window={window}"
     metres, pixels = predictor.footprint.get("metres"), predictor.footprint.get("pixels")
-    if metres and src.crs is not None and src.crs.is_projected:
-        pixel_m = abs(src.transform.a) * src.crs.linear_units_factor[1]
+    pixel_m = ground_pixel_size(src)
+    if metres and pixel_m is not None:
         return round(metres / pixel_m), f"a training image's ground size, {metres:g} m, at {pixel_m:g} m per pixel"
     if pixels:
         unknown = "; the raster has no projected coordinate system" if metres else ""

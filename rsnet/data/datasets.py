@@ -17,7 +17,7 @@ from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .discovery import ScanResult, dataset_not_found, default_root, scan_dataset
 from .download import download_dataset
 from .errors import CorruptImageWarning, DatasetValidationError, HighBitDepthWarning
-from .raster import Bands, band_statistics, resolve_bands, training_footprint
+from .raster import Bands, band_statistics, max_pixel_value, resolve_bands, training_footprint
 from .scene_dataset import SceneDataset
 from .specs import DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
@@ -88,7 +88,7 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     if raster_bands is not None and not given:
         mean_t, std_t = _band_normalisation(spec.name, raster_bands, store, rows.train)
-    pixel_scale = 255.0 if raster_bands is None else raster_bands.max_pixel_value
+    pixel_scale = max_pixel_value(raster_bands)
     train, test, val = _views(scan, store, rows, image_size, mean_t, std_t, augmentation, pixel_scale)
     held_out = f" / {len(val)} val" if val is not None else ""
     log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",

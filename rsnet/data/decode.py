@@ -69,16 +69,16 @@ class DecodeReport:
             self.rescaled[path] = source
 
 
-def decode_image(path: str | os.PathLike, size: int, high_bit_depth: Decoding = DEFAULT_HIGH_BIT_DEPTH,
+def decode_image(path: str | os.PathLike, size: int, decoding: Decoding = DEFAULT_HIGH_BIT_DEPTH,
                  report: DecodeReport | None = None) -> np.ndarray:
-    """Decode one image file to uint8 ``size × size × 3`` RGB (``high_bit_depth``: a mode) or to ``size × size × C``
-    samples (``high_bit_depth``: the dataset's :class:`Bands`); a stretched high-bit-depth file is recorded in
+    """Decode one image file to uint8 ``size × size × 3`` RGB (``decoding``: a high_bit_depth mode) or to ``size ×
+    size × C`` samples (``decoding``: the dataset's :class:`Bands`); a stretched high-bit-depth file is recorded in
     ``report`` so the caller warns once. CorruptImageError names a file that cannot be read or converted."""
-    if isinstance(high_bit_depth, Bands):
-        return high_bit_depth.read(path, size)
-    check_high_bit_depth(high_bit_depth)
+    if isinstance(decoding, Bands):
+        return decoding.read(path, size)
+    check_high_bit_depth(decoding)
     try:
-        arr, source = _decode(path, size, high_bit_depth)
+        arr, source = _decode(path, size, decoding)
     except CorruptImageError:
         raise
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files

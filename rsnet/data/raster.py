@@ -16,8 +16,8 @@ from PIL import Image
 
 from .errors import CorruptImageError
 
-__all__ = ["SAMPLE_TYPES", "Bands", "band_statistics", "bands_from_metadata", "open_raster", "resize_bands",
-           "resolve_bands", "rgb_composite", "training_footprint"]
+__all__ = ["SAMPLE_TYPES", "Bands", "band_statistics", "bands_from_metadata", "ground_pixel_size", "max_pixel_value",
+           "open_raster", "pictures", "resize_bands", "resolve_bands", "rgb_composite", "training_footprint"]
 
 SAMPLE_TYPES = ("uint8", "uint16", "int16", "float32")  # sample types a model can read (OpenCV resizes them)
 
@@ -54,8 +54,6 @@ class Bands:
     names: tuple[str, ...]
     dtype: str
     rgb: tuple[int, ...]
-
-    max_pixel_value = 1.0  # normalisation divides nothing: mean/std are in the bands' own units
 
     @property
     def channels(self) -> int:
@@ -137,6 +135,12 @@ def resolve_bands(setting: Any, first_file: str | os.PathLike, band_names: Seque
     return Bands(tuple(indices), tuple(names[i - 1] for i in indices), dtype, tuple(rgb))
 
 
+def max_pixel_value(decoding: Any) -> float:
+    """What normalisation divides the stored pixels by before ``(x - mean) / std``: 255 for uint8 RGB pictures, 1 for
+    a dataset's :class:`Bands` (``decoding``), whose mean/std are in the bands' own units."""
+    return 1.0 if isinstance(decoding, Bands) else 255.0
+
+
 def bands_from_metadata(value: Mapping[str, Any] | None) -> Bands | None:
     """The :class:`Bands` a checkpoint or export records (None: an RGB model)."""
     if not value:
@@ -163,6 +167,13 @@ def band_statistics(images: Any, rows: Sequence[int], chunk: int = 256) -> tuple
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
+def ground_pixel_size(src: Any) -> float | None:
+    """Metres per pixel of the open raster ``src`` (its transform in a projected coordinate system), else None."""
+    if src.crs is None or not src.crs.is_projected:
+        return None
+    return abs(src.transform.a) * src.crs.linear_units_factor[1]
+
+
 def training_footprint(paths: Sequence[str], ground_resolution_m: float | None = None,
                        sample: int = 32) -> dict[str, float | None]:
     """The ground footprint of a training image, for maps of whole scenes: the median width in pixels of up to
@@ -177,8 +188,9 @@ def training_footprint(paths: Sequence[str], ground_resolution_m: float | None =
                 continue
             with open_raster(path) as src:
                 widths.append(src.width)
-                if src.crs is not None and src.crs.is_projected:
-                    metres.append(src.width * abs(src.transform.a) * src.crs.linear_units_factor[1])
+                pixel_m = ground_pixel_size(src)
+                if pixel_m is not None:
+                    metres.append(src.width * pixel_m)
         except Exception:  # noqa: BLE001 - an unreadable file is reported by decoding, not here
             continue
     pixels = float(np.median(widths)) if widths else None
@@ -200,3 +212,9 @@ def rgb_composite(images: np.ndarray, rgb: Sequence[int]) -> np.ndarray:
         span = np.where(hi > lo, hi - lo, 1.0)
         out[n] = np.clip((picked - lo) / span * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return out if images.ndim == 4 else out[0]
+
+
+def pictures(images: np.ndarray, decoding: Any) -> np.ndarray:
+    """uint8 RGB pictures of decoded ``images``: themselves (RGB pictures), or the RGB composite of a dataset's
+    :class:`Bands` (``decoding``)."""
+    return rgb_composite(images, decoding.rgb) if isinstance(decoding, Bands) else images

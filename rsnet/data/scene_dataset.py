@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from .batch_transform import batch_transform
 from .decode import pixel_layout
 from .normalize import to_float_chw
-from .raster import Bands, rgb_composite
+from .raster import pictures
 from .store import ImageStore
 from .transforms import HostAugment
 
@@ -54,9 +54,7 @@ class SceneDataset(Dataset):
 
     def picture(self, i: int) -> np.ndarray:
         """Item ``i`` as a uint8 RGB picture: the stored image, or the RGB composite of a multispectral one's bands."""
-        decoding = self.store.decoding
-        image = self.raw(i)
-        return rgb_composite(image, decoding.rgb) if isinstance(decoding, Bands) else image
+        return pictures(self.raw(i), self.store.decoding)
 
     def _apply(self, img: np.ndarray) -> torch.Tensor:
         if self.transform is None:

@@ -12,7 +12,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from rsnet.data.normalize import to_float_chw
-from rsnet.data.raster import Bands, rgb_composite
+from rsnet.data.raster import Bands, max_pixel_value, pictures
 from rsnet.files import atomic_write, disk_was_full
 from rsnet.viz.attention import captioned_attention
 from rsnet.viz.figures import attention_pages, render_confusion_matrix
@@ -36,10 +36,9 @@ def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean:
     if bands is None and (images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8):
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
-    inputs = to_float_chw(images, mean, std, 255.0 if bands is None else bands.max_pixel_value).to(device)
-    pictures = images if bands is None else rgb_composite(images, bands.rgb)
+    inputs = to_float_chw(images, mean, std, max_pixel_value(bands)).to(device)
     figures = {}
-    for head, tiles in captioned_attention(model, pictures, inputs, class_names, labels).items():
+    for head, tiles in captioned_attention(model, pictures(images, bands), inputs, class_names, labels).items():
         pages = attention_pages(tiles, f"CAM of head {head} at its predicted class{title_suffix}")
         for number, page in enumerate(pages, 1):
             figures[f"attention/cam_{head}" + (f"/page{number}" if number > 1 else "")] = page
