@@ -79,10 +79,6 @@ class Predictor:
         """How a file becomes the model's pixels: its bands, else the high-bit-depth rule of RGB pictures."""
         return self.bands or self.high_bit_depth
 
-    @property
-    def channels(self) -> int:
-        return len(self.mean)
-
     def read_images(self, paths: Sequence[str | Path], report: DecodeReport | None = None) -> np.ndarray:
         """The images at ``paths`` as one (N, image_size, image_size, C) batch, decoded as in training."""
         return np.stack([read_image(path, self.image_size, self.decoding, report) for path in paths])
