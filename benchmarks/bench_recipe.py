@@ -114,7 +114,7 @@ def step_cost(args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
     from rsnet.losses import MultiBranchLoss
-    from rsnet.models import build_model
+    from rsnet.models import build_model, options_for_size
 
     print("\n| image size | batch | model | step (ms, median of rounds) | × baseline |\n|---|---|---|---|---|")
     for size, batch in ((64, 32), (224, 16)):
@@ -123,7 +123,7 @@ def step_cost(args: argparse.Namespace) -> None:
         runners = {}
         for row in RSNET_ROWS:
             shipped = OmegaConf.load(REPO / "conf" / "model" / f"{row}.yaml")
-            model = build_model(row, args.backbone, 30, **shipped.get("options", {}))
+            model = build_model(row, args.backbone, 30, **options_for_size(shipped.get("options", {}), size))
             criterion = MultiBranchLoss(**shipped.get("loss", {}))
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
             runners[row] = (model, criterion, optimizer)

@@ -87,8 +87,13 @@ def test_the_loss_defaults_are_esd_mbenets_recipe() -> None:
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_each_model_yaml_gives_its_options_the_code_defaults(arch: str) -> None:
-    """A model built from Python (build_model without options) is the model rsnet-train builds."""
+    """A model built from Python (build_model without options) is the model rsnet-train builds. The one
+    difference: ``image_size: auto``, which rsnet-train fills from dataset.image_size and Python leaves None
+    (geometry as set) until given a size."""
     options = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{arch}.yaml").options)
+    if "image_size" in options:
+        assert options["image_size"] == "auto"
+        options["image_size"] = None
     signature = inspect.signature(MODELS[arch].__init__).parameters
     code = {name: list(value) if isinstance(value := signature[name].default, tuple) else value for name in options}
     assert code == options

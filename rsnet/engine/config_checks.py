@@ -78,7 +78,7 @@ def check_model_and_loss(config: dict[str, Any]) -> None:
     import torch
 
     from rsnet.losses import MultiBranchLoss, check_loss_heads
-    from rsnet.models import BackboneError, build_model
+    from rsnet.models import BackboneError, build_model, options_for_size
 
     model_settings, size = config["model"], int(config["dataset"]["image_size"])
     try:
@@ -89,7 +89,8 @@ def check_model_and_loss(config: dict[str, Any]) -> None:
     arch, backbone = model_settings["arch"], config["backbone"]["name"]
     try:
         with torch.device("meta"):
-            model = build_model(arch, backbone, 2, pretrained=False, **model_settings["options"]).eval()
+            model = build_model(arch, backbone, 2, pretrained=False,
+                                **options_for_size(model_settings["options"], size)).eval()
             output = model(torch.zeros(2, 3, size, size))
     except BackboneError as error:
         raise ConfigError(str(error)) from error

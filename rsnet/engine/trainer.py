@@ -32,7 +32,7 @@ from rsnet.engine.run_lock import hold_run_dir, share_run_dir
 from rsnet.engine.step_timer import StepTimer
 from rsnet.files import disk_full_named
 from rsnet.losses import MultiBranchLoss
-from rsnet.models import backbone_data_config, build_model
+from rsnet.models import backbone_data_config, build_model, options_for_size
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Claim, Strategy
@@ -134,7 +134,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     data = load_data(ctx, config, run_dir)
     model = build_model(config["model"]["arch"], config["backbone"]["name"], len(data.class_names),
                         pretrained=config["backbone"]["pretrained"], in_chans=data.channels,
-                        **config["model"]["options"]).to(ctx.device)
+                        **options_for_size(config["model"]["options"], config["dataset"]["image_size"])).to(ctx.device)
     if use_channels_last(config, ctx.device):
         model = model.to(memory_format=torch.channels_last)
     criterion = MultiBranchLoss(**config["model"]["loss"])

@@ -69,12 +69,13 @@ class ChannelSeparateGenerator(nn.Module):
 
 
 class FusionBranch(nn.Module):
-    """MGML-FFB: CS-FG on every level -> project to a common width -> concat levels -> FC."""
+    """MGML-FFB: CS-FG on every level (with that level's grids) -> project to a common width -> concat levels
+    -> FC."""
 
-    def __init__(self, channels: Sequence[int], grids: Sequence[int], width: int, num_classes: int,
+    def __init__(self, channels: Sequence[int], level_grids: Sequence[Sequence[int]], width: int, num_classes: int,
                  drop_rate: float = 0.0) -> None:
         super().__init__()
-        self.generators = nn.ModuleList(ChannelSeparateGenerator(c, grids) for c in channels)
+        self.generators = nn.ModuleList(ChannelSeparateGenerator(c, grids) for c, grids in zip(channels, level_grids))
         self.projections = nn.ModuleList(
             nn.Sequential(nn.Linear(gen.out_features, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(inplace=True))
             for gen in self.generators)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from rsnet.models.base import RSNetModel, register_model
 from rsnet.models.branches import FeatureAugmentation, GapLinear, gap
+from rsnet.models.geometry import feature_map_sides, fit_dilation
 from rsnet.models.output import MultiBranchOutput
 
 AUX_BRANCHES = ("dilated", "copy")
@@ -21,7 +22,9 @@ class ESDMBENet(RSNetModel):
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  num_branches: int = 3, aux_branch: str = "dilated", dilations: Sequence[int] | None = None,
-                 fam_width: int | None = None, in_chans: int = 3) -> None:
+                 fam_width: int | None = None, image_size: int | None = None, in_chans: int = 3) -> None:
+        """``image_size``: the training image size the FAM dilations are fitted to (``rsnet.models.geometry``);
+        None keeps ``dilations`` as given, in pixels of S3."""
         if not isinstance(num_branches, int) or num_branches < 2:
             raise ValueError(f"num_branches must be an int >= 2 (main + auxiliaries), got {num_branches!r}")
         if aux_branch not in AUX_BRANCHES:
@@ -31,7 +34,11 @@ class ESDMBENet(RSNetModel):
             raise ValueError(f"dilations needs {num_branches - 1} positive ints (one per auxiliary branch), "
                              f"got {dilations}")
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, num_branches=num_branches,
-                         aux_branch=aux_branch, dilations=dilations, fam_width=fam_width)
+                         aux_branch=aux_branch, dilations=dilations, fam_width=fam_width, image_size=image_size)
+        if image_size is not None:
+            s3_side = feature_map_sides(backbone, int(image_size))[2]
+            dilations = [fit_dilation(d, s3_side) for d in dilations]
+        self.fitted_dilations = dilations
         c3, c4 = self.backbone.channels[2], self.backbone.channels[3]
         stride = max(1, self.backbone.reductions[3] // self.backbone.reductions[2])
         width = int(fam_width) if fam_width else max(c4 // 4, 8)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from rsnet.models.base import RSNetModel, register_model
 from rsnet.models.branches import FullChannelGenerator, FusionBranch
+from rsnet.models.geometry import feature_map_sides, fit_grids
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -19,7 +20,9 @@ class MGMLFENet(RSNetModel):
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512,
-                 in_chans: int = 3) -> None:
+                 image_size: int | None = None, in_chans: int = 3) -> None:
+        """``image_size``: the training image size each level's pooling grids are fitted to
+        (``rsnet.models.geometry``); None pools every level over ``grids`` as given."""
         levels = sorted({int(level) for level in levels})
         grids = [int(g) for g in grids]
         if not levels or min(levels) < 1 or max(levels) > 4:
@@ -27,13 +30,15 @@ class MGMLFENet(RSNetModel):
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, levels=levels, grids=grids,
-                         ffb_width=int(ffb_width))
+                         ffb_width=int(ffb_width), image_size=image_size)
         self.levels, self.grids = levels, grids
+        sides = feature_map_sides(backbone, int(image_size)) if image_size is not None else None
+        self.level_grids = {level: fit_grids(grids, sides[level - 1]) if sides else grids for level in levels}
         channels = [self.backbone.channels[level - 1] for level in levels]
-        self.ffb = FusionBranch(channels, grids, int(ffb_width), num_classes, drop_rate)
+        self.ffb = FusionBranch(channels, list(self.level_grids.values()), int(ffb_width), num_classes, drop_rate)
         self.fem = nn.ModuleDict({
             f"s{level}_g{grid}": FullChannelGenerator(c, grid, num_classes, drop_rate)
-            for level, c in zip(levels, channels) for grid in grids})
+            for level, c in zip(levels, channels) for grid in self.level_grids[level]})
 
     def forward(self, x: Tensor) -> MultiBranchOutput:
         trunk = self.backbone.trunk(x)
