@@ -85,6 +85,9 @@ def test_train_writes_every_output(tmp_path: Path, model: str, capfd: pytest.Cap
     assert all((run_dir / f"{name}.pdf").read_bytes().startswith(b"%PDF-") for name in ("curves", "confusion"))
     assert not (run_dir / "checkpoints" / "best.pt").exists()  # without validation nothing is selected on test
     assert metrics["protocol"]["selection"] == "last epoch" and "selected_epoch" not in metrics
+    if model == "mgml_fenet":  # grids fitted to the 64 px maps: S4 is 2x2, so its 4x4 grid became the 2x2 one
+        assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["model_config"]["image_size"] == 64
+        assert {"fem_s4_g1", "fem_s4_g2", "fem_s2_g4"} <= set(metrics["oa"]) and "fem_s4_g4" not in metrics["oa"]
 
 
 def check_run_outputs(run_dir: Path, epochs: int) -> dict:
