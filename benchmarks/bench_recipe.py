@@ -17,6 +17,7 @@ to the baseline (baseline images/s ÷ model images/s, from the same runs), then 
     python benchmarks/bench_recipe.py --seeds 0 --rows plain,baseline --epochs 5      # quick look
     python benchmarks/bench_recipe.py --rows baseline --set model.loss.label_smoothing=0.0   # an ablation
     python benchmarks/bench_recipe.py --step-cost                  # training step cost vs baseline at 64 and 224 px
+    python benchmarks/bench_recipe.py --image-size 224 --require-cuda   # the check at 224 px, on a GPU (minutes)
     # the same table in about half the time on 2 cores: two processes with one thread each, then one table
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 --json a.json &
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 --json b.json
@@ -52,6 +53,7 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
 
     data = build_datasets("aid", str(args.root), train_ratio=args.train_ratio, seed=seed, image_size=args.image_size,
                           check_counts=False)
+    device = torch.device(args.device)
     mean = torch.tensor(data.mean).view(1, 3, 1, 1)  # ImageNet's, as rsnet's resnet18 uses
     std = torch.tensor(data.std).view(1, 3, 1, 1)
 
@@ -63,7 +65,7 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
     x_train, y_train = tensors(data.train)
     x_test, y_test = tensors(data.test)
     torch.manual_seed(seed)
-    model = timm.create_model(args.backbone, num_classes=len(data.class_names))
+    model = timm.create_model(args.backbone, num_classes=len(data.class_names)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
     steps_per_epoch = -(-len(x_train) // args.batch)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, epochs=args.epochs,
@@ -76,7 +78,7 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
         order = torch.randperm(len(x_train), generator=generator)
         for start in range(0, len(order), args.batch):
             batch = order[start:start + args.batch]
-            x, y = x_train[batch], y_train[batch]
+            x, y = x_train[batch].to(device, non_blocking=True), y_train[batch].to(device, non_blocking=True)
             if torch.rand(1, generator=generator) < 0.5:
                 x = x.flip(3)
             x = torch.rot90(x, int(torch.randint(4, (1,), generator=generator)), dims=(2, 3))
@@ -85,10 +87,13 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
             loss.backward()
             optimizer.step()
             schedule.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         train_seconds += time.perf_counter() - started
     model.eval()
     with torch.no_grad():
-        predictions = torch.cat([model(x_test[i:i + 128]).argmax(1) for i in range(0, len(x_test), 128)])
+        predictions = torch.cat([model(x_test[i:i + 128].to(device)).argmax(1).cpu()
+                                 for i in range(0, len(x_test), 128)])
     accuracy = 100.0 * float((predictions == y_test).float().mean())
     return {"main": accuracy, "ensemble": accuracy, "images_per_s": len(x_train) * args.epochs / train_seconds}
 
@@ -99,7 +104,8 @@ def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) ->
                  f"dataset.train_ratio={args.train_ratio}", f"backbone={args.backbone}", f"model={model}",
                  f"epochs={args.epochs}", f"seed={seed}", "log.progress_bar=false", f"hydra.run.dir={run_dir}",
                  # evaluation and TensorBoard images only at the end: they cost time and change no weight
-                 f"eval_every={args.epochs}", f"log.attention_every={args.epochs}", *args.set]
+                 f"eval_every={args.epochs}", f"log.attention_every={args.epochs}",
+                 *([] if args.device == "cpu" else [f"trainer.devices=[{args.device}]"]), *args.set]
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -190,12 +196,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="batch of the plain loop (rsnet uses its batch_size)")
     parser.add_argument("--set", action="append", default=[], help="extra override for the rsnet rows (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where every row trains (default: the GPU if there is one)")
+    parser.add_argument("--require-cuda", action="store_true", help="do nothing without a GPU (gpu_lease.py)")
     parser.add_argument("--step-cost", action="store_true", help="only measure each model's training step cost "
                         "relative to the baseline at 64 and 224 px (a few minutes)")
     parser.add_argument("--cost-rounds", type=int, default=7)
     parser.add_argument("--report", type=Path, nargs="+", help="print the table of --json files (of runs made in "
                         "parallel, e.g. one process for plain,baseline and one for the two models) and stop")
     args = parser.parse_args()
+    if args.require_cuda and not torch.cuda.is_available():
+        print("bench_recipe: no CUDA device visible, nothing measured (run it without --require-cuda for the CPU)")
+        return
     if args.step_cost:
         step_cost(args)
         return

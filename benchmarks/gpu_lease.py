@@ -3,7 +3,8 @@
 (b)/(c) target), a real-size epoch (aid-dev repeated to 10,800 training images, ResNet-50 at 224 px, the GPU alone
 and with the machine's CPU as a second worker), a profile of the training step and of a real epoch, short adaptive
 runs on aid-dev, and the compile comparison. The full ``make gpu-check`` does not fit a few minutes; this is its
-measurement half and more, sized to fit.
+measurement half and more, sized to fit. One more step fills a lease alone and is run only when named: ``recipe_224``,
+the recipe check of ``bench_recipe.py`` at 224 px (aid-dev, seeds 0-2, the plain loop and the three models, 30 epochs).
 
 What must lie beside the checkout on the GPU machine (it may reach no package index, and aid-dev lies outside the
 checkout): ``.whl/``, the wheels of rsnet's dependencies that a CUDA PyTorch image lacks, and ``.aid-dev/``, a copy of
@@ -18,6 +19,7 @@ and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md``, th
     bash benchmarks/prepare_gpu_lease.sh                  # on a machine with the dev venv and a package index
     python3 benchmarks/gpu_lease.py                       # on the GPU machine, .whl and .aid-dev beside the checkout
     python3 benchmarks/gpu_lease.py --steps gpu_profile --budget 120      # one step again
+    python3 benchmarks/gpu_lease.py --steps recipe_224 --budget 580       # the recipe check at 224 px (a lease alone)
     python benchmarks/gpu_lease.py --stand-in --root DIR  # tiny CPU versions of every step (tests this script)
 """
 
@@ -73,7 +75,12 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
       "dynamic", "eager"],  # the comparison wanted first, should the limit stop it
      ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
       "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
+    ("recipe_224", 570,  # run alone (--steps recipe_224 --budget 580): the recipe check at 224 px, not in the default
+     ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224"],
+     ["bench_recipe.py", "--device", "cpu", "--root", "ROOT", "--image-size", "32", "--backbone", "test_resnet",
+      "--epochs", "1", "--seeds", "0", "--rows", "plain,mgml_fenet"]),
 ]
+ALONE = {"recipe_224"}  # steps that fill a lease of their own, so left out of the default list
 
 
 def install_wheels(wheels: Path) -> str | None:
@@ -132,7 +139,9 @@ def main() -> int:
     parser.add_argument("--root", type=Path, default=REPO / ".aid-dev" / "AID", help="aid-dev's class folders")
     parser.add_argument("--wheels", type=Path, default=REPO / ".whl", help="wheels to install first, if any")
     parser.add_argument("--budget", type=float, default=510, help="seconds for all steps together")
-    parser.add_argument("--steps", nargs="+", choices=[step[0] for step in STEPS], default=[step[0] for step in STEPS])
+    parser.add_argument("--steps", nargs="+", choices=[step[0] for step in STEPS],
+                        default=[step[0] for step in STEPS if step[0] not in ALONE],
+                        help=f"default: every step but {', '.join(sorted(ALONE))}, which fills a lease alone")
     parser.add_argument("--real-min-train", type=int, help="training images per epoch of the real-size set "
                         "(default: 10,000; 200 with --stand-in)")
     parser.add_argument("--stand-in", action="store_true", help="tiny CPU versions of every step (tests this script)")

@@ -76,6 +76,21 @@ def test_the_lease_runs_its_steps_and_keeps_each_output(tmp_path: Path) -> None:
     assert json.loads(gzip.decompress((out / "profile_trace.json.gz").read_bytes()))["traceEvents"]
 
 
+def test_the_recipe_check_at_224_px_runs_alone_and_prints_its_table(tmp_path: Path) -> None:
+    """The lease's recipe_224 step (bench_recipe.py, the plain loop and rsnet's scripts/train.py) under --stand-in:
+    not in the default steps, run when named, a line per run and the table with both rows."""
+    root = make_fake_archive(tmp_path, "aid", per_class=4, size=40)
+    out = tmp_path / "out"
+    done = bench("gpu_lease.py", "--stand-in", "--root", str(root), "--out", str(out), "--wheels",
+                 str(tmp_path / "no-wheels"), "--budget", "300", "--steps", "recipe_224")
+    recipe = (out / "recipe_224.md").read_text()
+    assert done.returncode == 0, recipe[-3000:] + done.stderr[-2000:]
+    assert "plain seed 0: main " in recipe and "mgml_fenet seed 0: main " in recipe, recipe
+    rows = {row[0]: row for row in table_rows(recipe) if row[0] in ("plain", "mgml_fenet")}
+    assert sorted(rows) == ["mgml_fenet", "plain"] and all(0 <= float(row[2]) <= 100 for row in rows.values())
+    assert sorted(path.name for path in out.iterdir()) == ["machine.md", "recipe_224.md"]
+
+
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
     """A budget too small for a step skips it instead of overrunning the time the GPU is at hand."""
     done = bench("gpu_lease.py", "--stand-in", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"),
@@ -144,7 +159,7 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
     with contextlib.redirect_stdout(printed):
         assert gpu_lease.main() == 0
     assert "real-size set: 20160 images (10080 for training)" in printed.getvalue()  # 180 images linked 112 times
-    names = [step[0] for step in gpu_lease.STEPS]
+    names = [step[0] for step in gpu_lease.STEPS if step[0] not in gpu_lease.ALONE]
     assert names == ["bench_step_resnet50", "real_size_epoch", "gpu_profile", "bench_step_resnet18",
                      "gpu_throughput", "bench_compile"]
     for name in names:
@@ -152,3 +167,8 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
         assert "no CUDA device visible" in (out / f"{name}.md").read_text()
     assert sorted(path.name for path in out.iterdir()) == sorted([f"{name}.md" for name in names] + ["machine.md"])
     assert sum("OUT/" in argument for step in gpu_lease.STEPS for argument in step[2]) == 1  # the trace: 8 files
+    monkeypatch.setattr(sys, "argv", ["gpu_lease.py", "--out", str(tmp_path / "alone"), "--wheels",
+                                      str(tmp_path / "none"), "--root", str(root), "--steps", *gpu_lease.ALONE])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert gpu_lease.main() == 0
+    assert "no CUDA device visible" in (tmp_path / "alone" / "recipe_224.md").read_text()
