@@ -271,6 +271,8 @@ OUT_OF_RANGE = [  # setting(s) -> the start of the one-line refusal; every one t
     ("model.options.num_branches=0", "model.options (esd_mbenet on test_resnet): num_branches must be an int >= 2"),
     ("model.options.drop_rate=2", "model.options (esd_mbenet on test_resnet): dropout probability has to be between"),
     ("model=mgml_fenet model.options.grids=[0]", "model.options (mgml_fenet on test_resnet): grids must be positive"),
+    ("model.options.image_size=large", "model.options (esd_mbenet on test_resnet): image_size must be auto, null or a "
+     "positive int"),
     ("log.attention_every=0", "log.attention_every=0: must be >= 1"),
     ("trainer.timeout_s=nan", "trainer.timeout_s=nan: must be a finite number"),
     ("trainer=local_sgd trainer.average_every=0", "trainer.average_every must be >= 1"),

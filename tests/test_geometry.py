@@ -139,3 +139,5 @@ def test_a_checkpoints_model_config_rebuilds_the_fitted_model(arch: str) -> None
     rebuilt.load_state_dict(model.state_dict())  # strict: same parameters and shapes
     with pytest.raises(ValueError, match="image_size=auto stands for dataset.image_size"):
         build_model(arch, "test_resnet", CLASSES, image_size="auto")
+    with pytest.raises(ValueError, match="image_size must be auto, null or a positive int"):
+        build_model(arch, "test_resnet", CLASSES, image_size="large")

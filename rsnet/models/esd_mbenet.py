@@ -36,7 +36,7 @@ class ESDMBENet(RSNetModel):
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, num_branches=num_branches,
                          aux_branch=aux_branch, dilations=dilations, fam_width=fam_width, image_size=image_size)
         if image_size is not None:
-            s3_side = feature_map_sides(backbone, int(image_size))[2]
+            s3_side = feature_map_sides(backbone, image_size)[2]
             dilations = [fit_dilation(d, s3_side) for d in dilations]
         self.fitted_dilations = dilations
         c3, c4 = self.backbone.channels[2], self.backbone.channels[3]

@@ -27,6 +27,8 @@ from rsnet.models.backbones import TimmBackbone
 def feature_map_sides(backbone: str, image_size: int) -> list[int]:
     """The shorter side of S1..S4 for square inputs of ``image_size`` px, from a forward on the meta device
     (no weights, no compute)."""
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"image_size must be auto, null or a positive int (pixels), got {image_size!r}")
     with torch.device("meta"):
         net = TimmBackbone(backbone, 2, verify=False).eval()
         levels = net.trunk(torch.empty(1, 3, image_size, image_size))

@@ -32,7 +32,7 @@ class MGMLFENet(RSNetModel):
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, levels=levels, grids=grids,
                          ffb_width=int(ffb_width), image_size=image_size)
         self.levels, self.grids = levels, grids
-        sides = feature_map_sides(backbone, int(image_size)) if image_size is not None else None
+        sides = feature_map_sides(backbone, image_size) if image_size is not None else None
         self.level_grids = {level: fit_grids(grids, sides[level - 1]) if sides else grids for level in levels}
         channels = [self.backbone.channels[level - 1] for level in levels]
         self.ffb = FusionBranch(channels, list(self.level_grids.values()), int(ffb_width), num_classes, drop_rate)
