@@ -23,7 +23,7 @@ VGG_SIDES = {32: [16, 8, 4, 2], 64: [32, 16, 8, 4], 128: [64, 32, 16, 8], 224: [
 def test_feature_map_sides_are_those_of_a_real_forward(backbone: str, sides: dict[int, list[int]]) -> None:
     """The meta-device forward gives the sides S1..S4 really have (checked against a forward with weights for
     the tiny backbone)."""
-    assert {size: feature_map_sides(backbone, size) for size in SIZES} == sides
+    assert {size: list(feature_map_sides(backbone, size)) for size in SIZES} == sides
     if backbone == "test_resnet":
         model = build_model("baseline", backbone, CLASSES).eval()
         for size in SIZES:

@@ -18,22 +18,29 @@ at 64 px and below it does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 
 from rsnet.models.backbones import TimmBackbone
 
 
-def feature_map_sides(backbone: str, image_size: int) -> list[int]:
+def feature_map_sides(backbone: str, image_size: int) -> tuple[int, ...]:
     """The shorter side of S1..S4 for square inputs of ``image_size`` px, from a forward on the meta device
     (no weights, no compute)."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size must be auto, null or a positive int (pixels), got {image_size!r}")
+    return _meta_forward_sides(backbone, image_size)
+
+
+@lru_cache(maxsize=32)
+def _meta_forward_sides(backbone: str, image_size: int) -> tuple[int, ...]:
+    """Kept per process: the config check and the training build ask for the same sides."""
     with torch.device("meta"):
         net = TimmBackbone(backbone, 2, verify=False).eval()
         levels = net.trunk(torch.empty(1, 3, image_size, image_size))
         maps = [*levels, net.stage4(levels[-1])]
-    return [min(int(m.shape[-2]), int(m.shape[-1])) for m in maps]
+    return tuple(min(int(m.shape[-2]), int(m.shape[-1])) for m in maps)
 
 
 def fit_dilation(dilation: int, side: int) -> int:
