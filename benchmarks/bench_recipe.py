@@ -98,6 +98,11 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
     return {"main": accuracy, "ensemble": accuracy, "images_per_s": len(x_train) * args.epochs / train_seconds}
 
 
+def indexed(device: str) -> str:
+    """``device`` with an index, as ``trainer.devices`` wants it: ``cuda`` -> ``cuda:0``."""
+    return f"{device}:0" if ":" not in device and device != "cpu" else device
+
+
 def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict:
     """``scripts/train.py`` with the shipped defaults on aid-dev; test OA of the main branch and the ensemble."""
     overrides = ["dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
@@ -105,13 +110,14 @@ def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) ->
                  f"epochs={args.epochs}", f"seed={seed}", "log.progress_bar=false", f"hydra.run.dir={run_dir}",
                  # evaluation and TensorBoard images only at the end: they cost time and change no weight
                  f"eval_every={args.epochs}", f"log.attention_every={args.epochs}",
-                 *([] if args.device == "cpu" else [f"trainer.devices=[{args.device}]"]), *args.set]
+                 *([] if args.device == "cpu" else [f"trainer.devices=['{indexed(args.device)}']"]), *args.set]
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{model} seed {seed} failed:\n{done.stderr[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"]}
+    return {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"],
+            "heads": metrics["oa"]}
 
 
 def step_cost(args: argparse.Namespace) -> None:
@@ -229,10 +235,12 @@ def main() -> None:
                 figures = plain_loop(seed, args) if row == "plain" else rsnet_run(row, seed, args,
                                                                                    Path(tmp) / f"{row}_seed{seed}")
                 results[row].append(figures)
+                heads = ", ".join(f"{head} {oa:.2f}" for head, oa in figures.get("heads", {}).items())
                 print(f"{row} seed {seed}: main {figures['main']:.2f} %, ensemble {figures['ensemble']:.2f} %, "
-                      f"{figures['images_per_s']:.1f} img/s ({time.perf_counter() - started:.0f} s)", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+                      f"{figures['images_per_s']:.1f} img/s ({time.perf_counter() - started:.0f} s)"
+                      + (f"; heads: {heads}" if heads else ""), flush=True)
+                if args.json:  # after every run, so a run killed at a time limit keeps what it finished
+                    args.json.write_text(json.dumps(results, indent=1))
     report(results)
 
 

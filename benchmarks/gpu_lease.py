@@ -76,7 +76,7 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
      ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
       "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
     ("recipe_224", 570,  # run alone (--steps recipe_224 --budget 580): the recipe check at 224 px, not in the default
-     ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224"],
+     ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224", "--json", "OUT/recipe_224.json"],
      ["bench_recipe.py", "--device", "cpu", "--root", "ROOT", "--image-size", "32", "--backbone", "test_resnet",
       "--epochs", "1", "--seeds", "0", "--rows", "plain,mgml_fenet"]),
 ]

@@ -166,7 +166,7 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
         assert f"== {name}: exit 0" in printed.getvalue()
         assert "no CUDA device visible" in (out / f"{name}.md").read_text()
     assert sorted(path.name for path in out.iterdir()) == sorted([f"{name}.md" for name in names] + ["machine.md"])
-    assert sum("OUT/" in argument for step in gpu_lease.STEPS for argument in step[2]) == 1  # the trace: 8 files
+    assert sum("OUT/" in argument for step in gpu_lease.STEPS for argument in step[2]) == 2  # the trace; the 224 px runs
     monkeypatch.setattr(sys, "argv", ["gpu_lease.py", "--out", str(tmp_path / "alone"), "--wheels",
                                       str(tmp_path / "none"), "--root", str(root), "--steps", *gpu_lease.ALONE])
     with contextlib.redirect_stdout(io.StringIO()):
