@@ -98,11 +98,6 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
     return {"main": accuracy, "ensemble": accuracy, "images_per_s": len(x_train) * args.epochs / train_seconds}
 
 
-def indexed(device: str) -> str:
-    """``device`` with an index, as ``trainer.devices`` wants it: ``cuda`` -> ``cuda:0``."""
-    return f"{device}:0" if ":" not in device and device != "cpu" else device
-
-
 def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict:
     """``scripts/train.py`` with the shipped defaults on aid-dev; test OA of the main branch and the ensemble."""
     overrides = ["dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
@@ -110,7 +105,7 @@ def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) ->
                  f"epochs={args.epochs}", f"seed={seed}", "log.progress_bar=false", f"hydra.run.dir={run_dir}",
                  # evaluation and TensorBoard images only at the end: they cost time and change no weight
                  f"eval_every={args.epochs}", f"log.attention_every={args.epochs}",
-                 *([] if args.device == "cpu" else [f"trainer.devices=['{indexed(args.device)}']"]), *args.set]
+                 *([] if args.device == "cpu" else [f"trainer.devices=['{args.device}']"]), *args.set]
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *overrides], cwd=REPO,
                           capture_output=True, text=True)
     if done.returncode != 0:

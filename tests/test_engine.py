@@ -78,11 +78,13 @@ def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, nee
         check_training_config(config, num_workers=2)
 
 
-def test_devices_one_name_or_a_list_and_unknown_ones_refused() -> None:
+def test_devices_one_name_or_a_list_and_unknown_ones_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from rsnet.engine.trainer import resolve_devices
 
     assert resolve_devices("cpu") == ["cpu"]  # was split into workers on devices 'c', 'p', 'u'
     assert resolve_devices(["cpu", "cpu"]) == ["cpu", "cpu"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_devices(["cuda", "cuda:1"]) == ["cuda:0", "cuda:1"]  # NCCL refused a bare 'cuda' on a GPU
     with pytest.raises(ConfigError, match="trainer.devices=tpu: not a device rsnet runs on"):
         resolve_devices(["tpu"])
     with pytest.raises(ConfigError, match="trainer.devices=cuda:99: no such CUDA device here"):

@@ -74,13 +74,14 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
-    """``auto``/None: every visible GPU, else one CPU worker; a name or a list as given (:func:`check_devices`)."""
+    """``auto``/None: every visible GPU, else one CPU worker; a name or a list as given (:func:`check_devices`), a
+    bare ``cuda`` as ``cuda:0`` (NCCL wants each worker's device with its index)."""
     if devices in (None, "auto"):
         count = torch.cuda.device_count()
         return [f"cuda:{index}" for index in range(count)] or ["cpu"]
     names = [str(devices)] if isinstance(devices, str) else [str(device) for device in devices]
     check_devices(names)
-    return names
+    return ["cuda:0" if name == "cuda" else name for name in names]
 
 
 @dataclass
