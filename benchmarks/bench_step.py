@@ -172,10 +172,9 @@ def training_feed(dataset: SceneDataset, device: torch.device, on_device: bool |
 
 def measure(args: argparse.Namespace, size: int, batch: int, device: torch.device) -> dict[str, list[float]]:
     """Every path's images/s in each of ``args.rounds`` interleaved rounds."""
-    crop = size >= 128  # as augment.crop_scale: auto
-    dataset = synthetic_dataset(size, max(4 * batch, 512), crop)
+    dataset = synthetic_dataset(size, max(4 * batch, 512), args.crop)
     layout = memory_format(TRAINING, device)
-    on_device = device_augmenter(size, crop, layout)
+    on_device = device_augmenter(size, args.crop, layout)
     cuda = device.type == "cuda"
     next_indices = index_batches(len(dataset), batch)
 
@@ -250,6 +249,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backbone", default="resnet18")
     parser.add_argument("--sizes", type=int, nargs="+", help="default: 128 224")
+    parser.add_argument("--crop", action="store_true", help="with the random resized crop (augment.crop_scale=[0.5,1]; "
+                        "the default has none)")
     parser.add_argument("--batches", type=int, nargs="+", help="default: 32 128 256 on a GPU, 32 128 on a CPU")
     parser.add_argument("--steps", type=int, help="timed steps per path and round (default: 300 on a GPU, 8 on a CPU)")
     parser.add_argument("--input-steps", type=int,

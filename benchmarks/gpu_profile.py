@@ -129,12 +129,11 @@ def activities(device: torch.device) -> list[ProfilerActivity]:
 def profile_steps(args: argparse.Namespace, device: torch.device) -> None:
     """Steady steps of bench_step's (b), profiled."""
     tune_convolutions(TRAINING, device)
-    crop = args.size >= 128
-    dataset = synthetic_dataset(args.size, max(4 * args.batch, 512), crop)
+    dataset = synthetic_dataset(args.size, max(4 * args.batch, 512), args.crop)
     layout = memory_format(TRAINING, device)
     next_indices = index_batches(len(dataset), args.batch)
     train = rsnet_training_step(args.backbone, device, args.amp)
-    prefetcher = training_feed(dataset, device, "auto", device_augmenter(args.size, crop, layout))
+    prefetcher = training_feed(dataset, device, "auto", device_augmenter(args.size, args.crop, layout))
     stream = prefetcher.batches(next_indices() for _ in itertools.count())
 
     def step() -> None:
@@ -242,6 +241,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backbone", default="resnet50")
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--crop", action="store_true", help="with the random resized crop (augment.crop_scale=[0.5,1]; "
+                        "the default has none)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--amp", default="bf16", help="bf16 | fp16 | none (CPU workers run float32 whatever it says)")
     parser.add_argument("--steps", type=int, default=20, help="profiled steady steps (part step)")

@@ -110,7 +110,7 @@ class LocalSgdSchema(LauncherSchema):
 
 @dataclass
 class AugmentSchema:
-    """``augment.*``: ``crop_scale`` is auto, null or [min, max]; ``on_device`` auto, true or false."""
+    """``augment.*``: ``crop_scale`` is null or [min, max]; ``on_device`` auto, true or false."""
     crop_scale: Any
     color_jitter: float
     on_device: Any

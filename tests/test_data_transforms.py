@@ -99,26 +99,25 @@ def test_train_transform_knobs():
     assert not any(_is_dihedral_view(_augmented(cropped, square, i), square) for i in range(20))
 
 
-def test_augment_settings_crop_only_from_128_px_on_auto():
-    assert augmentation_options({"crop_scale": "auto", "color_jitter": 0.2}, 64) == {"scale": None, "color_jitter": 0.2}
-    assert augmentation_options(None, 224) == {"scale": (0.5, 1.0), "color_jitter": 0.2}
-    assert augmentation_options({"crop_scale": [0.3, 0.9], "color_jitter": 0}, 64)["scale"] == (0.3, 0.9)
-    assert augmentation_options({"crop_scale": None}, 224)["scale"] is None
+def test_augment_settings_crop_only_when_asked():
+    assert augmentation_options(None) == {"scale": None, "color_jitter": 0.2}
+    assert augmentation_options({"crop_scale": None, "color_jitter": 0.2}) == {"scale": None, "color_jitter": 0.2}
+    assert augmentation_options({"crop_scale": [0.3, 0.9], "color_jitter": 0})["scale"] == (0.3, 0.9)
     image = _image(16, 16)
-    uncropped = train_transform(16, **augmentation_options({"crop_scale": "auto", "color_jitter": 0.0}, 16))
+    uncropped = train_transform(16, **augmentation_options({"color_jitter": 0.0}))
     assert _is_dihedral_view(_augmented(uncropped, image, 0), image)  # a flip/rotation only, nothing cropped
 
 
 @pytest.mark.parametrize("augment, message", [
-    ({"crop_scale": [0.5]}, "augment.crop_scale must be auto, null or \\[min, max\\]"),
+    ({"crop_scale": [0.5]}, "augment.crop_scale must be null \\(no crop\\) or \\[min, max\\]"),
     ({"crop_scale": [0.9, 0.5]}, "augment.crop_scale must satisfy 0 < min <= max <= 1"),
-    ({"crop_scale": "big"}, "augment.crop_scale must be auto"),
+    ({"crop_scale": "auto"}, "augment.crop_scale must be null \\(no crop\\) or \\[min, max\\], got .auto."),
     ({"color_jitter": 1.5}, "augment.color_jitter must be a number in \\[0, 1\\)"),
     ({"color_jitter": "x"}, "augment.color_jitter"),
 ])
 def test_bad_augment_settings_name_the_setting(augment, message):
     with pytest.raises(ValueError, match=message):
-        augmentation_options(augment, 64)
+        augmentation_options(augment)
 
 
 def test_get_batch_matches_per_item_normalisation(mini_root):

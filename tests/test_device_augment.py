@@ -115,6 +115,7 @@ def test_evaluation_batches_on_the_device_equal_the_host_transform(mini_root):
 
 def test_training_settings_carry_over_from_the_augment_config(mini_root):
     small = build_datasets("ucmerced_mini", mini_root, 0.5, 0, 32).train_augment
-    assert small.dihedral and small.crop_scale is None and small.color_jitter == 0.2  # crop_scale auto: none below 128
-    large = build_datasets("ucmerced_mini", mini_root, 0.5, 0, 128, augment={"color_jitter": 0.0}).train_augment
+    assert small.dihedral and small.crop_scale is None and small.color_jitter == 0.2  # the defaults: no crop
+    large = build_datasets("ucmerced_mini", mini_root, 0.5, 0, 128,
+                           augment={"crop_scale": [0.5, 1.0], "color_jitter": 0.0}).train_augment
     assert large.crop_scale == (0.5, 1.0) and large.color_jitter == 0.0

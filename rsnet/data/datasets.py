@@ -74,7 +74,7 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     image_size = int(image_size)
     if image_size < 8:
         raise ValueError(f"dataset.image_size must be at least 8 px, got {image_size}")
-    augmentation = augmentation_options(augment, image_size)
+    augmentation = augmentation_options(augment)
     scan = scan_dataset(spec, _root(spec, root), check_counts=check_counts)
     # split before the (long) decode so a class without a test image is refused at once
     split, rows = _checked_split(scan, [], train_ratio, val_ratio, seed, split_file)

@@ -60,7 +60,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
         check_batch_per_worker(config["batch_size"], num_workers)
         check_optimizer_settings(config["optimizer"])
         check_schedule_settings(config["lr_schedule"])
-        augmentation_options(config.get("augment"), int(config["dataset"]["image_size"]))
+        augmentation_options(config.get("augment"))
         STRATEGIES[STRATEGIES.check(trainer["name"])].check_config(trainer, config["batch_size"], num_workers)
     except ValueError as error:
         raise ConfigError(str(error)) from error
