@@ -106,6 +106,8 @@ def test_augment_settings_crop_only_when_asked():
     image = _image(16, 16)
     uncropped = train_transform(16, **augmentation_options({"color_jitter": 0.0}))
     assert _is_dihedral_view(_augmented(uncropped, image, 0), image)  # a flip/rotation only, nothing cropped
+    by_default = train_transform(16, color_jitter=0.0)  # the function's default is the config's: no crop
+    assert all(_is_dihedral_view(_augmented(by_default, image, i), image) for i in range(8))
 
 
 @pytest.mark.parametrize("augment, message", [

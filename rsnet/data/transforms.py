@@ -137,11 +137,11 @@ class HostAugment(AugmentSettings):
 
 
 def train_transform(image_size: int, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                    scale: Sequence[float] | None = (0.5, 1.0), color_jitter: float = 0.2,
+                    scale: Sequence[float] | None = None, color_jitter: float = 0.2,
                     max_pixel_value: float = 255.0) -> HostAugment:
-    """The host training augmentation: random resized crop (``scale``: its area range; None: no crop), the 8
-    flips/rotations (aerial scenes have no canonical orientation), colour jitter (per-band brightness/contrast
-    for multispectral bands) on half the images, normalisation."""
+    """The host training augmentation: random resized crop (``scale``: its area range; None, the default as in the
+    config: no crop), the 8 flips/rotations (aerial scenes have no canonical orientation), colour jitter
+    (per-band brightness/contrast for multispectral bands) on half the images, normalisation."""
     return HostAugment.for_training(image_size, mean, std, scale, color_jitter, max_pixel_value)
 
 
