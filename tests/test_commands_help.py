@@ -107,7 +107,7 @@ def test_help_shows_the_keys_of_the_chosen_groups_with_their_comments() -> None:
     # the shared dataset keys (conf/_base/dataset.yaml), a key the dataset sets again shown with its own line
     assert "dataset (ucmerced_mini): dataset.<key>=value\n  root: null                # null = the bundled" in text
     assert "\n  val_ratio: 0.0" in text and "\n  name: ucmerced_mini\n" in text and text.count("\n  root: null") == 1
-    assert "\n    alpha: 1.0              # weight of T^2 * KL(teacher || main)" in text  # model.loss.alpha
+    assert "\n    alpha: 4.0              # weight of T^2 * KL(teacher || main)" in text  # model.loss.alpha
     assert "trainer (adaptive): trainer.<key>=value\n  devices: auto" in text  # from the included launcher base
     result = _script("train.py", "dataset=aid", "trainer=sync", "experiment=paper_aid", "--help")
     assert result.returncode == 0, result.stderr
