@@ -12,6 +12,7 @@ from helpers import training_config
 
 from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import ConfigError, check_resume_identity, check_run_dir, check_training_config
+from rsnet.engine.fresh_start import remove_earlier_run
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = training_config("model=baseline", "backbone=test_resnet", "dataset.train_ratio=0.8", "dataset.image_size=64",
@@ -89,6 +90,18 @@ def test_devices_one_name_or_a_list_and_unknown_ones_refused(monkeypatch: pytest
         resolve_devices(["tpu"])
     with pytest.raises(ConfigError, match="trainer.devices=cuda:99: no such CUDA device here"):
         resolve_devices(["cpu", "cuda:99"])
+
+
+def test_starting_afresh_removes_only_what_a_run_writes(tmp_path: Path) -> None:
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "tensorboard/events.out.tfevents.1", "metrics.json",
+                 "curves.png", "confusion.pdf", ".hydra/config.yaml", "train.log", "notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("earlier")
+    assert remove_earlier_run(tmp_path) == ["checkpoints", "tensorboard", "metrics.json", "curves.png",
+                                            "confusion.pdf"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        ".hydra/config.yaml", "notes.txt", "train.log"]
+    assert remove_earlier_run(tmp_path) == []
 
 
 def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:

@@ -209,6 +209,21 @@ def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: 
     assert dir_contents(esd_run) == before
 
 
+def test_overwrite_starts_afresh_without_the_earlier_runs_outputs(esd_run: Path, tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture) -> None:
+    """Was: the earlier run's TensorBoard events stayed beside the new run's (TensorBoard drew both as one set of
+    curves), and its best.pt (selected on validation) outlived a rerun without validation."""
+    run_dir = shutil.copytree(esd_run, tmp_path / "run")
+    earlier_events = {path.name for path in (run_dir / "tensorboard").glob("events.out.tfevents.*")}
+    assert earlier_events and (run_dir / "checkpoints" / "best.pt").is_file()
+    train(capfd, run_dir, "model=baseline", "epochs=1", "overwrite=true")
+    events = {path.name for path in (run_dir / "tensorboard").glob("events.out.tfevents.*")}
+    assert len(events) == 1 and not events & earlier_events, events
+    assert not (run_dir / "checkpoints" / "best.pt").exists()
+    metrics = check_run_outputs(run_dir, epochs=1)
+    assert metrics["val_samples"] == 0
+
+
 def dir_contents(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (but the run lock and the pid of its last holder) and its bytes."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))

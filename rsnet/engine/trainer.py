@@ -26,6 +26,7 @@ from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_f
                                       tune_convolutions, use_channels_last)
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
+from rsnet.engine.fresh_start import remove_earlier_run
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir, share_run_dir
@@ -67,6 +68,8 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
                             "its figures follow (pass a larger epochs= to train on)", resume_from, saved["epoch"],
                             config["epochs"])
                 return json.loads((run_dir / "metrics.json").read_text()) if primary else None
+        elif primary and (removed := remove_earlier_run(run_dir)):
+            log.info("starting afresh in %s: removed the earlier run's %s", run_dir, ", ".join(removed))
         if primary and on_accepted is not None:
             on_accepted(run_dir)
         return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
