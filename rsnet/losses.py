@@ -68,7 +68,7 @@ class MultiBranchLoss(nn.Module):
     """Cross-entropy on every head + logit and feature-map self-distillation with a ramp-up weight. The defaults
     are ESD-MBENet's recipe (conf/model/esd_mbenet.yaml; a test keeps the two equal)."""
 
-    def __init__(self, temperature: float = 3.0, alpha: float = 1.0, beta: float = 50.0, rampup_epochs: float = 5.0,
+    def __init__(self, temperature: float = 3.0, alpha: float = 4.0, beta: float = 50.0, rampup_epochs: float = 5.0,
                  feature_loss: str = "attention", teacher: str | None = None, ce_heads: Sequence[str] | None = None,
                  label_smoothing: float = 0.1) -> None:
         super().__init__()
