@@ -6,9 +6,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rsnet.viz.figures import FIGURE_FORMATS
+
+FIGURE_EXTENSIONS = tuple(dict.fromkeys(extension for formats in FIGURE_FORMATS.values() for extension in formats))
 # what a training run writes into its run dir (docs/usage.md); the command's .hydra/ and train.log are Hydra's
 EARLIER_RUN_OUTPUTS = ("checkpoints", "tensorboard", "metrics.json", "split.json", "history.csv",
-                       "curves.png", "curves.pdf", "confusion.png", "confusion.pdf")
+                       *(f"{stem}.{extension}" for stem in ("curves", "confusion") for extension in FIGURE_EXTENSIONS))
 
 
 def remove_earlier_run(run_dir: Path) -> list[str]:
