@@ -91,6 +91,21 @@ def test_the_recipe_check_at_224_px_runs_alone_and_prints_its_table(tmp_path: Pa
     assert sorted(path.name for path in out.iterdir()) == ["machine.md", "recipe_224.md"]
 
 
+def test_recipe_lanes_keep_the_finished_runs_and_name_the_failed_one(tmp_path: Path) -> None:
+    """bench_recipe.py --lanes: runs in processes of their own; one that fails is named with its seed, and the run
+    that finished is in the json."""
+    root = make_fake_archive(tmp_path, "aid", per_class=4, size=40)
+    figures = tmp_path / "runs.json"
+    done = bench("bench_recipe.py", "--device", "cpu", "--root", str(root), "--image-size", "32", "--backbone",
+                 "test_resnet", "--epochs", "1", "--seeds", "0", "--rows", "plain,no_such_model", "--lanes", "2",
+                 "--json", str(figures))
+    assert done.returncode != 0
+    assert "no_such_model seed 0 failed" in done.stderr, done.stderr
+    kept = json.loads(figures.read_text())
+    assert kept["no_such_model"] == [] and len(kept["plain"]) == 1 and 0 <= kept["plain"][0]["main"] <= 100, kept
+    assert "plain seed 0: main " in done.stdout
+
+
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
     """A budget too small for a step skips it instead of overrunning the time the GPU is at hand."""
     done = bench("gpu_lease.py", "--stand-in", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"),
