@@ -91,19 +91,30 @@ def test_the_recipe_check_at_224_px_runs_alone_and_prints_its_table(tmp_path: Pa
     assert sorted(path.name for path in out.iterdir()) == ["machine.md", "recipe_224.md"]
 
 
-def test_recipe_lanes_keep_the_finished_runs_and_name_the_failed_one(tmp_path: Path) -> None:
-    """bench_recipe.py --lanes: runs in processes of their own; one that fails is named with its seed, and the run
-    that finished is in the json."""
-    root = make_fake_archive(tmp_path, "aid", per_class=4, size=40)
+def test_recipe_lanes_keep_the_finished_runs_in_seed_order_and_name_the_failed_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_recipe.py --lanes: every run a process of its own; results in seed order whichever finishes first, the
+    json rewritten after every run (so a step killed at its limit keeps them), a failed run named with its seed.
+    The runs here are stand-ins that write a run's json; the real ones run in the lease's stand-in test above."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_recipe
+
+    def fake_run(args: object, row: str, seed: int, json_path: Path) -> list[str]:
+        script = (f"import json, sys, time; time.sleep({0.6 if seed == 0 else 0.0}); "
+                  f"sys.exit(3) if {row!r} == 'broken' else None; "
+                  f"open({str(json_path)!r}, 'w').write(json.dumps({{{row!r}: [{{'main': {seed}.0}}]}})); "
+                  f"print('{row} seed {seed}: main {seed}.00 %')")
+        return [sys.executable, "-c", script]
+
+    monkeypatch.setattr(bench_recipe, "lane_command", fake_run)
     figures = tmp_path / "runs.json"
-    done = bench("bench_recipe.py", "--device", "cpu", "--root", str(root), "--image-size", "32", "--backbone",
-                 "test_resnet", "--epochs", "1", "--seeds", "0", "--rows", "plain,no_such_model", "--lanes", "2",
-                 "--json", str(figures))
-    assert done.returncode != 0
-    assert "no_such_model seed 0 failed" in done.stderr, done.stderr
-    kept = json.loads(figures.read_text())
-    assert kept["no_such_model"] == [] and len(kept["plain"]) == 1 and 0 <= kept["plain"][0]["main"] <= 100, kept
-    assert "plain seed 0: main " in done.stdout
+    args = bench_recipe.argparse.Namespace(lanes=3, json=figures)
+    with pytest.raises(SystemExit, match="broken seed 0 failed") as stopped:
+        bench_recipe.run_in_lanes(args, ["plain", "broken"], [0, 1, 2], tmp_path)
+    assert "broken seed 2 failed" in str(stopped.value)
+    assert json.loads(figures.read_text()) == {"plain": [{"main": 0.0}, {"main": 1.0}, {"main": 2.0}], "broken": []}
+    printed = capsys.readouterr().out
+    assert printed.index("plain seed 1:") < printed.index("plain seed 0:")  # seed 0 finished last, kept first
 
 
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
