@@ -271,11 +271,11 @@ def main() -> None:
         raise SystemExit(f"skipped: the AID development subset is not at '{args.root}' (pass --root DIR)")
     rows = [row.strip() for row in args.rows.split(",") if row.strip()]
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    results: dict[str, list[dict]] = {row: [] for row in rows}
     if args.lanes > 1:
         with tempfile.TemporaryDirectory(prefix="bench_recipe_lanes_") as tmp:
             report(run_in_lanes(args, rows, seeds, Path(tmp)))
         return
+    results: dict[str, list[dict]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory(prefix="bench_recipe_") as tmp:
         for seed in seeds:
             for row in rows:
