@@ -152,6 +152,7 @@ class _ChunkedStrategy:
 
     needs_step_seconds = False
     fixed_batch_sizes = True
+    wants_probe = False  # alone: no speed probe
 
     def times_step(self, batch_size: int) -> bool:
         return False

@@ -75,15 +75,16 @@ def test_rounds_grow_with_the_square_of_the_lr_decay_up_to_their_cap() -> None:
     assert [lr_rounds(2, 16, ratio) for ratio in (1.0, 0.9, 0.7, 0.5, 0.3, 0.01)] == [2, 2, 4, 8, 16, 16]
     assert lr_rounds(2, 0, 0.1) == 2 and lr_rounds(8, 8, 0.1) == 8  # no cap above merge_rounds: constant
     schedule = Schedule(_settings(merge_rounds=2, merge_rounds_max=16), 2)
-    assert schedule.interval_size() == 64 and schedule.interval_size(0.5) == 256
+    schedule.follow_lr(lambda position: 1.0 if position < 1 else 0.5, 2)  # the peak lr in epoch 0, half in epoch 1
+    assert schedule.interval_at(0.0, 700, 720) == 64 and schedule.interval_at(1.0, 700, 720) == 256
     schedule.rounds = 20  # the cost rule asked for more than the cap: it wins
-    assert schedule.interval_size(0.5) == 20 * 32
-    # while a speed is unknown the interval offers the rest of the epoch (a probe interval, ended by the probers)
-    assert schedule.probers == 2 and schedule.interval_size(1.0, rest=700) == 700
-    schedule.speeds = [100.0, 50.0]
-    assert schedule.probers == 0 and schedule.interval_size(1.0, rest=700) == 20 * 32
-    schedule.active = [True, False]  # one worker left training: no drift to bound, one interval to the epoch's end
-    assert schedule.interval_size(1.0, rest=700) == 700
+    assert schedule.interval_at(1.0, 700, 720) == 20 * 32
+    schedule.start([100.0, 0.0])  # worker 1's probe still runs: one worker trains, in intervals of an eighth or more
+    assert schedule.pending == [False, True] and schedule.interval_at(1.0, 700, 720) == 20 * 32
+    schedule.rounds = 2
+    assert schedule.interval_at(0.0, 700, 4000) == 500 and schedule.interval_at(0.0, 700, 400) == 64
+    schedule.pending = [False, False]  # one worker left training: no drift to bound, one interval to the epoch's end
+    assert schedule.interval_at(0.0, 700, 720) == 700
 
 
 def test_an_interval_never_leaves_a_scrap_of_the_epoch() -> None:
@@ -122,15 +123,16 @@ def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
 def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
     schedule = Schedule(_settings(32), 3)
     assert (schedule.total_batch, schedule.multiple, schedule.sizes) == (48, 2, [16, 16, 16])  # B = 3 x 16
-    assert schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01)) == []  # a probe's speeds: wait
-    assert schedule.active == [True, True, True]
-    notes = schedule.update(_table([100.0, 100.0, 3.0], schedule.sizes, comm=0.01))
+    notes = schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01))  # the first merge decides
     assert schedule.active == [True, True, False] and schedule.workers == 2
     assert schedule.total_batch == 32 and schedule.sizes == [16, 16, 0]  # B back to batch_size for two
     assert len(notes) == 1 and notes[0].startswith("leaving out worker 2 for the rest of the run: its 3.0 samples/s")
     assert "trainer.leave_out=false keeps every worker" in notes[0]
     assert schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 0], comm=0.01)) == []
     assert schedule.active == [True, True, False]
+    measured = Schedule(_settings(32), 3)  # from the speed probes, before any interval
+    notes = measured.start([100.0, 100.0, 3.0])
+    assert measured.active == [True, True, False] and measured.sizes == [16, 16, 0] and len(notes) == 1
     kept = Schedule(_settings(32, leave_out=False), 3)
     for _ in range(4):
         kept.update(_table([100.0, 100.0, 3.0], kept.sizes, comm=0.01))
@@ -146,7 +148,7 @@ def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -
     assert schedule.sizes == [16, 16]  # then damped (0.5): 6 of the 11.3 toward 10.7 / 21.3
     notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
     # a round of 32 at 300 samples/s is 0.107 s: 0.06 s is 5 % of 12 rounds
-    assert schedule.rounds == 12 and schedule.interval_size() == 384
+    assert schedule.rounds == 12 and schedule.interval_at(0.0, 1000, 1000) == 384
     assert notes == ["merge every 12 rounds of B = 32 (384 samples): the last merge's communication took 60 ms, more "
                      "than 5% of 4 rounds' compute"]
     schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.0))  # no new measurement: the estimate stays
@@ -154,15 +156,43 @@ def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -
 
 
 def test_schedule_state_round_trip() -> None:
-    schedule = Schedule(_settings(32), 3)
+    schedule = Schedule(_settings(32), 4)
+    schedule.start([100.0, 100.0, 3.0, 0.0])
     for _ in range(2):
-        schedule.update(_table([100.0, 100.0, 3.0], schedule.sizes, comm=0.02))
-    assert schedule.active == [True, True, False]
-    restored = Schedule(_settings(32), 3)
+        schedule.update(_table([100.0, 100.0, 3.0, 0.0], schedule.sizes, comm=0.02))
+    assert schedule.active == [True, True, False, False] and schedule.pending == [False, False, False, True]
+    restored = Schedule(_settings(32), 4)
     restored.load_state_dict(schedule.state_dict())
-    assert (restored.active, restored.sizes, restored.total_batch, restored.speeds, restored.rounds,
-            restored.merges, restored.comm_s) == (schedule.active, schedule.sizes, schedule.total_batch,
-                                                  schedule.speeds, schedule.rounds, schedule.merges, schedule.comm_s)
+    assert (restored.active, restored.pending, restored.sizes, restored.total_batch, restored.speeds, restored.rounds,
+            restored.merges, restored.comm_s, restored.started) == (
+        schedule.active, schedule.pending, schedule.sizes, schedule.total_batch, schedule.speeds, schedule.rounds,
+        schedule.merges, schedule.comm_s, True)
+
+
+def test_a_pending_worker_is_admitted_or_left_out_once_its_probe_speed_arrives() -> None:
+    """A worker whose speed probe outlasts the others' grace is pending: it trains nothing, and the first merge that
+    carries its speed admits it (the sizes follow the speeds at once, :attr:`Schedule.joined` names it: it needs the
+    merged model) or leaves it out for the rest of the run."""
+    schedule = Schedule(_settings(32), 2)
+    notes = schedule.start([100.0, 0.0])
+    assert (schedule.active, schedule.pending, schedule.sizes) == ([True, False], [False, True], [32, 0])
+    assert notes == ["worker 1 is pending: its speed probe is still running; it trains from the first merge after its "
+                     "speed is known, if the admission rule keeps it"]
+    assert schedule.update(_table([100.0, 0.0], schedule.sizes)) == [] and schedule.joined == []  # still probing
+    notes = schedule.update(_table([100.0, 50.0], schedule.sizes))
+    assert schedule.joined == [1] and schedule.active == [True, True] and schedule.pending == [False, False]
+    assert schedule.sizes == [22, 10] and notes[0].startswith("admitting worker 1 after its speed probe: its 50.0")
+    schedule.update(_table([100.0, 50.0], schedule.sizes))
+    assert schedule.joined == []
+    slow = Schedule(_settings(32), 2)
+    slow.start([100.0, 0.0])
+    notes = slow.update(_table([100.0, 1.0], slow.sizes))
+    assert slow.joined == [] and slow.active == [True, False] and slow.pending == [False, False]
+    assert notes[0].startswith("leaving out worker 1 for the rest of the run: its 1.0 samples/s")
+    kept = Schedule(_settings(32, leave_out=False), 2)
+    kept.start([100.0, 0.0])
+    kept.update(_table([100.0, 1.0], kept.sizes))
+    assert kept.joined == [1] and kept.active == [True, True] and kept.sizes == [28, 4]  # held at batch_min
 
 
 def test_bad_settings_are_refused_naming_the_key() -> None:

@@ -2,18 +2,20 @@
 2 to 64 workers.
 
 It drives the scheduler's real code (:mod:`rsnet.parallel.batching`: claims through ``IntervalClaimer`` over a
-simulated store, the speed probe, the paced first claims and the claiming rule, the speed estimate, the batch-size controller,
+simulated store, the claiming rule, the speed estimate, the batch-size controller,
 ``fit_total``, ``static_batches``; called through the module, so a test can replace one; and the
 :class:`~rsnet.parallel.schedule.Schedule` every adaptive worker moves on after a merge: B, sizes, cadence,
 admission) with cost models in place of devices:
 
 * a worker's step on b samples takes t(b) = a + c·b seconds (:class:`DeviceProfile`); a simulated slowdown s
   multiplies a and c (the real one sleeps (s − 1) × the step's compute time after every step);
+* every worker first times its step in a speed probe (a first step with the device's one-time costs, then timed
+  ones) on a thread of its own; the run starts when every probe is done or a grace of a few steps of the first one
+  done has passed, and a worker whose probe ends later is pending until the first merge after it
+  (``Schedule.start``, admission);
 * every store call (a claim, or a read of the counter) costs one round trip; as in training with ``prefetch: true``,
   a worker claims its next batch when it starts the current one where
-  :func:`~rsnet.parallel.batching.may_claim` allows, else when the current one is done (if at all); before its speed is
-  known it claims a probe of batch_min, then :func:`~rsnet.parallel.batching.paced_claim_size`; such a probe interval
-  offers the rest of the epoch and ends once every prober has timed a step (the others train meanwhile);
+  :func:`~rsnet.parallel.batching.may_claim` allows, else when the current one is done (if at all);
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
   with the backward pass, so sync's figures here are a lower bound);
@@ -38,7 +40,7 @@ from .scenario import (
 )
 from .runs import (
     Comparison, compare, cosine_lr_ratio, physical_limit, simulate_adaptive, simulate_local_sgd, simulate_single,
-    simulate_static, simulate_sync, static_split,
+    simulate_static, simulate_sync, speed_probes, static_split,
 )
 
 __all__ = [  # the simulator's API, as before it was split into modules
@@ -48,5 +50,6 @@ __all__ = [  # the simulator's API, as before it was split into modules
     "Scenario", "SimSettings", "SimStore", "TEST_RESNET_21", "V100", "bucketed_allreduce_seconds", "build_scenario",
     "comm_threshold_interval", "compare", "cosine_lr_ratio", "fit_profile", "gpu_profile",
     "gradient_allreduce_seconds", "merge_seconds", "physical_limit", "ring_allreduce_seconds", "simulate_adaptive",
-    "simulate_local_sgd", "simulate_single", "simulate_static", "simulate_sync", "static_split", "update_balance",
+    "simulate_local_sgd", "simulate_single", "simulate_static", "simulate_sync", "speed_probes", "static_split",
+    "update_balance",
 ]

@@ -11,77 +11,65 @@ from dataclasses import dataclass
 import torch
 
 from rsnet.parallel import batching
-from rsnet.parallel.schedule import Schedule, claimed_span, next_interval, resolve_multiple
+from rsnet.parallel.probe import PROBE_TIMED_STEPS
+from rsnet.parallel.schedule import Schedule, next_interval, resolve_multiple
+from rsnet.parallel.strategies.adaptive import PROBE_GRACE_MIN_S, PROBE_GRACE_STEPS
 from .costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
 from .scenario import RunResult, Scenario, SimStore
 
 
 @dataclass
 class _Interval:
-    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge; ``warmup``: the
-    samples and seconds of the worker's first step of the run if it fell in this interval (not a measure of its
-    speed, as in AdaptiveStrategy)."""
+    """Per-worker figures of one merge interval; ``finish``: when the worker is ready to merge."""
 
     samples: list[int]
     updates: list[int]
     compute: list[float]
     finish: list[float]
-    warmup: list[tuple[int, float]]
-    end: int = 0  # the end of the last claim (the positions the interval used)
-
-    def measured(self, rank: int) -> tuple[float, float]:
-        """Samples and seconds that measure worker ``rank``'s speed: the interval's, less its first step."""
-        return self.samples[rank] - self.warmup[rank][0], self.compute[rank] - self.warmup[rank][1]
 
 
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
-                  size: int, start: float, warmed: list[bool], claim_min: int, probers: int = 0) -> _Interval:
+                  size: int, start: float, claim_min: int) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
-    prefetcher: the next claim is made when a batch starts), in the order of the claims' times. ``warmed``: which
-    workers have trained their first step (updated); ``probers``: the workers of unknown speed (a probe interval
-    ends for everyone once each of them has timed a step); ``claim_min``: the smallest claim the interval's rest
-    may form (:attr:`~rsnet.parallel.schedule.Schedule.claim_min`)."""
-    world, minimum = scenario.world, scenario.settings.schedule.batch_min
+    prefetcher: the next claim is made when a batch starts where :func:`~rsnet.parallel.batching.may_claim` allows),
+    in the order of the claims' times. ``claim_min``: the smallest claim the interval's rest may form
+    (:attr:`~rsnet.parallel.schedule.Schedule.claim_min`)."""
+    world = scenario.world
     claimers = [batching.IntervalClaimer(store, key, size, claim_min) for _ in range(world)]
-    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world, [(0, 0.0)] * world)
-    probed: dict[int, float] = {}  # prober -> when its first timed step ends
+    tally = _Interval([0] * world, [0] * world, [0.0] * world, [start] * world)
     events = [(start, rank) for rank in range(world) if sizes[rank] > 0]
     while events:
         now, rank = heapq.heappop(events)
-        if probers and len(probed) >= probers and max(probed.values()) <= now:
-            tally.finish[rank] = max(tally.finish[rank], now)
-            continue  # every prober has its measure: the probe interval ends
         calls = store.calls
         free = now >= tally.finish[rank]
-        if free and speeds[rank] > 0 and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
+        if free and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
             continue  # the others train the rest sooner
-        size = sizes[rank]
-        if speeds[rank] <= 0 and sum(1 for b in sizes if b > 0) > 1:  # unknown speed: a probe, then paced claims
-            claimer = claimers[rank]
-            timed_n, timed_s = tally.measured(rank)
-            size = min(minimum, size) if not tally.updates[rank] else batching.paced_claim_size(
-                size, minimum, claimer.remaining(), timed_n / timed_s if timed_s > 0 else 0.0,
-                (claimer.seen - tally.samples[rank]) / max(now - start, 1e-12))
-        span = claimers[rank].claim(size) if size else None
+        span = claimers[rank].claim(sizes[rank])
         ready = now + scenario.store_rtt * (store.calls - calls)
         if span is None:
             tally.finish[rank] = max(tally.finish[rank], ready)
             continue
-        count, tally.end = span[1] - span[0], max(tally.end, span[1])
+        count = span[1] - span[0]
         begin = max(ready, tally.finish[rank])
-        device = scenario.devices[rank]
-        seconds = device.step_seconds(count) + (0.0 if warmed[rank] else device.first_step)
+        seconds = scenario.devices[rank].step_seconds(count)
         tally.finish[rank] = begin + seconds
         tally.samples[rank] += count
         tally.updates[rank] += 1
         tally.compute[rank] += seconds
-        if not warmed[rank]:
-            tally.warmup[rank], warmed[rank] = (count, seconds), True
-        elif probers and speeds[rank] <= 0 and rank not in probed:
-            probed[rank] = tally.finish[rank]
         ahead = scenario.prefetch and batching.may_claim(claimers[rank], rank, sizes, speeds, computing=True)
         heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
+
+
+def speed_probes(scenario: Scenario, batch: int) -> tuple[list[float], list[float], float]:
+    """Every worker's speed probe at ``batch`` (AdaptiveStrategy's: a first step with the device's one-time costs,
+    then PROBE_TIMED_STEPS timed ones, on a thread of its own): when each ends, the speed each measures, and when
+    the run starts (merge 0: when all are done, or the grace of PROBE_GRACE_STEPS steps of the first one done)."""
+    steps = [device.step_seconds(batch) for device in scenario.devices]
+    ends = [device.first_step + (1 + PROBE_TIMED_STEPS) * step for device, step in zip(scenario.devices, steps)]
+    first = min(range(scenario.world), key=lambda rank: ends[rank])
+    begin = min(max(ends), ends[first] + max(PROBE_GRACE_STEPS * steps[first], PROBE_GRACE_MIN_S))
+    return ends, [batch / step for step in steps], begin
 
 
 def cosine_lr_ratio(progress: float) -> float:
@@ -91,42 +79,45 @@ def cosine_lr_ratio(progress: float) -> float:
 
 
 def simulate_adaptive(scenario: Scenario) -> RunResult:
-    """The adaptive strategy: dynamic claims per merge interval, a merge at every interval's end (only the small
-    table once a single worker trains, and the model handed over at the end of every epoch then), and the real
-    :class:`~rsnet.parallel.schedule.Schedule` moved on by every merge's table."""
+    """The adaptive strategy: the speed probes and merge 0 (:func:`speed_probes`), dynamic claims per merge interval,
+    a merge at every interval's end (only the small table once a single worker trains), a merge that hands the model
+    to a worker admitted after its probe, and the real :class:`~rsnet.parallel.schedule.Schedule` moved on by every
+    merge's table."""
     world = scenario.world
     schedule = Schedule(scenario.settings.schedule, world)
     schedule.follow_lr(lambda position: cosine_lr_ratio(position / scenario.epochs), scenario.epochs)
-    speeds, comm, warmed = [0.0] * world, 0.0, [False] * world
-    store = SimStore()
+    ends, probed, begin = speed_probes(scenario, schedule.total_batch // world)
+    speeds = [speed if end <= begin else 0.0 for speed, end in zip(probed, ends)]
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
+    result.notes += schedule.start(speeds)
+    result.wall_s = begin + merge_seconds(scenario.model, world, scenario.link, tensors=False)
+    comm, store = 0.0, SimStore()
     for epoch in range(scenario.epochs):
         start, index = 0, 0
         while start < scenario.samples:
-            size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start)
+            size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start, scenario.samples)
             low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
-                                  f"e{epoch}/i{index}", high - low, result.wall_s, warmed, schedule.claim_min,
-                                  schedule.probers)
-            start = low + claimed_span(low, high, tally.end)
-            index += 1
+                                  f"e{epoch}/i{index}", high - low, result.wall_s, schedule.claim_min)
+            start, index = high, index + 1
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s
             result.comm_s += merge_s
             result.add_steps(tally.compute, tally.samples, tally.updates)
             result.interval_updates.append(tally.updates)
             result.sizes.append(list(schedule.sizes))
-            speeds = [batching.updated_speed(speed, *tally.measured(rank), scenario.settings.speed_ema)
-                      for rank, speed in enumerate(speeds)]
+            speeds = [probed[rank] if schedule.pending[rank] and ends[rank] <= result.wall_s else
+                      batching.updated_speed(speed, tally.samples[rank], tally.compute[rank],
+                                             scenario.settings.speed_ema) for rank, speed in enumerate(speeds)]
             table = {"n": tally.samples, "s": speeds, "b": list(schedule.sizes), "updates": tally.updates,
                      "compute": tally.compute, "batch_max": list(schedule.batch_maxes), "comm": [comm] * world}
             if schedule.workers > 1:
                 comm = merge_s
             result.notes += schedule.update(table)
-        if schedule.workers == 1 and world > 1:  # the trained replica reaches the workers left out
-            handover = merge_seconds(scenario.model, world, scenario.link)
-            result.wall_s += handover
-            result.comm_s += handover
+            if schedule.joined:  # the admitted workers get the trained model
+                handover = merge_seconds(scenario.model, world, scenario.link)
+                result.wall_s += handover
+                result.comm_s += handover
     result.active, result.rounds, result.round_batch = list(schedule.active), schedule.rounds, schedule.total_batch
     return result
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -207,6 +208,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     a batch that runs out of CUDA memory is retried at ``strategy.on_out_of_memory()``'s size."""
     model = strategy.model
     model.train()
+    if strategy.wants_probe:
+        strategy.probe_speed(probe_step(ctx, config, model, criterion, data))
     meter = EpochMeter()
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
     prefetcher = train_prefetcher(ctx, config, epoch, data)
@@ -249,6 +252,28 @@ def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, dat
         return augment.apply(images, claim.indices, seed, epoch, layout)
 
     return BatchPrefetcher(lambda claim: data.train.stored_batch(claim.indices), ctx.device, enabled, finish)
+
+
+def probe_step(ctx: WorkerContext, config: dict[str, Any], model: torch.nn.Module, criterion: MultiBranchLoss,
+               data: DataBundle) -> Callable[[int], None]:
+    """A training step as :class:`_StepRunner` runs it (precision, memory format, loss, optimizer), on synthetic
+    batches and a private copy of ``model`` with its own optimizer: the worker's speed probe, which may run on a
+    background thread while the model itself is merged. Eager, also with ``compile=true``."""
+    replica = copy.deepcopy(model)
+    optimizer = build_optimizer(replica, config["optimizer"])
+    precision = StepPrecision.for_device(config["amp"], ctx.device)
+    layout = memory_format(config, ctx.device)
+    shape = (data.channels, data.image_size, data.image_size)
+
+    def step(batch_size: int) -> None:
+        images = torch.randn(batch_size, *shape, device=ctx.device).contiguous(memory_format=layout)
+        labels = torch.randint(0, len(data.class_names), (batch_size,), device=ctx.device)
+        with precision.autocast():
+            losses = criterion(replica(images), labels, epoch=0.0)
+        optimizer.zero_grad(set_to_none=True)
+        precision.backward_and_step(losses.total, optimizer, replica.parameters(), config["max_grad_norm"])
+
+    return step
 
 
 class _StepRunner:

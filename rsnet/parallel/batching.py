@@ -224,19 +224,6 @@ def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds:
     return left / others_rate >= step_s / 2
 
 
-def paced_claim_size(batch: int, minimum: int, remaining: int, own_rate: float, others_rate: float) -> int:
-    """The next claim of a worker whose speed the others do not know yet: what it trains while the others train the
-    ``remaining`` positions, within [``minimum``, ``batch``]; 0 when ``minimum`` takes over twice that."""
-    if own_rate <= 0:
-        return min(int(minimum), int(batch))
-    if others_rate <= 0 or remaining <= 0:
-        return int(batch)
-    others_s = remaining / others_rate
-    if minimum / own_rate > 2 * others_s:
-        return 0
-    return max(min(int(batch), int(own_rate * others_s)), min(int(minimum), int(batch)))
-
-
 def coarse_multiple_warning(total_batch: int, world: int, multiple: int) -> str | None:
     """A warning when sizes in multiples of ``multiple`` are coarse for the equal share B / W (below 4 multiples, the
     half-multiple hold band is over 12.5 % of a share); None when the share is fine."""

@@ -12,8 +12,9 @@ from rsnet.parallel.batching import check_batch_settings, initial_batch_sizes, n
 
 MERGE_WEIGHTS = ("uniform", "updates", "samples")
 LR_PROFILE_POINTS = 64  # points of the run at which the lr profile is sampled for the merge-cost budget
-# Admission waits for the speeds of two merges: the first interval's are a probe's, a few steps at the equal split.
-ADMISSION_FROM_MERGE = 2
+# While a worker is pending (its speed probe still running) and a single worker trains, an interval is at least this
+# fraction of the epoch: the pending worker joins within it, and the lone worker does not pay a merge every few rounds.
+PENDING_INTERVAL_FRACTION = 1 / 8
 
 
 def _at_peak(position: float) -> float:
@@ -91,12 +92,6 @@ def next_interval(start: int, num_samples: int, size: int, minimum: int) -> tupl
     if num_samples - end < minimum:
         end = num_samples
     return start, end
-
-
-def claimed_span(low: int, high: int, claimed_end: int) -> int:
-    """Positions of the interval [``low``, ``high``) that were trained, given the largest end of its claims
-    (relative to ``low``): all of them, but where a probe interval's claims stopped early."""
-    return min(int(claimed_end), high - low) or high - low
 
 
 def predicted_rate(speeds: Sequence[float], total_batch: int, batch_min: int, rounds: float, comm_s: float) -> float:
@@ -191,16 +186,21 @@ class ScheduleSettings:
 
 
 class Schedule:
-    """What every worker agrees on between two merges, and the rules that move it (docs/scheduler.md)."""
+    """What every worker agrees on between two merges, and the rules that move it (docs/scheduler.md). A worker is
+    *active* (it trains), *pending* (its speed probe is still running: it trains nothing yet and is admitted or left
+    out at the first merge that carries its speed) or *left out* for the rest of the run."""
 
     def __init__(self, settings: ScheduleSettings, world: int) -> None:
         settings.check_workers(world)
         self.settings, self.world = settings, world
         self.active = [True] * world
+        self.pending = [False] * world
+        self.joined: list[int] = []  # the workers admitted by the last update (they need the merged model)
         self.speeds = [0.0] * world
         self.batch_maxes = [settings.batch_max] * world
         self.rounds = settings.merge_rounds
         self.merges = 0
+        self.started = False  # whether the speed probes have been exchanged (:meth:`start`)
         self.comm_s = 0.0  # the estimate of a merge's communication seconds
         self.adapted = False  # whether the sizes have followed measured speeds yet
         self.lr_ratio: Callable[[float], float] = _at_peak  # the lr over its peak at a position (epochs; follow_lr)
@@ -228,30 +228,47 @@ class Schedule:
         """Rounds of the next merge interval while the lr is ``lr_ratio`` × its peak (:func:`lr_rounds`)."""
         return lr_rounds(self.rounds, self.settings.merge_rounds_max, lr_ratio)
 
-    @property
-    def probers(self) -> int:
-        """Active workers whose speed is not known yet (0 while a single worker trains: no one waits for it)."""
-        return 0 if self.workers == 1 else sum(1 for s, active in zip(self.speeds, self.active) if active and s <= 0)
-
-    def interval_size(self, lr_ratio: float = 1.0, rest: int | None = None) -> int:
-        """Positions of the next merge interval: :meth:`rounds_at` × B; ``rest`` (where given) with a single worker, and
-        while some worker's speed is unknown (a probe interval)."""
-        if rest is not None and (self.workers == 1 or self.probers):
-            return max(int(rest), 1)
-        return self.rounds_at(lr_ratio) * self.total_batch
-
-    def interval_at(self, position: float, rest: int) -> int:
-        """Positions of the merge interval that starts at ``position`` (epochs) with ``rest`` left in the epoch."""
-        return self.interval_size(self.lr_ratio(position), rest)
+    def interval_at(self, position: float, rest: int, epoch_samples: int) -> int:
+        """Positions of the merge interval that starts at ``position`` (epochs) with ``rest`` of the epoch's
+        ``epoch_samples`` left: :meth:`rounds_at` × B; a lone worker takes the rest of the epoch, or while a worker is
+        pending at least :data:`PENDING_INTERVAL_FRACTION` of the epoch."""
+        size = self.rounds_at(self.lr_ratio(position)) * self.total_batch
+        if self.workers > 1:
+            return size
+        if any(self.pending):
+            return max(size, math.ceil(epoch_samples * PENDING_INTERVAL_FRACTION))
+        return max(int(rest), 1)
 
     def speeds_of_active(self) -> list[float]:
-        """Every worker's speed estimate, 0 for a worker left out."""
+        """Every worker's speed estimate, 0 for a worker pending or left out."""
         return [s if a else 0.0 for s, a in zip(self.speeds, self.active)]
+
+    def start(self, speeds: Sequence[float]) -> list[str]:
+        """The first decision, from the speed probes (0: a probe still running): the workers with a speed train, in
+        batches in proportion to it (the equal split while ``warmup_intervals`` last), the others are pending;
+        admission among the measured ones. Returns the log lines."""
+        if not any(s > 0 for s in speeds):
+            raise ValueError("Schedule.start needs at least one measured speed")
+        self.started = True
+        self.speeds = [float(s) for s in speeds]
+        self.pending = [s <= 0 for s in self.speeds]
+        self.active = [s > 0 for s in self.speeds]
+        measured = [r for r in range(self.world) if self.active[r]]
+        notes = [f"worker {r} is pending: its speed probe is still running; it trains from the first merge after "
+                 "its speed is known, if the admission rule keeps it" for r in range(self.world) if self.pending[r]]
+        if self.settings.leave_out and len(measured) > 1:
+            notes += self._admit(self.comm_s, [])[0]
+        self.joined = []
+        self._resize(equal=self.settings.warmup_intervals > 0)
+        self.adapted = self.settings.warmup_intervals <= 0
+        return notes
 
     def update(self, table: Mapping[str, Sequence[float]]) -> list[str]:
         """Move on from one merge's table (fields n, s, b, updates, compute, batch_max, comm; one value per worker);
-        returns what changed, as log lines (empty when nothing did but the batch sizes)."""
+        returns what changed, as log lines (empty when nothing did but the batch sizes). :attr:`joined` lists the
+        workers admitted from pending."""
         self.merges += 1
+        self.joined = []
         self.speeds = [float(s) for s in table["s"]]
         self.batch_maxes = [max(int(c), 1) for c in table["batch_max"]]
         measured = max(float(c) for c in table["comm"])  # the slowest worker's, in its previous merge
@@ -259,11 +276,14 @@ class Schedule:
             self.comm_s = measured if self.comm_s <= 0 else (measured + self.comm_s) / 2
         comm = self.comm_s
         notes: list[str] = []
+        candidates = [r for r in range(self.world) if self.pending[r] and self.speeds[r] > 0]
         adapting = self.merges > self.settings.warmup_intervals and all(
             s > 0 for s, a in zip(self.speeds, self.active) if a)
-        if adapting and self.settings.leave_out and self.workers > 1 and self.merges >= ADMISSION_FROM_MERGE:
-            notes += self._admit(comm)
-        if adapting:
+        resized = False
+        if candidates or (adapting and self.settings.leave_out and self.workers > 1):
+            admitted, resized = self._admit(comm, candidates)
+            notes += admitted
+        if adapting and not resized:
             # The first sizes from measured speeds go all the way: the equal split before them was a guess.
             first = not self.adapted
             active = [r for r in range(self.world) if self.active[r]]
@@ -272,7 +292,7 @@ class Schedule:
                 self.settings.batch_min, [self.batch_maxes[r] for r in active], self.multiple,
                 1.0 if first else self.settings.damping, 0.0 if first else self.settings.deadband)
             self._scatter(sizes)
-            self.adapted = True
+        self.adapted = self.adapted or adapting
         rounds = self.settings.merge_rounds
         if self.workers > 1:
             round_s = self.total_batch / max(sum(self.speeds_of_active()), 1e-12)
@@ -292,19 +312,38 @@ class Schedule:
             return f" on average over the run, its rounds following the lr up to {self.settings.merge_rounds_max}"
         return ""
 
-    def _admit(self, comm: float) -> list[str]:
-        admission = choose_workers(self.speeds, self.active, self.settings, comm, self.lr_profile)
-        left = [r for r in range(self.world) if self.active[r] and not admission.keep[r]]
-        if not left:
-            return []
-        kept, everyone = admission.rates[sum(admission.keep)], admission.rates[self.workers]
-        total_speed = sum(self.speeds_of_active())
-        self.active = list(admission.keep)
-        self._resize(equal=False)
-        return [f"leaving out worker {rank} for the rest of the run: its {self.speeds[rank]:.1f} samples/s are "
-                f"{self.speeds[rank] / total_speed:.1%} of the workers' speed, and with it the scheduler would train "
-                f"{everyone:.1f} samples/s against {kept:.1f} without it (merges, waits and equal updates counted; "
-                "trainer.leave_out=false keeps every worker)" for rank in left]
+    def _admit(self, comm: float, candidates: Sequence[int]) -> tuple[list[str], bool]:
+        """Admission over the active workers and the pending ``candidates`` whose speed just arrived: the set of the
+        fastest with the highest predicted rate trains (every one of them with ``leave_out`` off). Where the set
+        changes the sizes follow the speeds at once. Returns the log lines of the workers admitted or left out, and
+        whether the set (and so the sizes) changed."""
+        considered = [self.active[r] or r in candidates for r in range(self.world)]
+        if self.settings.leave_out:
+            admission = choose_workers(self.speeds, considered, self.settings, comm, self.lr_profile)
+            keep, rates = admission.keep, admission.rates
+        else:
+            keep, rates = considered, {}
+        total_speed = sum(s for s, c in zip(self.speeds, considered) if c)
+        everyone = rates.get(sum(considered), 0.0)
+        kept = rates.get(sum(keep), 0.0)
+        notes = []
+        for rank in range(self.world):
+            share = f"{self.speeds[rank]:.1f} samples/s are {self.speeds[rank] / max(total_speed, 1e-12):.1%} of the " \
+                    "workers' speed"
+            if considered[rank] and not keep[rank]:
+                notes.append(f"leaving out worker {rank} for the rest of the run: its {share}, and with it the "
+                             f"scheduler would train {everyone:.1f} samples/s against {kept:.1f} without it (merges, "
+                             "waits and equal updates counted; trainer.leave_out=false keeps every worker)")
+            elif rank in candidates:
+                self.joined.append(rank)
+                notes.append(f"admitting worker {rank} after its speed probe: its {share}")
+        for rank in candidates:
+            self.pending[rank] = False
+        changed = keep != self.active
+        self.active = list(keep)
+        if changed:
+            self._resize(equal=False)
+        return notes, changed
 
     def _resize(self, equal: bool) -> None:
         """B and the grid for the active workers; sizes: the equal split, or the speed-proportional one."""
@@ -337,11 +376,13 @@ class Schedule:
 
     def state_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.sizes), "speeds": list(self.speeds), "active": list(self.active),
-                "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s, "adapted": self.adapted}
+                "pending": list(self.pending), "rounds": self.rounds, "merges": self.merges, "comm_s": self.comm_s,
+                "adapted": self.adapted}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state saved by :meth:`state_dict` with the same number of workers."""
         self.active = [bool(a) for a in state.get("active", [True] * self.world)]
+        self.pending = [bool(p) for p in state.get("pending", [False] * self.world)]
         self._resize(equal=True)
         self.sizes = [int(b) for b in state["batch_sizes"]]
         self.speeds = [float(s) for s in state["speeds"]]
@@ -349,3 +390,4 @@ class Schedule:
         self.merges = int(state.get("merges", 0))
         self.comm_s = float(state.get("comm_s", 0.0))
         self.adapted = bool(state.get("adapted", self.merges > 0))
+        self.started = True

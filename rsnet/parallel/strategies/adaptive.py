@@ -12,19 +12,26 @@ import torch
 import torch.distributed as dist
 
 from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim,
-                                    paced_claim_size, updated_speed)
+                                    updated_speed)
 from rsnet.parallel.merge import MergeResult, normalized_merge
-from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, claimed_span, next_interval
+from rsnet.parallel.probe import ProbeStep, SpeedProbe
+from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row
 
 log = logging.getLogger(__name__)
 
-# Per-worker fields of the merge's meta vector ("w": merge weight; "comm": seconds of its previous merge; "end": the
-# end of its last claim in the interval, whose maximum is where the next interval starts).
-META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm", "end")
+# Per-worker fields of the merge's meta vector ("w": merge weight; "comm": seconds of its previous merge).
+META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm")
 # The longest the prefetch thread waits for the current step before it claims the next batch anyway.
 _CLAIM_WAIT_S = 30.0
+# At the start, once the first probe is done, every worker waits this many of that worker's timed probe steps (at least
+# PROBE_GRACE_MIN_S) for the others' probes: similar devices all train from the first interval, a worker whose probe
+# is still running then is pending. A grace counted in steps, not in the probe's time, which a GPU's autotuning of the
+# first step may make seconds long.
+PROBE_GRACE_STEPS = 4
+PROBE_GRACE_MIN_S = 0.1
+_POLL_S = 0.005  # how often a waiting worker reads the store's count of finished probes
 
 
 def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) -> ScheduleSettings:
@@ -67,12 +74,11 @@ class AdaptiveStrategy(Strategy):
         if coarse and self.ctx.is_primary:
             log.warning(coarse)
         self.speed = 0.0
+        self._probe: SpeedProbe | None = None  # this worker's speed probe, while it runs (or until merge 0)
         self._comm_s = 0.0  # this worker's communication time in its last merge of the model
         self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
         self._interval = 0  # the interval being claimed (its store counter is deleted after its merge)
         self._bounds = (0, 0)
-        self._consumed = 0  # the positions of the last interval that were claimed (all of them but in a probe interval)
-        self._probers = 0  # workers whose speed is unknown: while there are any, intervals are probe intervals
         self._order = torch.empty(0, dtype=torch.long)
         self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
@@ -118,75 +124,120 @@ class AdaptiveStrategy(Strategy):
                     self.batch_max)
         return self.batch_max
 
+    @property
+    def wants_probe(self) -> bool:
+        """Whether this worker needs a speed probe (:meth:`probe_speed`): with others, before its speed is known."""
+        return (self.world > 1 and self.speed <= 0 and self._probe is None
+                and (self.schedule.pending[self.rank] or not self.schedule.started))
+
+    def probe_speed(self, step: ProbeStep) -> None:
+        """Time ``step`` (a training step on synthetic samples, on a private copy of the model) on a background
+        thread at this worker's equal share of B; its speed reaches the others at merge 0 or a later merge."""
+        if self.wants_probe:
+            self._probe = SpeedProbe(step, self.schedule.total_batch // self.world, self.ctx.device,
+                                     self.schedule.settings.batch_min, self.ctx.slowdown).start()
+
     def intervals(self, epoch: int) -> Iterator[int]:
-        """The epoch's merge intervals, each planned when the one before it has merged."""
+        """The epoch's merge intervals, each planned when the one before it has merged (before the run's first: the
+        exchange of the speed probes, :meth:`_start`)."""
         self.epoch = epoch
+        if not self.schedule.started:
+            self._start()
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
         start, index = 0, 0
         while start < self.num_samples:
-            size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start)
-            self._probers = self.schedule.probers
+            size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start,
+                                             self.num_samples)
             self._rounds = max(size // self.schedule.total_batch, 1)
             self._bounds = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min,
                                                                              size // 2))
             yield index
-            start = self._bounds[0] + self._consumed
+            start = self._bounds[1]
             index += 1
 
+    def _start(self) -> None:
+        """Merge 0: every worker waits for its own speed probe, then at most :data:`PROBE_GRACE` of that time for the
+        others' (the store counts the probes done), and the speeds are all-reduced; the workers whose probe is still
+        running are pending (:meth:`Schedule.start`). Alone, a worker needs no speed."""
+        if self.world == 1:
+            self.schedule.started = True
+            return
+        if self._probe is None:
+            raise RuntimeError("adaptive: call strategy.probe_speed(step) before the first interval: with several "
+                               "workers each needs a speed before the first batch sizes")
+        self._await_probes()
+        self._take_probe_result()
+        k = len(META_FIELDS)
+        meta = torch.zeros(self.world * k, dtype=torch.float64)
+        meta[self.rank * k + META_FIELDS.index("s")] = self.speed
+        meta[self.rank * k + META_FIELDS.index("batch_max")] = self.batch_max
+        result = normalized_merge(self.model, 0.0, meta=meta, comm_device=self.ctx.comm_device, tensors=False)
+        table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, result.meta.view(self.world, k).T)}
+        self.schedule.batch_maxes = [max(int(c), 1) for c in table["batch_max"]]
+        for note in self.schedule.start(table["s"]):
+            if self.ctx.is_primary:
+                log.info("adaptive: %s", note)
+        if self.ctx.is_primary:
+            log.info("adaptive: speed probes (samples/s): %s; batch sizes %s", ", ".join(
+                f"w{rank} {speed:.1f}" for rank, speed in enumerate(table["s"])), self.sizes)
+
+    def _await_probes(self) -> None:
+        """Block until every worker's probe is done, or for :data:`PROBE_GRACE_STEPS` timed steps of the first worker
+        done (the grace it publishes in the store) after this worker learnt of it."""
+        probe, store = self._probe, self.ctx.store
+        assert probe is not None
+        done_key, grace_key = f"{self.prefix}/probes_done", f"{self.prefix}/probes_grace"
+        counted, grace_end = False, None
+        while True:
+            if probe.done and not counted:
+                probe.result()  # a failed probe stops this worker here, with its error
+                counted = True
+                if int(store.add(done_key, 1)) == 1:
+                    store.set(grace_key, repr(max(PROBE_GRACE_STEPS * probe.step_seconds, PROBE_GRACE_MIN_S)))
+            finished = int(store.add(done_key, 0))
+            if finished >= self.world:
+                return
+            if finished and grace_end is None:
+                grace_end = time.perf_counter() + float(store.get(grace_key))
+            if grace_end is not None and time.perf_counter() >= grace_end:
+                return
+            probe.wait(_POLL_S)
+
+    def _take_probe_result(self) -> None:
+        """Once this worker's probe is done: its speed becomes the worker's, and the probe (its model copy) goes."""
+        if self._probe is not None and self._probe.done:
+            self.speed = self._probe.result()
+            self._probe = None
+
     def claims(self, interval: int) -> Iterator[Claim]:
-        """Claim batches of the interval through the store until it is used up (no collective): a probe of ``batch_min``
-        while this worker's speed is unknown, then as :func:`may_claim` allows."""
+        """Claim batches of the interval through the store until it is used up (no collective), ahead of the current
+        step as :func:`may_claim` allows."""
         if not self.schedule.active[self.rank]:
             return
         low, high = self._bounds
         self._interval = interval
-        minimum = self.schedule.settings.batch_min
         claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, self.schedule.claim_min)
         speeds = self.schedule.speeds_of_active()
         speeds[self.rank] = self.speed
-        claimed, mine, started = 0, 0, time.perf_counter()
+        claimed = 0
         while True:
             free = not claimed
             if claimed and not may_claim(claimer, self.rank, self.sizes, speeds, computing=True):
                 self._wait_for_steps(claimed)
                 free = True
-            if self._probers and self._probes_done():
+            if free and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
                 return
-            if free and self.speed > 0 and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
-                return
-            size = self.batch_size
-            if self.speed <= 0 and self.schedule.workers > 1:  # alone, there is no one to pace against
-                size = min(minimum, size) if not claimed else self._paced(claimer, mine, started)
-            span = claimer.claim(size) if size else None
+            span = claimer.claim(self.batch_size)
             if span is None:
                 return
-            claimed, mine = claimed + 1, mine + span[1] - span[0]
+            claimed += 1
             start, end = span
-            self._claimed_end = max(self._claimed_end, end)
             yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
-
-    def _probes_done(self) -> bool:
-        """In a probe interval: whether every prober has timed a step (one store call, counting this one in)."""
-        signal = int(self.speed <= 0 and self._timed[1] > 0 and not self._probed)
-        self._probed = self._probed or bool(signal)
-        return int(self.ctx.store.add(self._probe_key(self._interval), signal)) >= self._probers
-
-    def _paced(self, claimer: IntervalClaimer, mine: int, started: float) -> int:
-        """The next claim while this worker's speed is unknown: :func:`paced_claim_size` (one store read)."""
-        remaining = claimer.remaining()
-        others_rate = (claimer.seen - mine) / max(time.perf_counter() - started, 1e-9)
-        own_rate = self._timed[0] / self._timed[1] if self._timed[1] > 0 else 0.0
-        return paced_claim_size(self.batch_size, self.schedule.settings.batch_min, remaining, own_rate, others_rate)
 
     @property
     def fixed_batch_sizes(self) -> bool:
         """Alone, a worker claims its batch (the epoch's rest joined); with others, claims of any size."""
         return self.world == 1
-
-    @property
-    def needs_step_seconds(self) -> bool:
-        """Every step's time while this worker's speed is unknown (its claims are paced by it), or for a slowdown."""
-        return (self.speed <= 0 and self.schedule.workers > 1) or super().needs_step_seconds
 
     def times_step(self, batch_size: int) -> bool:
         """Also the first step at a batch size this worker has not trained: its time is left out of the speed."""
@@ -203,15 +254,10 @@ class AdaptiveStrategy(Strategy):
         if batch_size not in self._trained_sizes:
             self._trained_sizes.add(batch_size)
             self._warmup = (self._warmup[0] + batch_size, self._warmup[1] + seconds)
-        else:
-            self._timed = (self._timed[0] + batch_size, self._timed[1] + seconds)
 
     def _reset_counters(self) -> None:
         super()._reset_counters()
-        self._timed = (0, 0.0)  # samples and seconds of the interval's steps timed one by one (after the first)
         self._warmup = (0, 0.0)  # samples and seconds of the interval's first steps at a batch size (one-time costs)
-        self._claimed_end = 0  # the end of this worker's last claim in the interval (relative to its start)
-        self._probed = False  # whether this worker has counted its timed probe step in (a probe interval)
 
     def _wait_for_steps(self, count: int) -> None:
         """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval, or a timeout."""
@@ -222,10 +268,6 @@ class AdaptiveStrategy(Strategy):
         """The store counter the workers claim positions of this epoch's ``interval`` from."""
         return f"{self.prefix}/e{self.epoch}/i{interval}"
 
-    def _probe_key(self, interval: int) -> str:
-        """The store counter of the probers that have timed a step in this epoch's (probe) ``interval``."""
-        return f"{self._claim_key(interval)}/probed"
-
     def _merge_weight(self) -> float:
         """w_i of the merge: 1 (uniform over the active workers, the default), the interval's updates or samples."""
         if not self.schedule.active[self.rank]:
@@ -234,14 +276,15 @@ class AdaptiveStrategy(Strategy):
 
     def end_interval(self, compute_seconds: float) -> None:
         """The normalized merge θ ← Σ_i p_i θ_i (elastic: each replica moves α of the way), then every worker moves the
-        schedule on from the same merged table (one active worker: only the table)."""
+        schedule on from the same merged table (one active worker: only the table). A pending worker's probe speed
+        travels in the table once measured; a worker admitted then gets the merged model in a second merge."""
         super().end_interval(compute_seconds)
         busy = self._compute
-        # Without the first step at each batch size: a worker that trained nothing else keeps an unknown speed.
+        self._take_probe_result()
+        # Without the first step at each batch size (its one-time costs are no measure of the speed).
         self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
-                "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s,
-                "end": self._claimed_end}
+                "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s}
         k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
@@ -252,20 +295,18 @@ class AdaptiveStrategy(Strategy):
             self._comm_s = max(result.merge_s - result.idle_s, 0.0)
         if self.ctx.is_primary and self.world > 1:  # every worker has claimed its last batch: the counters are done
             self.ctx.store.delete_key(self._claim_key(self._interval))
-            if self._probers:
-                self.ctx.store.delete_key(self._probe_key(self._interval))
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
+        was_active = self.schedule.active[self.rank]
         self.adapt(table)
+        if self.schedule.joined:  # the admitted workers start from the trained model (their weight: 0)
+            normalized_merge(self.model, float(was_active), comm_device=self.ctx.comm_device)
         self._record(table, result)
         self._reset_counters()
 
     def adapt(self, table: Mapping[str, list[float]]) -> None:
         """Move the schedule on from the merged per-worker table (``META_FIELDS``), alike on every worker; the primary
-        logs what changed. The next interval starts where this one's claims ended."""
-        self._consumed = claimed_span(*self._bounds, int(max(table["end"])))
-        if self._probers:
-            self._rounds = max(round(self._consumed / self.schedule.total_batch), 1)
+        logs what changed."""
         for note in self.schedule.update(table):
             if self.ctx.is_primary:
                 log.info("adaptive: %s", note)
@@ -289,10 +330,12 @@ class AdaptiveStrategy(Strategy):
             log.info("merge %d (epoch %d): %s", self.schedule.merges, self.epoch, format_row(row, self.world))
 
     def end_epoch(self) -> None:
-        """Share the epoch's idle and merge times of every worker; where the replicas may differ (one active worker,
-        elastic merges) average them, so that evaluation and checkpoints see one model."""
+        """Share the epoch's idle and merge times of every worker; where the active replicas may differ (elastic
+        merges) average them, so that evaluation and checkpoints see one model. The workers left out or pending get
+        no copy (they evaluate nothing), unless the primary, which saves the checkpoints, is one of them."""
         if self.world > 1:
-            if self.schedule.workers == 1 or self.elastic < 1.0:
+            elastic_apart = self.elastic < 1.0 and self.schedule.workers > 1
+            if elastic_apart or not self.schedule.active[0]:
                 normalized_merge(self.model, float(self.schedule.active[self.rank]),
                                  comm_device=self.ctx.comm_device)
             self._gather_times()

@@ -74,6 +74,15 @@ class Strategy:
         """Whether :meth:`after_step` needs every step's own time; otherwise the loop may time steps asynchronously."""
         return False
 
+    @property
+    def wants_probe(self) -> bool:
+        """Whether :meth:`probe_speed` should be given a probe step (adaptive, before its speed is known)."""
+        return False
+
+    def probe_speed(self, step: Callable[[int], None]) -> None:
+        """Time ``step`` (one training step on that many synthetic samples, on a copy of the model) where the strategy
+        needs this worker's speed before it trains; nothing here."""
+
     def times_step(self, batch_size: int) -> bool:
         """Whether the loop must time the next step, on ``batch_size`` samples, on its own (a host sync)."""
         return self.needs_step_seconds
