@@ -91,7 +91,9 @@ def test_workers_end_with_a_killed_launcher_and_write_nothing_after(tmp_path: Pa
     while not (run_dir / "checkpoints" / "last.pt").exists() and launcher.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint within 240 s"
         time.sleep(0.2)
-    workers = [pid for pid in _children(launcher.pid) if "spawn" in Path(f"/proc/{pid}/cmdline").read_text()]
+    # CPU workers are forked: the launcher's children that run its command (not a helper such as a resource tracker)
+    command = Path(f"/proc/{launcher.pid}/cmdline").read_text()
+    workers = [pid for pid in _children(launcher.pid) if Path(f"/proc/{pid}/cmdline").read_text() == command]
     assert len(workers) == 2, workers
     launcher.kill()
     launcher.wait(10)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -71,12 +72,14 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
                  if key in known}
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=uuid.uuid4().hex,
                               rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
-                              max_restarts=0, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=folder),
-                              **newer)
-        log.info("launched %d workers on %s (backend %s) through torch's elastic agent", world, settings.devices,
-                 settings.backend)
+                              max_restarts=0, start_method=start_method(settings.devices),
+                              logs_specs=DefaultLogsSpecs(log_dir=folder), **newer)
+        log.info("launched %d workers on %s (backend %s) through torch's elastic agent (%s)", world, settings.devices,
+                 settings.backend, config.start_method)
         log_files = [handler.baseFilename for handler in logging.getLogger().handlers
                      if isinstance(handler, logging.FileHandler)]
+        sys.stdout.flush()  # a forked worker would write the launcher's buffered output again
+        sys.stderr.flush()
         try:
             with _ctrl_c_for_the_launcher():
                 results = elastic_launch(config, _worker_main)(
@@ -122,8 +125,8 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     rank = int(os.environ["RANK"])
     pids[rank] = os.getpid()
     threading.Thread(target=_beat, args=(clocks, rank, parent), name="rsnet-heartbeat", daemon=True).start()
-    if not logging.getLogger().handlers:  # spawned: the launcher's logging setup (e.g. Hydra's) is not inherited
-        _log_beside_the_launcher(rank, log_level, log_files)
+    logging.getLogger().handlers.clear()  # forked: the launcher's handlers, without this worker's tag
+    _log_beside_the_launcher(rank, log_level, log_files)
     try:
         result = run_torchrun_worker(worker_fn, args, kwargs, settings)
         atexit.register(_exit_without_teardown)
@@ -136,6 +139,14 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
         if any(hint in reason for hint in _COMM_ERROR_HINTS):
             time.sleep(_PEER_GRACE_S)
         raise
+
+
+def start_method(devices: list[str]) -> str:
+    """How the workers start: forked from the launcher where every worker is on the CPU (on Linux, CUDA untouched
+    here), so that none imports torch and rsnet again (seconds of a 2-core machine's start); else spawned, which CUDA
+    needs."""
+    cpu_only = all(str(device).startswith("cpu") for device in devices)
+    return "fork" if cpu_only and sys.platform.startswith("linux") and not torch.cuda.is_initialized() else "spawn"
 
 
 def _log_beside_the_launcher(rank: int, level: int, log_files: list[str]) -> None:
