@@ -74,9 +74,9 @@ def whole_epoch_rate(lines: list[str], train_samples: int) -> float:
         else float("nan")
 
 
-def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> tuple[str, list[str]]:
+def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> tuple[str, list[str], dict]:
     """One run's table row (or its failure), its first 3 merges' lines (each worker's speed) and the scheduler's
-    decisions (the first 8)."""
+    decisions (the first 8), and its figures (``steady``, ``whole`` images/s, ``run_s``; empty on a failure)."""
     run_dir = tmp / f"{'_'.join(devices)}_{size}".replace(":", "")
     run_dir.mkdir(parents=True)
     command = [sys.executable, str(REPO / "scripts" / "train.py"), "trainer=adaptive",
@@ -93,7 +93,7 @@ def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> t
                  first_merges + [message for message in messages if message.startswith(SCHEDULER_NOTE)][:8]]
     if status != 0:
         return (f"| {', '.join(devices)} | {size} | FAIL ({'timeout' if status is None else status}): "
-                f"{tail(run_dir / 'stderr.log', 3).replace(chr(10), ' / ')} | | | | | |", admission)
+                f"{tail(run_dir / 'stderr.log', 3).replace(chr(10), ' / ')} | | | | | |", admission, {})
     metrics = json.loads((run_dir / "metrics.json").read_text())
     walls = [float(epoch["wall_time_s"]) for epoch in metrics["history"]]
     samples = metrics["train_samples"]
@@ -101,8 +101,22 @@ def run(devices: list[str], size: int, args: argparse.Namespace, tmp: Path) -> t
     whole = whole_epoch_rate(lines, samples)
     workers = metrics.get("scheduler", {}).get("workers", [])
     left_out = sum(not worker.get("active", True) for worker in workers)
+    run_s = time.perf_counter() - started
     return (f"| {', '.join(devices)} | {size} | {steady:,.0f} | {whole:,.0f} | {walls[0]:.1f} | "
-            f"{metrics['accuracy']:.2f} | {left_out} | {time.perf_counter() - started:.0f} |", admission)
+            f"{metrics['accuracy']:.2f} | {left_out} | {run_s:.0f} |", admission,
+            {"steady": steady, "whole": whole, "run_s": run_s})
+
+
+def summary_ratios(size: int, figures: dict[str, dict]) -> list[str]:
+    """The targets' ratios of one image size: whole epochs over training images/s per run, and the GPU + CPU run's
+    speed over the GPU alone (the inverse ratio of their run seconds, start-up included)."""
+    lines = [f"{size} px, {config}: whole epochs / training = {found['whole'] / found['steady']:.2f}"
+             for config, found in figures.items() if found]
+    alone, pair = figures.get("1gpu"), figures.get("gpu+cpu")
+    if alone and pair:
+        lines.append(f"{size} px: GPU + CPU / GPU alone, whole runs = {alone['run_s'] / pair['run_s']:.2f} "
+                     f"({pair['run_s']:.0f} s vs {alone['run_s']:.0f} s)")
+    return lines
 
 
 def main() -> int:
@@ -119,13 +133,17 @@ def main() -> int:
     print(f"| devices | image size | train images/s, epochs 2..{args.epochs} | whole epochs 2..{args.epochs}, "
           "images/s | first epoch s | test OA % | left out | run s |\n|---|---|---|---|---|---|---|---|", flush=True)
     decisions: list[str] = []
+    ratios: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu_throughput_") as tmp:
         for size in args.sizes:
+            figures = {}
             for config in args.configs:
                 devices = [("cpu" if args.cpu_stand_in and d.startswith("cuda") else d) for d in DEVICE_SETS[config]]
-                row, admission = run(devices, size, args, Path(tmp))
+                row, admission, figures[config] = run(devices, size, args, Path(tmp))
                 print(row, flush=True)
                 decisions += admission
+            ratios += summary_ratios(size, figures)
+    print("\n" + "\n".join(ratios) if ratios else "")
     print("\nscheduler decisions: " + ("\n  ".join(["", *decisions]) if decisions else
                                         "none logged (every worker kept, the cadence unchanged)"))
     return 0

@@ -132,9 +132,12 @@ class AdaptiveStrategy(Strategy):
 
     def probe_speed(self, step: ProbeStep) -> None:
         """Time ``step`` (a training step on synthetic samples, on a private copy of the model) on a background
-        thread at this worker's equal share of B; its speed reaches the others at merge 0 or a later merge."""
+        thread; its speed reaches the others at merge 0 or a later merge. A GPU probes at B, the batch it trains at
+        where it is the one device kept (a GPU beside CPUs: no second shape to tune), a CPU at its equal share."""
         if self.wants_probe:
-            self._probe = SpeedProbe(step, self.schedule.total_batch // self.world, self.ctx.device,
+            total = self.schedule.total_batch
+            batch = total if self.ctx.device.type == "cuda" else total // self.world
+            self._probe = SpeedProbe(step, min(batch, self.batch_max), self.ctx.device,
                                      self.schedule.settings.batch_min, self.ctx.slowdown).start()
 
     def intervals(self, epoch: int) -> Iterator[int]:
