@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -743,3 +744,26 @@ def test_the_first_step_at_each_batch_size_is_left_out_of_the_speed() -> None:
     timed, speed = launch(_speed_after_new_sizes, ["cpu"], timeout_s=60)
     assert timed == [True, False, True, False, False]  # each size's first step is timed on its own
     assert speed == pytest.approx((16 + 8 + 16) / (0.1 + 0.05 + 0.1))  # 160 samples/s, not 56 / 8.25 = 6.8
+
+
+_START_METHOD_SCRIPT = """
+import torch
+from rsnet.parallel.elastic import start_method
+before = start_method(["cpu", "cpu"])
+gpu = start_method(["cuda:0", "cpu"])
+# a compiled backward starts autograd's device threads, which do not survive a fork
+torch.compile(lambda x: x * 2)(torch.ones(2, requires_grad=True)).sum().backward()
+print(before, gpu, start_method(["cpu", "cpu"]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_cpu_workers_are_forked_unless_the_launcher_ran_autograd() -> None:
+    """CPU workers are forked (no second import of torch and rsnet: seconds of a 2-core machine's start), GPU workers
+    spawned (CUDA); a launcher whose autograd has started its threads (here by a compiled backward, as an earlier
+    in-process run with compile=true does) spawns them too, as a forked child could not run autograd."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _START_METHOD_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["fork", "spawn", "spawn"]

@@ -58,6 +58,7 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     """Run one worker per device of ``settings`` under the elastic agent; return rank 0's result or raise
     :class:`WorkerError` naming the root cause."""
     world = len(settings.devices)
+    method = start_method(settings.devices)  # before the watchdog's thread: a fork is tried there
     context = mp.get_context("spawn")
     clocks, pids = context.Array("d", world, lock=False), context.Array("i", world, lock=False)
     watchdog = _Watchdog(clocks, pids, settings.timeout_s)
@@ -72,7 +73,7 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
                  if key in known}
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=uuid.uuid4().hex,
                               rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
-                              max_restarts=0, start_method=start_method(settings.devices),
+                              max_restarts=0, start_method=method,
                               logs_specs=DefaultLogsSpecs(log_dir=folder), **newer)
         log.info("launched %d workers on %s (backend %s) through torch's elastic agent (%s)", world, settings.devices,
                  settings.backend, config.start_method)
@@ -143,10 +144,27 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
 
 def start_method(devices: list[str]) -> str:
     """How the workers start: forked from the launcher where every worker is on the CPU (on Linux, CUDA untouched
-    here), so that none imports torch and rsnet again (seconds of a 2-core machine's start); else spawned, which CUDA
-    needs."""
+    here, and a forked process can still run autograd: :func:`_autograd_survives_fork`), so that none imports torch
+    and rsnet again (seconds of a 2-core machine's start); else spawned, which CUDA needs."""
     cpu_only = all(str(device).startswith("cpu") for device in devices)
-    return "fork" if cpu_only and sys.platform.startswith("linux") and not torch.cuda.is_initialized() else "spawn"
+    if cpu_only and sys.platform.startswith("linux") and not torch.cuda.is_initialized() and _autograd_survives_fork():
+        return "fork"
+    return "spawn"
+
+
+def _autograd_survives_fork() -> bool:
+    """Whether a process forked from this one can run a backward pass: not once this process has run one (torch's
+    autograd threads do not survive a fork), e.g. a training in this process before the launch. Tried in a forked
+    child, which only runs a backward and exits."""
+    child = os.fork()
+    if child == 0:  # the child: no logging, no cleanup, only the answer
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - any failure means "spawn instead"
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _log_beside_the_launcher(rank: int, level: int, log_files: list[str]) -> None:
