@@ -1,12 +1,13 @@
 """The measurements to make whenever a GPU machine is at hand for a few minutes, in one command of at most 8.5 minutes
-(``--budget``), most wanted first: the steady-state step benchmark for ResNet-50 and ResNet-18 at 224 px (the
-(b)/(c) target), a real-size epoch (aid-dev repeated to 10,800 training images, ResNet-50 at 224 px, the GPU alone
-and with the machine's CPU as a second worker), a profile of the training step and of a real epoch, short adaptive
-runs on aid-dev, and the compile comparison. The full ``make gpu-check`` does not fit a few minutes; this is its
-measurement half and more, sized to fit. One more step fills a lease alone and is run only when named: ``recipe_224``,
-the recipe check of ``bench_recipe.py`` at 224 px (aid-dev, seeds 0-2, the plain loop and the three models, 30 epochs),
-six runs at a time on the one GPU (``--lanes 6``: about 4 minutes on an H200, where one run after the other took
-about 4.4 minutes a seed).
+(``--budget``), most wanted first: a real-size epoch (aid-dev repeated to 10,800 training images, ResNet-50 at 224 px,
+batch 256, evaluated every epoch; the GPU alone and with the machine's CPU as a second worker: whole epochs against
+training, and the pair against the GPU alone), rsnet's evaluation against a plain inference loop and the training
+step, ``compile=true`` against eager for ResNet-50 and ResNet-18, what an epoch's end holds training, a profile of the
+training step and of a real epoch, and the steady-state step benchmark. The full ``make gpu-check`` does not fit a
+few minutes; this is its measurement half and more, sized to fit. One more step fills a lease alone and is run only
+when named: ``recipe_224``, the recipe check of ``bench_recipe.py`` at 224 px (aid-dev, seeds 0-2, the plain loop and
+the three models, 30 epochs), six runs at a time on the one GPU (``--lanes 6``: about 4 minutes on an H200, where one
+run after the other took about 4.4 minutes a seed).
 
 What must lie beside the checkout on the GPU machine (it may reach no package index, and aid-dev lies outside the
 checkout): ``.whl/``, the wheels of rsnet's dependencies that a CUDA PyTorch image lacks, and ``.aid-dev/``, a copy of
@@ -15,8 +16,7 @@ the checkout: ``python3 benchmarks/gpu_lease.py``.
 
 Every step runs in its own process group with a time limit (the smaller of its own and what is left of
 ``--budget``); its output goes to ``OUT/<step>.md`` (``--out``; default ``gpu-lease-out/``)
-and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md``, the steady steps' trace to
-``OUT/profile_trace.json.gz``. Standard library only: it runs before the wheels it installs are importable.
+and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md`` (8 files in all). Standard library only: it runs before the wheels it installs are importable.
 
     bash benchmarks/prepare_gpu_lease.sh                  # on a machine with the dev venv and a package index
     python3 benchmarks/gpu_lease.py                       # on the GPU machine, .whl and .aid-dev beside the checkout
@@ -46,37 +46,42 @@ SITE = Path("/tmp/rsnet-lease-site")
 # name, seconds at most, arguments on the GPU, arguments of the CPU stand-in; most wanted first. Placeholders: ROOT
 # (--root, aid-dev), REAL (the real-size set built from it), OUT (--out)
 STEPS: list[tuple[str, int, list[str], list[str]]] = [
+    ("real_size_epoch", 280,  # the GPU alone, then with the CPU beside it, evaluated every epoch; each run <= 130 s
+     ["gpu_throughput.py", "--root", "REAL", "--backbone", "resnet50", "--batch-size", "256", "--sizes", "224",
+      "--configs", "1gpu", "gpu+cpu", "--epochs", "4", "--eval-every", "1", "--timeout", "130"],
+     ["gpu_throughput.py", "--cpu-stand-in", "--root", "REAL", "--backbone", "test_resnet", "--batch-size", "16",
+      "--sizes", "32", "--configs", "1gpu", "gpu+cpu", "--epochs", "2", "--eval-every", "1", "--timeout", "150"]),
+    ("bench_eval", 80,  # rsnet's evaluation vs a plain inference loop, and vs the training step
+     ["bench_eval.py", "--require-cuda", "--backbone", "resnet50", "--size", "224", "--amp", "bf16", "--train-step",
+      "--step-batch", "256", "--rounds", "3", "--steps", "30", "--warmup", "5"],
+     ["bench_eval.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--images", "64", "--rounds",
+      "1", "--batch", "16"]),
+    ("bench_compile_resnet50", 130,  # compile=true vs eager, steady steps and compile seconds
+     ["bench_compile.py", "--require-cuda", "--backbone", "resnet50", "--batch", "256", "--rounds", "1", "--steps",
+      "30", "--warmup", "5", "--modes", "static", "eager"],
+     ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
+      "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
+    ("bench_compile_resnet18", 100,
+     ["bench_compile.py", "--require-cuda", "--backbone", "resnet18", "--batch", "256", "--rounds", "1", "--steps",
+      "50", "--warmup", "5", "--modes", "static", "eager"],
+     ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
+      "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
+    ("bench_epoch_end", 70,  # the seconds an epoch's end holds training, writes on the path vs in the background
+     ["bench_epoch_end.py", "--device", "cuda", "--size", "224", "--batch", "64", "--rounds", "2", "--epochs", "3",
+      "--train-seconds", "3"],
+     ["bench_epoch_end.py", "--device", "cpu", "--model", "baseline", "--backbone", "test_resnet", "--size", "32",
+      "--rounds", "1", "--epochs", "2", "--train-seconds", "0.2"]),
+    ("gpu_profile", 130,  # its trace stays on the machine: what comes back is 8 files at most
+     ["gpu_profile.py", "--require-cuda", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2",
+      "--trace", "/tmp/rsnet-profile-trace.json.gz"],
+     ["gpu_profile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "8", "--steps",
+      "2", "--warmup", "1", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2", "--top", "5",
+      "--trace", "OUT/profile_trace.json.gz"]),
     ("bench_step_resnet50", 100,
      ["bench_step.py", "--require-cuda", "--backbone", "resnet50", "--sizes", "224", "--batches", "128", "256",
       "--steps", "50", "--warmup", "10", "--rounds", "2", "--input-steps", "10"],
      ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "32", "--batches", "8",
       "--steps", "2", "--warmup", "1", "--rounds", "1"]),
-    ("real_size_epoch", 240,  # the GPU alone, then with the CPU beside it; each run killed by the script after 150 s
-     ["gpu_throughput.py", "--root", "REAL", "--backbone", "resnet50", "--batch-size", "256", "--sizes", "224",
-      "--configs", "1gpu", "gpu+cpu", "--epochs", "4", "--eval-every", "1", "--timeout", "150"],
-     ["gpu_throughput.py", "--cpu-stand-in", "--root", "REAL", "--backbone", "test_resnet", "--batch-size", "16",
-      "--sizes", "32", "--configs", "gpu+cpu", "--epochs", "2", "--eval-every", "1", "--timeout", "150"]),
-    ("gpu_profile", 130,
-     ["gpu_profile.py", "--require-cuda", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2",
-      "--trace", "OUT/profile_trace.json.gz"],
-     ["gpu_profile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "8", "--steps",
-      "2", "--warmup", "1", "--part", "step", "epoch", "--root", "REAL", "--epoch", "2", "--top", "5",
-      "--trace", "OUT/profile_trace.json.gz"]),
-    ("bench_step_resnet18", 80,
-     ["bench_step.py", "--require-cuda", "--sizes", "224", "--batches", "128", "256", "--steps", "100",
-      "--warmup", "20", "--rounds", "2", "--input-steps", "10"],
-     ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "48", "--batches", "8",
-      "--steps", "2", "--warmup", "1", "--rounds", "1"]),
-    ("gpu_throughput", 100,  # aid-dev's 7-step epochs, comparable with the first GPU run's figures
-     ["gpu_throughput.py", "--root", "ROOT", "--sizes", "128", "224", "--configs", "1gpu", "--epochs", "4",
-      "--timeout", "45"],
-     ["gpu_throughput.py", "--cpu-stand-in", "--root", "ROOT", "--sizes", "32", "--configs", "1gpu", "--epochs",
-      "2", "--backbone", "test_resnet", "--batch-size", "16", "--timeout", "120"]),
-    ("bench_compile", 200,
-     ["bench_compile.py", "--require-cuda", "--rounds", "1", "--steps", "50", "--warmup", "5", "--modes", "static",
-      "dynamic", "eager"],  # the comparison wanted first, should the limit stop it
-     ["bench_compile.py", "--device", "cpu", "--backbone", "test_resnet", "--size", "32", "--batch", "4",
-      "--steps", "2", "--warmup", "1", "--rounds", "1", "--modes", "eager", "--amp", "none"]),
     ("recipe_224", 570,  # run alone (--steps recipe_224 --budget 580): the recipe check at 224 px, not in the default
      ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224", "--lanes", "6",
       "--json", "OUT/recipe_224.json"],

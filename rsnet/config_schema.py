@@ -143,6 +143,7 @@ class LogSchema:
     embedding_images: int
     figure_format: str
     progress_bar: bool
+    background_writes: bool
 
 
 @dataclass
@@ -155,7 +156,7 @@ class TrainSchema:
     seed: int
     epochs: int
     batch_size: int
-    eval_batch_size: int
+    eval_batch_size: Any  # auto (sized for each worker's device) or a whole number
     eval_every: int
     augment: AugmentSchema
     optimizer: OptimizerSchema

@@ -4,8 +4,8 @@ classifier (``forward -> Tensor`` logits, e.g. an export) is scored as the singl
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,13 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
+from rsnet.data.device_augment import DeviceAugment
+from rsnet.data.loader import eval_prefetcher, index_chunks
+from rsnet.data.scene_dataset import SceneDataset
+from rsnet.engine.acceleration import StepPrecision
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
 from rsnet.viz.attention import eval_mode
@@ -70,42 +74,137 @@ class TTAModel(nn.Module):
         return MultiBranchOutput(logits=logits, main=outputs[0].main, ensemble=outputs[0].ensemble)
 
 
-def _loader(data: Dataset | DataLoader | Iterable, batch_size: int) -> Iterable:
+CPU_EVAL_BATCH = 64  # ``eval_batch_size=auto`` off CUDA: a CPU's cores are busy at 64 already
+CUDA_EVAL_BATCH_MIN = 256  # ``eval_batch_size=auto`` on CUDA: at least this many images a batch
+
+
+def check_eval_batch_size(setting: object) -> None:
+    """``eval_batch_size`` must be auto or a whole number >= 1; ValueError naming the setting otherwise."""
+    if setting == "auto" or (isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1):
+        return
+    raise ValueError(f"eval_batch_size={setting!r}: use auto (sized for each worker's device) or a whole number >= 1")
+
+
+def eval_batch_size(setting: int | str, device: torch.device | str, train_batch_size: int | None = None) -> int:
+    """The evaluation batch on ``device`` for the ``eval_batch_size`` setting: a number as it is; ``auto`` on CUDA
+    twice ``train_batch_size`` (the training ``batch_size``), at least :data:`CUDA_EVAL_BATCH_MIN`, elsewhere
+    :data:`CPU_EVAL_BATCH`.
+
+    Why: a forward pass without backward keeps no activations, so an image costs a small part of what it costs in a
+    training step, and twice the training batch fits wherever training fits. On a GPU a larger batch spreads the
+    host's fixed work per batch (one Python iteration, one copy, a kernel launch per layer) over more images; the
+    floor keeps the device busy when the training batch is small (the default 32). A CPU's cores are busy at 64
+    already, where a larger batch only costs memory. For very large images, where 256 would not fit the device, set
+    a number."""
+    check_eval_batch_size(setting)
+    if setting != "auto":
+        return int(setting)
+    if torch.device(device).type != "cuda":
+        return CPU_EVAL_BATCH
+    return max(CUDA_EVAL_BATCH_MIN, 2 * int(train_batch_size or 0))
+
+
+@dataclass(frozen=True)
+class EvalFeed:
+    """How :func:`evaluate` feeds and runs the device, as training does: a ``SceneDataset``'s uint8 batches made the
+    model's input by ``on_device`` on the device (None: the host's batched eval transform), batches in
+    ``memory_format``, ``amp`` the autocast dtype on CUDA (bf16 | fp16 | none, as
+    :class:`rsnet.engine.acceleration.StepPrecision`), ``prefetch`` the next batch on a background thread."""
+
+    on_device: DeviceAugment | None = None
+    memory_format: torch.memory_format = torch.contiguous_format
+    amp: str = "none"
+    prefetch: bool = True
+
+
+class _DeviceProbabilities:
+    """Every head's softmax probabilities (float32) and the labels, kept where they were computed until
+    :meth:`result`: no host synchronisation per batch."""
+
+    def __init__(self) -> None:
+        self.heads: dict[str, list[Tensor]] = {}
+        self.labels: list[Tensor] = []
+        self.reported = "main"
+
+    def add(self, output: MultiBranchOutput, labels: Any) -> None:
+        if not self.labels:
+            self.reported = output.ensemble or output.main
+        for head, logits in output.logits.items():
+            self.heads.setdefault(head, []).append(torch.softmax(logits.float(), dim=1))
+        self.labels.append(torch.as_tensor(labels).reshape(-1))
+
+    def result(self) -> EvalResult:
+        """The probabilities in one transfer to the host (the labels in another), and the predictions."""
+        if not self.labels:
+            raise ValueError("evaluate() got an empty dataset")
+        parts = {head: torch.cat(batches) for head, batches in self.heads.items()}
+        flat = torch.cat([part.reshape(-1) for part in parts.values()]).cpu().numpy()
+        sizes = np.cumsum([part.numel() for part in parts.values()])[:-1]
+        probabilities = {head: values.reshape(part.shape)
+                         for (head, part), values in zip(parts.items(), np.split(flat, sizes))}
+        targets = torch.cat([labels.to(self.labels[0].device) for labels in self.labels]).cpu().numpy()
+        return EvalResult(predictions={head: p.argmax(axis=1).astype(np.int64) for head, p in probabilities.items()},
+                          probabilities=probabilities, targets=targets.astype(np.int64), reported_head=self.reported)
+
+
+def _cached_batches(dataset: SceneDataset, indices: np.ndarray, device: torch.device, batch_size: int,
+                    feed: EvalFeed) -> Iterator[tuple[Tensor, Tensor]]:
+    """The items ``indices`` of ``dataset`` on ``device`` as the model's input, from its cache in whole batches
+    (:func:`rsnet.data.loader.eval_prefetcher`)."""
+    prefetcher = eval_prefetcher(dataset, device, feed.on_device, feed.memory_format, feed.prefetch)
+    try:
+        with closing(prefetcher.batches(index_chunks(indices, batch_size))) as batches:
+            for batch in batches:
+                yield batch.images, batch.labels
+    finally:
+        prefetcher.close()
+
+
+def _given_batches(batches: Iterable, device: torch.device) -> Iterator[tuple[Tensor, Any]]:
+    """Batches (images, labels) as they come, the images moved to ``device``."""
+    for images, labels in batches:
+        yield images.to(device), labels
+
+
+def _batches(data: Dataset | DataLoader | Iterable, device: torch.device, batch_size: int,
+             indices: Sequence[int] | np.ndarray | None, feed: EvalFeed) -> tuple[Iterator, int | None]:
+    """The batches of ``data`` (its items ``indices``) on ``device``, and their number of samples when known."""
+    if isinstance(data, SceneDataset):
+        chosen = np.arange(len(data)) if indices is None else np.asarray(indices, dtype=np.int64)
+        return _cached_batches(data, chosen, device, batch_size, feed), len(chosen)
+    is_dataset = isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                               and not isinstance(data, (list, tuple)))
+    if indices is not None and (isinstance(data, DataLoader) or not is_dataset):
+        raise ValueError(f"evaluate(indices=...) selects items of a dataset, not of a {type(data).__name__}")
     if isinstance(data, DataLoader):
-        return data
-    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
-                                     and not isinstance(data, (list, tuple))):
-        return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0)  # type: ignore[arg-type]
-    return data  # any iterable of (images, labels) batches
+        loader = data
+    elif is_dataset:
+        items = data if indices is None else Subset(data, list(indices))  # type: ignore[arg-type]
+        loader = DataLoader(items, batch_size=batch_size, shuffle=False, num_workers=0)
+    else:
+        return _given_batches(data, device), None  # any iterable of (images, labels) batches
+    total = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
+    return _given_batches(loader, device), total
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoader | Iterable,
-             device: str | torch.device = "cpu", batch_size: int = 64, progress: str | None = None) -> EvalResult:
-    """Predict every sample of ``data`` (dataset, ``DataLoader`` or batches) with every head, in eval mode (then
-    restored)."""
+             device: str | torch.device = "cpu", batch_size: int = 64, progress: str | None = None, *,
+             indices: Sequence[int] | np.ndarray | None = None, feed: EvalFeed = EvalFeed()) -> EvalResult:
+    """Predict every sample of ``data`` (or of a dataset its items ``indices``) with every head, in eval mode (then
+    restored), under ``torch.inference_mode``. A ``SceneDataset`` is fed from its cache in whole batches as
+    :class:`EvalFeed` says, a plain dataset through a ``DataLoader``, batches as they come; the probabilities stay
+    on the device until the end."""
     device = torch.device(device)
-    probs: dict[str, list[np.ndarray]] = {}
-    targets: list[np.ndarray] = []
-    reported = "main"
-    loader = _loader(data, batch_size)
-    total = len(loader.dataset) if isinstance(loader, DataLoader) and hasattr(loader.dataset, "__len__") else None
+    batches, total = _batches(data, device, batch_size, indices, feed)
+    precision = StepPrecision.for_device(feed.amp, device)
+    found = _DeviceProbabilities()
     bar = tqdm(total=total, unit="img", desc=progress, disable=progress is None, leave=False, dynamic_ncols=True)
-    with eval_mode(model) if isinstance(model, nn.Module) else nullcontext(), bar:
-        for images, labels in loader:
-            output = _as_output(model(images.to(device)))
-            bar.update(len(labels))
-            if not probs:
-                reported = output.ensemble or output.main
-            for head, logits in output.logits.items():
-                probs.setdefault(head, []).append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-            targets.append(torch.as_tensor(labels).cpu().numpy().astype(np.int64))
-    if not targets:
-        raise ValueError("evaluate() got an empty dataset")
-    probabilities = {head: np.concatenate(parts).astype(np.float32) for head, parts in probs.items()}
-    predictions = {head: p.argmax(axis=1).astype(np.int64) for head, p in probabilities.items()}
-    return EvalResult(predictions=predictions, probabilities=probabilities, targets=np.concatenate(targets),
-                      reported_head=reported)
+    with eval_mode(model) if isinstance(model, nn.Module) else nullcontext(), bar, closing(batches):
+        with torch.inference_mode(), precision.autocast():
+            for images, labels in batches:
+                found.add(_as_output(model(images)), labels)
+                bar.update(len(labels))
+    return found.result()
 
 
 def confusion_matrix(targets: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:

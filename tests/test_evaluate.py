@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,15 @@ from helpers import (CONF, STAND_IN_CLASSES, PlainClassifier, StandInModel, Tens
 from omegaconf import OmegaConf
 from PIL import Image
 
+from rsnet.data import IMAGENET_MEAN, IMAGENET_STD, SceneDataset, build_datasets
+from rsnet.data.loader import eval_prefetcher, gather_stored_batch, index_chunks
 from rsnet.evaluation import (
+    EvalFeed,
     EvalResult,
     cohen_kappa,
     compute_metrics,
     confusion_matrix,
+    eval_batch_size,
     evaluate,
     precision_recall_f1,
     write_confusion_csv,
@@ -214,3 +219,158 @@ def test_an_older_runs_dataset_settings_are_completed_with_the_shared_defaults()
     shared = OmegaConf.to_container(OmegaConf.load(CONF / "_base" / "dataset.yaml"))
     assert runs_own and settings == {**shared, **older["dataset"]}
     assert settings["val_ratio"] == 0.0 and settings["high_bit_depth"] == "percentile"
+
+
+@pytest.fixture(scope="module")
+def mini_test() -> SceneDataset:
+    """The bundled sample's test split at 32 px (210 images, 21 classes), cached in memory."""
+    from conftest import MINI_ROOT
+
+    return build_datasets("ucmerced_mini", MINI_ROOT, 0.5, 0, 32).test
+
+
+def _esd_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("esd_mbenet", "test_resnet", num_classes=21).eval()
+
+
+def _per_image_reference(model: torch.nn.Module, dataset: SceneDataset, batch_size: int) -> EvalResult:
+    """What evaluate() computed before the cached path: the dataset's items one by one through a DataLoader (no
+    workers), every head's softmax moved to the host batch by batch."""
+    probabilities: dict[str, list[np.ndarray]] = {}
+    targets = []
+    with torch.no_grad():
+        for images, labels in torch.utils.data.DataLoader(dataset, batch_size=batch_size):
+            output = model(images)
+            for head, logits in output.logits.items():
+                probabilities.setdefault(head, []).append(torch.softmax(logits.float(), dim=1).numpy())
+            targets.append(labels.numpy())
+    joined = {head: np.concatenate(parts) for head, parts in probabilities.items()}
+    return EvalResult({head: p.argmax(axis=1) for head, p in joined.items()}, joined, np.concatenate(targets),
+                      output.ensemble)
+
+
+def _assert_same_result(result: EvalResult, expected: EvalResult, atol: float = 1e-6) -> None:
+    assert result.reported_head == expected.reported_head
+    assert list(result.probabilities) == list(expected.probabilities)
+    np.testing.assert_array_equal(result.targets, expected.targets)
+    for head, probabilities in expected.probabilities.items():
+        assert result.probabilities[head].dtype == np.float32
+        np.testing.assert_allclose(result.probabilities[head], probabilities, rtol=0, atol=atol, err_msg=head)
+        np.testing.assert_array_equal(result.predictions[head], expected.predictions[head], err_msg=head)
+
+
+def test_cached_evaluation_predicts_as_the_per_image_path(mini_test: SceneDataset) -> None:
+    """A SceneDataset is now read from its cache in whole batches: every head's predictions and probabilities are
+    those of the per-image DataLoader it went through before."""
+    model = _esd_model()
+    expected = _per_image_reference(model, mini_test, batch_size=16)
+    assert len(np.unique(expected.predictions["main"])) > 1  # a model that tells images apart
+    _assert_same_result(evaluate(model, mini_test, "cpu", batch_size=16), expected)
+    _assert_same_result(evaluate(model, mini_test, "cpu", batch_size=64), expected)  # another batching
+
+
+def test_host_batched_transform_equals_the_per_image_items(mini_test: SceneDataset) -> None:
+    """The host path (CPU workers, augment.on_device=false) gives exactly the per-image items' inputs and labels."""
+    prefetcher = eval_prefetcher(mini_test, torch.device("cpu"), None)
+    batches = list(prefetcher.batches(index_chunks(np.arange(len(mini_test)), 50)))
+    prefetcher.close()
+    assert [len(batch) for batch in batches] == [50, 50, 50, 50, 10]
+    items = [mini_test[index] for index in range(len(mini_test))]
+    assert torch.equal(torch.cat([batch.images for batch in batches]), torch.stack([image for image, _ in items]))
+    assert torch.cat([batch.labels for batch in batches]).tolist() == [label for _, label in items]
+
+
+def test_a_gpus_gather_into_pinned_memory_equals_the_stored_batch(mini_test: SceneDataset) -> None:
+    """The one-copy gather a GPU's evaluation reads its uint8 batches with (here into unpinned memory): the pixels
+    and labels of ``stored_batch``, in the order asked for."""
+    chunk = np.array([200, 3, 77, 3, 150])
+    images, labels = gather_stored_batch(mini_test, chunk, pin_memory=False)
+    expected_images, expected_labels = mini_test.stored_batch(chunk)
+    assert images.dtype == torch.uint8 and torch.equal(images, expected_images)
+    assert torch.equal(labels, expected_labels)
+
+
+def test_device_path_on_a_cpu_gives_the_host_paths_predictions(mini_test: SceneDataset) -> None:
+    """The batches made the model's input by DeviceAugment (a GPU worker's path), here on the CPU: the same
+    predictions, probabilities within float rounding of the host's normalisation."""
+    from rsnet.data import DeviceAugment
+
+    model = _esd_model()
+    augment = DeviceAugment(32, IMAGENET_MEAN, IMAGENET_STD)
+    feed = EvalFeed(on_device=augment, memory_format=torch.channels_last)
+    _assert_same_result(evaluate(model, mini_test, "cpu", 32, feed=feed), evaluate(model, mini_test, "cpu", 32),
+                        atol=1e-5)
+
+
+def test_prefetching_evaluation_equals_the_inline_one(mini_test: SceneDataset, monkeypatch) -> None:
+    """The next batch is read on the prefetch thread (or inline with prefetch=False): the same result, in order,
+    also for a shard of the dataset."""
+    threads: list[str] = []
+    get_batch = mini_test.get_batch
+
+    def recorded(indices):
+        threads.append(threading.current_thread().name)
+        return get_batch(indices)
+
+    monkeypatch.setattr(mini_test, "get_batch", recorded)
+    model, shard = _esd_model(), np.arange(37, 160)
+    results = {}
+    for prefetch in (True, False):
+        threads.clear()
+        results[prefetch] = evaluate(model, mini_test, "cpu", 16, indices=shard, feed=EvalFeed(prefetch=prefetch))
+        assert len(threads) == 8 and all(name.startswith("rsnet-prefetch") == prefetch for name in threads), threads
+    _assert_same_result(results[True], results[False], atol=0)
+    np.testing.assert_array_equal(results[True].targets, mini_test.labels[shard])
+
+
+def test_probabilities_reach_the_host_once_at_the_end(mini_test: SceneDataset, monkeypatch) -> None:
+    """No host synchronisation per batch: 14 batches, 6 heads, and the host takes the probabilities in one transfer
+    and the labels in another."""
+    transfers = []
+    cpu = torch.Tensor.cpu
+
+    def counted(tensor, *args, **kwargs):
+        transfers.append(tuple(tensor.shape))
+        return cpu(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counted)
+    result = evaluate(_esd_model(), mini_test, "cpu", batch_size=16)
+    assert transfers == [(6 * 210 * 21,), (210,)]
+    assert result.num_samples == 210
+
+
+def test_eval_batch_size_auto_fills_a_gpu_and_keeps_64_on_a_cpu() -> None:
+    assert eval_batch_size("auto", torch.device("cpu"), 256) == 64
+    assert eval_batch_size("auto", "cuda:1", 32) == 256  # the floor: a small training batch
+    assert eval_batch_size("auto", torch.device("cuda"), 256) == 512  # twice the training batch
+    assert eval_batch_size("auto", "cuda") == 256
+    assert eval_batch_size(100, "cuda", 256) == eval_batch_size(100, "cpu") == 100  # a number as given
+    for bad in ("big", 0, -3, 2.5, True, None):
+        with pytest.raises(ValueError, match=r"^eval_batch_size=.*: use auto \(sized for each worker's device\) or "
+                                             r"a whole number >= 1$"):
+            eval_batch_size(bad, "cpu", 32)
+
+
+def test_eval_batch_size_is_auto_by_default_and_a_bad_one_is_refused_in_one_line() -> None:
+    from helpers import training_config
+
+    from rsnet.engine.config_checks import ConfigError, check_training_config
+
+    config = training_config("backbone=test_resnet")
+    assert config["eval_batch_size"] == "auto"
+    check_training_config(config)
+    check_training_config(training_config("backbone=test_resnet", "eval_batch_size=300"))
+    for bad in ("abc", "0", "2.5"):
+        with pytest.raises(ConfigError, match=rf"^eval_batch_size={bad if bad != 'abc' else repr(bad)}: use auto"):
+            check_training_config(training_config("backbone=test_resnet", f"eval_batch_size={bad}"))
+
+
+def test_indices_select_items_of_a_dataset_only() -> None:
+    data = TensorDataset(n=6)
+    result = evaluate(PlainClassifier(), data, "cpu", batch_size=4, indices=[5, 1, 2])
+    np.testing.assert_array_equal(result.targets, data.labels[[5, 1, 2]])
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(ValueError, match=r"^evaluate\(indices=\.\.\.\) selects items of a dataset, not of a "
+                                         r"DataLoader$"):
+        evaluate(PlainClassifier(), loader, "cpu", indices=[0])

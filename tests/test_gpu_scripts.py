@@ -63,16 +63,19 @@ def test_the_lease_runs_its_steps_and_keeps_each_output(tmp_path: Path) -> None:
     assert real_size_root.parent.name.startswith("rsnet-real-size-")  # this run's own folder, not a fixed one...
     assert not real_size_root.parent.exists()  # ...and removed when the lease ends
     real_size = (out / "real_size_epoch.md").read_text()
-    [pair] = table_rows(real_size)  # the stand-in runs the pair only (the GPU alone is the same script, one worker)
-    assert pair[:2] == ["cpu, cpu", "32"], real_size
+    alone, pair = table_rows(real_size)  # the GPU alone, then beside the CPU (here: a CPU worker, then two)
+    assert alone[:2] == ["cpu", "32"] and pair[:2] == ["cpu, cpu", "32"], real_size
     # training images/s and whole epochs (evaluation included, so slower)
     assert 0 < float(pair[3].replace(",", "")) < float(pair[2].replace(",", "")), real_size
     assert "scheduler decisions:" in real_size
+    assert "32 px, 1gpu: whole epochs / training = " in real_size and "32 px: GPU + CPU / GPU alone, whole runs = " \
+        in real_size
     profile = (out / "gpu_profile.md").read_text()
     assert profile.count("| rsnet.data_wait |") == 2 and profile.count("Top 5 ops by CPU time") == 2, profile
     assert "## Steady steps" in profile and "## Epoch 2 of a real run" in profile
     epochs = [row for row in table_rows(profile) if row[0] in ("1", "2")]  # seconds of train, evaluate, epoch end
-    assert [row[0] for row in epochs] == ["1", "2"] and all(float(cell) > 0 for row in epochs for cell in row[1:])
+    assert [row[0] for row in epochs] == ["1", "2"] and all(float(cell) > 0 for row in epochs for cell in row[1:3])
+    assert all(float(row[3]) >= 0 for row in epochs)  # the epoch end: a snapshot, the writes in the background
     assert json.loads(gzip.decompress((out / "profile_trace.json.gz").read_bytes()))["traceEvents"]
 
 
@@ -120,10 +123,10 @@ def test_recipe_lanes_keep_the_finished_runs_in_seed_order_and_name_the_failed_o
 def test_the_lease_skips_a_step_the_budget_has_no_room_for(tmp_path: Path) -> None:
     """A budget too small for a step skips it instead of overrunning the time the GPU is at hand."""
     done = bench("gpu_lease.py", "--stand-in", "--out", str(tmp_path), "--wheels", str(tmp_path / "none"),
-                 "--budget", "10", "--steps", "bench_step_resnet18")
+                 "--budget", "10", "--steps", "bench_step_resnet50")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "== bench_step_resnet18: skipped, " in done.stdout
-    assert not (tmp_path / "bench_step_resnet18.md").exists()
+    assert "== bench_step_resnet50: skipped, " in done.stdout
+    assert not (tmp_path / "bench_step_resnet50.md").exists()
 
 
 def test_a_step_past_its_limit_is_killed_with_its_children(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,8 +167,8 @@ def alive(pid: int) -> bool:
 def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a GPU every step's GPU command line runs up to its "no CUDA device" line: the arguments the GPU
     will get are accepted by each benchmark (a typo there would surface only on the GPU), the real-size set is
-    built as on the GPU (at least 10,000 training images), and the outputs are 8 files at most (each step's, the
-    machine's facts and the profile's trace), all of which come back from a GPU machine. The steps run in this
+    built as on the GPU (at least 10,000 training images), and the outputs are 8 files at most (each step's and the
+    machine's facts), all of which come back from a GPU machine. The steps run in this
     process (the lease's own runner starts a Python for each, which only costs time here)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import gpu_lease
@@ -186,13 +189,14 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
         assert gpu_lease.main() == 0
     assert "real-size set: 20160 images (10080 for training)" in printed.getvalue()  # 180 images linked 112 times
     names = [step[0] for step in gpu_lease.STEPS if step[0] not in gpu_lease.ALONE]
-    assert names == ["bench_step_resnet50", "real_size_epoch", "gpu_profile", "bench_step_resnet18",
-                     "gpu_throughput", "bench_compile"]
+    assert names == ["real_size_epoch", "bench_eval", "bench_compile_resnet50", "bench_compile_resnet18",
+                     "bench_epoch_end", "gpu_profile", "bench_step_resnet50"]
     for name in names:
         assert f"== {name}: exit 0" in printed.getvalue()
         assert "no CUDA device visible" in (out / f"{name}.md").read_text()
     assert sorted(path.name for path in out.iterdir()) == sorted([f"{name}.md" for name in names] + ["machine.md"])
-    assert sum("OUT/" in argument for step in gpu_lease.STEPS for argument in step[2]) == 2  # the trace; the 224 px runs
+    assert len(names) + 1 <= 8  # every step's output and the machine's facts come back (8 files at most)
+    assert sum("OUT/" in argument for step in gpu_lease.STEPS for argument in step[2]) == 1  # the 224 px runs
     monkeypatch.setattr(sys, "argv", ["gpu_lease.py", "--out", str(tmp_path / "alone"), "--wheels",
                                       str(tmp_path / "none"), "--root", str(root), "--steps", *gpu_lease.ALONE])
     with contextlib.redirect_stdout(io.StringIO()):

@@ -4,43 +4,56 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from helpers import REPO, StandInModel, TensorDataset
+from helpers import MINI_ROOT, REPO, StandInModel, TensorDataset
 from omegaconf import OmegaConf
 from torch import nn
 
+from rsnet.data import SceneDataset, build_datasets
 from rsnet.engine.sharded_eval import concatenate, shard_bounds, sharded_evaluate
-from rsnet.evaluation import EvalResult, compute_metrics, evaluate
+from rsnet.evaluation import EvalFeed, EvalResult, compute_metrics, evaluate
 from rsnet.parallel import WorkerContext, launch
 from rsnet.parallel.strategies import build_strategy
 
 CLASSES = list("abcd")
 
 
-def _model() -> StandInModel:
+def _model(num_classes: int = len(CLASSES)) -> StandInModel:
     torch.manual_seed(3)
-    return StandInModel(num_classes=len(CLASSES)).eval()
+    return StandInModel(num_classes=num_classes).eval()
 
 
 CASES = [
     (2, None),  # equal slices; 2 < 3 workers: one worker's slice is empty
     (11, [50.0, 1.0, 0.0]),  # by speed: a slow worker takes a small slice, a worker left out none
+    (210, [3.0, 1.0, 2.0]),  # a SceneDataset (the bundled sample's test split), read from its cache in batches
 ]
+
+
+def _dataset(num_samples: int) -> tuple[TensorDataset | SceneDataset, list[str]]:
+    """The case's dataset and its classes."""
+    if num_samples == 210:
+        test = build_datasets("ucmerced_mini", MINI_ROOT, 0.5, 0, 16).test
+        return test, test.class_names
+    return TensorDataset(n=num_samples, size=16), CLASSES
 
 
 def _sharded_worker(ctx, cases: list[tuple[int, list[float] | None]]):
     """Each case evaluated by the three workers in turn (one launch: a launch's start-up costs more than the work)."""
     results = []
     for num_samples, shares in cases:
-        result = sharded_evaluate(ctx, _model(), TensorDataset(n=num_samples, size=16), batch_size=4, shares=shares)
-        results.append(None if result is None else (result, compute_metrics(result, CLASSES)))
+        dataset, classes = _dataset(num_samples)
+        result = sharded_evaluate(ctx, _model(len(classes)), dataset, batch_size=4, shares=shares,
+                                  feed=EvalFeed(prefetch=ctx.rank != 1))  # rank 1 reads its batches inline
+        results.append(None if result is None else (result, compute_metrics(result, classes)))
     return results
 
 
 def test_three_workers_get_the_single_process_predictions_and_metrics() -> None:
     outcomes = launch(_sharded_worker, ["cpu", "cpu", "cpu"], CASES, timeout_s=120)
     for (num_samples, shares), (result, metrics) in zip(CASES, outcomes, strict=True):
-        alone = evaluate(_model(), TensorDataset(n=num_samples, size=16), batch_size=4)
-        assert metrics == compute_metrics(alone, CLASSES), (num_samples, shares)
+        dataset, classes = _dataset(num_samples)
+        alone = evaluate(_model(len(classes)), dataset, batch_size=4)
+        assert metrics == compute_metrics(alone, classes), (num_samples, shares)
         np.testing.assert_array_equal(result.targets, alone.targets)
         for head in alone.predictions:
             np.testing.assert_array_equal(result.predictions[head], alone.predictions[head])

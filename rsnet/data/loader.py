@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -15,7 +16,8 @@ from torch.profiler import record_function
 
 from .device_augment import DeviceAugment
 
-__all__ = ["BatchPrefetcher", "PreparedBatch", "device_batches"]
+__all__ = ["BatchPrefetcher", "PreparedBatch", "device_batches", "eval_prefetcher", "gather_stored_batch",
+           "index_chunks"]
 
 Request = TypeVar("Request")
 
@@ -111,3 +113,39 @@ def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: t
         chunk = indices[start:start + batch_size]
         images, labels = dataset.stored_batch(chunk)
         yield on_device.apply(images.to(device), chunk, memory_format=memory_format), labels
+
+
+def index_chunks(indices: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
+    """``indices`` in order, ``batch_size`` at a time (the last chunk may be smaller)."""
+    return (indices[start:start + batch_size] for start in range(0, len(indices), batch_size))
+
+
+def gather_stored_batch(dataset: Any, indices: np.ndarray, pin_memory: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dataset.stored_batch(indices)`` copied once, from its uint8 cache straight into a new (pinned) tensor, where
+    gathering and then pinning copy twice: the host's work per batch that bounds a GPU's evaluation (pinned blocks
+    are reused, so no page is touched for the first time). A cache of other pixels, or none in memory:
+    ``stored_batch`` itself."""
+    array = dataset.store.array
+    if array is None or array.dtype != np.uint8:
+        return dataset.stored_batch(indices)
+    idx = np.asarray(indices, np.int64).reshape(-1)
+    images = torch.empty((len(idx), *array.shape[1:]), dtype=torch.uint8, pin_memory=pin_memory)
+    np.take(array, dataset.rows[idx], axis=0, out=images.numpy(), mode="clip")  # "raise" copies through a buffer
+    return images, torch.from_numpy(dataset.labels[idx])
+
+
+def eval_prefetcher(dataset: Any, device: torch.device, on_device: DeviceAugment | None,
+                    memory_format: torch.memory_format = torch.contiguous_format, enabled: bool = True
+                    ) -> BatchPrefetcher[np.ndarray]:
+    """Evaluation batches of a ``SceneDataset``'s items, one index chunk per request, fed as training feeds the
+    device: the cache's uint8 batch (on a GPU gathered straight into pinned memory, :func:`gather_stored_batch`)
+    made the model's input by ``on_device`` on ``device``, or (None) the host's batched eval transform
+    (``get_batch``, equal to the per-image items), in ``memory_format``."""
+    if on_device is None:
+        return BatchPrefetcher(dataset.get_batch, device, enabled,
+                               lambda images, _: images.contiguous(memory_format=memory_format))
+    # on a GPU the batch comes pinned, and BatchPrefetcher leaves a pinned batch as it is
+    load = partial(gather_stored_batch, dataset) if torch.device(device).type == "cuda" else dataset.stored_batch
+    return BatchPrefetcher(load, device, enabled,
+                           lambda images, chunk: on_device.apply(images, chunk, memory_format=memory_format))

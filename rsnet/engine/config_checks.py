@@ -17,7 +17,7 @@ def check_training_config(config: dict[str, Any], num_workers: int = 1) -> None:
     from rsnet.models import validate_image_size
 
     check_finite(config)
-    for key in ("epochs", "batch_size", "eval_batch_size", "eval_every"):
+    for key in ("epochs", "batch_size", "eval_every"):
         value = config[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key}={value!r}: must be a positive integer"
@@ -44,6 +44,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.lr_schedule import check_schedule_settings
     from rsnet.engine.optim import check_optimizer_settings
+    from rsnet.evaluation import check_eval_batch_size
     from rsnet.models import check_arch
     from rsnet.parallel.batching import check_batch_per_worker
     from rsnet.parallel.strategies import STRATEGIES
@@ -51,6 +52,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
 
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
               ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device),
+              ("eval_batch_size", check_eval_batch_size),
               ("log.figure_format", check_figure_format))
     trainer = config["trainer"]
     try:

@@ -1,5 +1,6 @@
 """After every epoch: every worker evaluates its shard of the test (and validation) split; the primary selects, logs,
-writes the checkpoints and metrics.json, then the extras, whose failure is a warning."""
+and has the checkpoints and metrics.json written, then the extras, whose failure is a warning: by a background
+writer while the next epoch trains (``log.background_writes``), from a snapshot of the state taken here."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ import torch
 
 from rsnet.data import DataBundle, augments_on_device
 from rsnet.engine.acceleration import memory_format
+from rsnet.engine.background_writer import BackgroundWriter
 from rsnet.engine.run_history import write_history
 from rsnet.engine.sharded_eval import sharded_evaluate
-from rsnet.evaluation import compute_metrics
+from rsnet.engine.snapshot import host_snapshot
+from rsnet.evaluation import EvalFeed, compute_metrics, eval_batch_size
 from rsnet.files import atomic_write
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
 from rsnet.run_folders import pretrained_tag
 from rsnet.checkpoint import run_checkpoint_path, save_checkpoint
-from rsnet.viz.embedding import dataset_embedding, pick_embedding_images
-from rsnet.viz.tensorboard import TensorBoardLogger, hparam_metrics
+from rsnet.viz.embedding import dataset_features, embedding_labels, pick_embedding_images
+from rsnet.viz.tensorboard import TensorBoardLogger, attention_tiles, hparam_metrics
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +71,10 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
     if not evaluates_after(epoch, config):
         return None
     on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
-    layout = memory_format(config, ctx.device)
-    test = sharded_evaluate(ctx, model, data.test, config["eval_batch_size"], on_device, layout, shares)
-    val = (sharded_evaluate(ctx, model, data.val, config["eval_batch_size"], on_device, layout, shares)
-           if data.val is not None else None)
+    feed = EvalFeed(on_device, memory_format(config, ctx.device), config["amp"], bool(config["prefetch"]))
+    batch = eval_batch_size(config["eval_batch_size"], ctx.device, config["batch_size"])
+    test = sharded_evaluate(ctx, model, data.test, batch, feed, shares)
+    val = sharded_evaluate(ctx, model, data.val, batch, feed, shares) if data.val is not None else None
     if test is None:
         return None
     return EpochEvaluation(compute_metrics(test, data.class_names),
@@ -80,30 +83,50 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
 
 def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, train_scalars: dict[str, float], state: RunState, tb: TensorBoardLogger,
-                 attention_ids: list[int], evaluation: EpochEvaluation | None) -> dict[str, Any] | None:
-    """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: select, log, save the checkpoints
-    and metrics.json, then the extras; the metrics.json document when this epoch was evaluated (else None)."""
+                 attention_ids: list[int], evaluation: EpochEvaluation | None,
+                 writer: BackgroundWriter) -> dict[str, Any] | None:
+    """Primary only, after ``state.epoch`` was advanced and :func:`evaluate_epoch`: wait for the previous epoch's
+    writes (raising their error), select, log, then have ``writer`` save the checkpoints and metrics.json, then the
+    extras (in the background: from a host snapshot taken here); the metrics.json document when this epoch was
+    evaluated (else None)."""
+    writer.wait()  # at most one epoch's writes in flight: a crash loses no more, a write error stops the run here
     epoch = state.epoch
     improved = evaluation is not None and _select(evaluation, state, train_scalars, config["epochs"])
     if evaluation is None:
         state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), **_rounded(train_scalars)})
-    _save_checkpoints(config, data, model, optimizer, strategy, state, improved)
-    summary = None
-    if evaluation is not None:
-        summary = run_summary(config, data, state, strategy.report())
-        write_json(Path(config["run_dir"]) / "metrics.json", summary)
-    run_extra("TensorBoard scalars and confusion matrix", epoch,
-              lambda: _log_scalars(tb, strategy, train_scalars, evaluation, data.class_names, epoch))
+    summary = run_summary(config, data, state, strategy.report()) if evaluation is not None else None
+    # what the writer reads: copied off the live tensors and the run's state when it writes in the background
+    kept = _kept_for(writer, {"checkpoint": _checkpoint_payload(config, data, model, optimizer, strategy, state),
+                              "summary": summary, "scheduler_rows": strategy.stats(), "train_scalars": train_scalars,
+                              "evaluation": evaluation})
+    run_dir = Path(config["run_dir"])
+    writer.submit(lambda: _save_checkpoints(run_dir, kept["checkpoint"], improved))
+    if summary is not None:
+        writer.submit(lambda: write_json(run_dir / "metrics.json", kept["summary"]))
+    submit_extra(writer, "TensorBoard scalars and confusion matrix", epoch,
+                 lambda: _log_scalars(tb, kept["scheduler_rows"], kept["train_scalars"], kept["evaluation"],
+                                      data.class_names, epoch))
     if summary is None:
         return None
     if epoch == config["epochs"]:
-        run_extra("TensorBoard HParams tab", epoch, lambda: tb.hparams(config, hparam_metrics(summary), epoch))
+        submit_extra(writer, "TensorBoard HParams tab", epoch,
+                     lambda: tb.hparams(config, hparam_metrics(kept["summary"]), epoch))
     if epoch == config["epochs"] or epoch % config["log"]["attention_every"] == 0:
         run_extra("attention maps and embedding projector", epoch,
-                  lambda: log_what_the_model_sees(config, data, model, tb, attention_ids, epoch))
-    run_extra("history.csv and figures", epoch, lambda: write_history(Path(config["run_dir"]), summary,
-                                                                      data.class_names, config["log"]["figure_format"]))
+                  lambda: log_what_the_model_sees(config, data, model, tb, attention_ids, epoch, writer))
+    submit_extra(writer, "history.csv and figures", epoch,
+                 lambda: write_history(run_dir, kept["summary"], data.class_names, config["log"]["figure_format"]))
     return summary
+
+
+def submit_extra(writer: BackgroundWriter, name: str, epoch: int, extra: Callable[[], None]) -> None:
+    """Have ``writer`` run ``extra`` as :func:`run_extra` does: its failure is one warning, never the run's error."""
+    writer.submit(lambda: run_extra(name, epoch, extra))
+
+
+def _kept_for(writer: BackgroundWriter, tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` as ``writer`` may read it: a host snapshot when it writes later, in the background; else itself."""
+    return host_snapshot(tree) if writer.background else tree
 
 
 def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
@@ -117,11 +140,12 @@ def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
         log.debug("the %s failed", name, exc_info=True)
 
 
-def _log_scalars(tb: TensorBoardLogger, strategy: Strategy, train_scalars: dict[str, float],
+def _log_scalars(tb: TensorBoardLogger, scheduler_rows: list[dict[str, float]], train_scalars: dict[str, float],
                  evaluation: EpochEvaluation | None, class_names: list[str], epoch: int) -> None:
-    """This epoch's training and scheduler scalars; when evaluated, its accuracies and the confusion matrix."""
+    """This epoch's training scalars and scheduler rows (``Strategy.stats``); when evaluated, its accuracies and
+    the confusion matrix."""
     tb.scalars(train_scalars, epoch)
-    for row in strategy.stats():
+    for row in scheduler_rows:
         tb.scalars({f"scheduler/{key}": value for key, value in row.items() if isinstance(value, (int, float))},
                    int(row.get("interval", epoch)))
     if evaluation is None:
@@ -155,29 +179,39 @@ def _select(evaluation: EpochEvaluation, state: RunState, train_scalars: dict[st
     return improved
 
 
-def _save_checkpoints(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState,
-                      improved: bool) -> None:
+def _checkpoint_payload(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState) -> dict[str, Any]:
+    """A checkpoint's contents: the live model, optimizer, scheduler and run state, the data's facts, the config."""
+    return {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
+            "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
+            "bands": None if data.bands is None else data.bands.to_metadata(), "footprint": data.footprint,
+            "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,
+            **state.as_payload()}
+
+
+def _save_checkpoints(run_dir: Path, payload: dict[str, Any], improved: bool) -> None:
     """``last.pt`` after every epoch (what resume reads); ``best.pt`` when validation improved."""
-    payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
-               "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
-               "bands": None if data.bands is None else data.bands.to_metadata(), "footprint": data.footprint,
-               "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,
-               **state.as_payload()}
-    save_checkpoint(run_checkpoint_path(config["run_dir"], "last.pt"), payload)
+    save_checkpoint(run_checkpoint_path(run_dir, "last.pt"), payload)
     if improved:
-        save_checkpoint(run_checkpoint_path(config["run_dir"], "best.pt"), payload)
+        save_checkpoint(run_checkpoint_path(run_dir, "best.pt"), payload)
 
 
 def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: torch.nn.Module, tb: TensorBoardLogger,
-                            attention_ids: list[int], epoch: int) -> None:
-    """Attention maps of every branch, and the main branch's features of ``log.embedding_images`` test images."""
+                            attention_ids: list[int], epoch: int, writer: BackgroundWriter) -> None:
+    """Attention maps of every branch, and the main branch's features of ``log.embedding_images`` test images: the
+    model's forward passes here, on its device (the live model); their drawing and writing by ``writer``."""
     images = np.stack([data.test.raw(index) for index in attention_ids])
-    tb.attention_maps(model, images, data.mean, data.std, epoch, data.class_names,
-                      [int(data.test.labels[index]) for index in attention_ids], data.bands)
+    tiles = attention_tiles(model, images, data.mean, data.std, data.class_names,
+                            [int(data.test.labels[index]) for index in attention_ids], data.bands)
     indices = pick_embedding_images(data.test.labels, config["log"]["embedding_images"])
-    features, names, thumbnails = dataset_embedding(model, data.test, indices, batch_size=config["eval_batch_size"])
-    tb.embeddings(features, names, thumbnails, epoch)
+    batch = eval_batch_size(config["eval_batch_size"], next(model.parameters()).device, config["batch_size"])
+    features = dataset_features(model, data.test, indices, batch_size=batch)
+
+    def write() -> None:
+        tb.attention_pages(tiles, epoch)
+        tb.embeddings(features, *embedding_labels(data.test, indices), epoch)
+
+    submit_extra(writer, "attention maps and embedding projector", epoch, write)
 
 
 def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:

@@ -6,13 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
-from rsnet.data import DeviceAugment, device_batches
-from rsnet.evaluation import EvalResult, evaluate
+from rsnet.evaluation import EvalFeed, EvalResult, evaluate
 from rsnet.parallel import WorkerContext
 
 
@@ -27,19 +25,13 @@ def shard_bounds(num_samples: int, shares: Sequence[float]) -> list[int]:
 
 
 def sharded_evaluate(ctx: WorkerContext, model: nn.Module, dataset: Dataset, batch_size: int,
-                     on_device: DeviceAugment | None = None,
-                     memory_format: torch.memory_format = torch.contiguous_format,
-                     shares: Sequence[float] | None = None) -> EvalResult | None:
-    """A collective :func:`rsnet.evaluation.evaluate` of ``dataset``, each worker its :func:`shard_bounds` slice for
-    ``shares``: the primary gets every prediction in order, the others None."""
+                     feed: EvalFeed = EvalFeed(), shares: Sequence[float] | None = None) -> EvalResult | None:
+    """A collective :func:`rsnet.evaluation.evaluate` of ``dataset`` fed as ``feed`` says, each worker its
+    :func:`shard_bounds` slice for ``shares``: the primary gets every prediction in order, the others None."""
     device = next(model.parameters()).device
     bounds = shard_bounds(len(dataset), shares if shares is not None else [1.0] * ctx.world_size)
-    shard = range(bounds[ctx.rank], bounds[ctx.rank + 1])
-    if on_device is not None:
-        data = device_batches(dataset, np.asarray(shard), batch_size, device, on_device, memory_format)
-    else:
-        data = dataset if ctx.world_size == 1 else Subset(dataset, shard)
-    part = evaluate(model, data, device, batch_size) if len(shard) else None
+    shard = np.arange(bounds[ctx.rank], bounds[ctx.rank + 1])
+    part = evaluate(model, dataset, device, batch_size, indices=shard, feed=feed) if len(shard) else None
     if ctx.world_size == 1:
         return part
     parts: list[EvalResult | None] | None = [None] * ctx.world_size if ctx.is_primary else None

@@ -7,10 +7,11 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_d
 from rsnet.data.shared_decode import load_decoded_once
 from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_format, set_deterministic,
                                       tune_convolutions, use_channels_last)
+from rsnet.engine.background_writer import BackgroundWriter
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
 from rsnet.engine.fresh_start import remove_earlier_run
@@ -159,7 +161,9 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
-    with disk_full_named(run_dir), tb:  # TensorBoard's writer thread reports a full disk as a bare OSError
+    writer = BackgroundWriter(bool(config["log"]["background_writes"]))
+    # TensorBoard's writer thread reports a full disk as a bare OSError; leaving the block waits for the writes
+    with disk_full_named(run_dir), tb, writer, _divergence_naming_the_written_checkpoint(writer, run_dir):
         for epoch in range(state.epoch, config["epochs"]):
             started = time.perf_counter()
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
@@ -169,7 +173,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
             evaluation = evaluate_epoch(ctx, config, data, model, state.epoch, strategy.work_shares())
             if ctx.is_primary:
                 final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
-                                     attention_ids, evaluation) or final
+                                     attention_ids, evaluation, writer) or final
             if ctx.world_size > 1:
                 dist.barrier()  # no worker claims the next epoch's samples while the primary logs and saves
         if ctx.is_primary and ctx.world_size > 1:
@@ -371,3 +375,19 @@ def _seed_generators(seed: int, rank: int, epoch: int) -> None:
     random.seed(mixed)
     np.random.seed(mixed % (2**32))
     torch.manual_seed(mixed)
+
+
+_LAST_GOOD = re.compile(r"Its last good checkpoint is .+? \(after epoch \d+\)\.|"
+                        r"No checkpoint was written before it diverged \(nothing to resume\)\.")
+
+
+@contextmanager
+def _divergence_naming_the_written_checkpoint(writer: BackgroundWriter, run_dir: Path) -> Iterator[None]:
+    """A :class:`NonFiniteLossError` raised inside names the last good checkpoint as it is once ``writer`` is done
+    (the loss may diverge while the previous epoch's ``last.pt`` is still being written)."""
+    try:
+        yield
+    except NonFiniteLossError as error:
+        writer.close()
+        raise NonFiniteLossError(_LAST_GOOD.sub(lambda _: _last_good_checkpoint(run_dir), str(error), count=1)) \
+            from None

@@ -57,8 +57,17 @@ def dataset_embedding(model: nn.Module, dataset: Any, indices: Sequence[int], ba
                       ) -> tuple[Tensor, list[str], Tensor]:
     """Features, class names and thumbnails of ``SceneDataset`` items ``indices`` for the projector."""
     indices = list(indices)
+    return (dataset_features(model, dataset, indices, batch_size), *embedding_labels(dataset, indices))
+
+
+def dataset_features(model: nn.Module, dataset: Any, indices: Sequence[int], batch_size: int = 64) -> Tensor:
+    """The projector's features of ``SceneDataset`` items ``indices`` (the model's part, on its device)."""
+    indices = list(indices)
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
-    features = main_branch_features(model, (dataset.get_batch(chunk)[0] for chunk in chunks))
+    return main_branch_features(model, (dataset.get_batch(chunk)[0] for chunk in chunks))
+
+
+def embedding_labels(dataset: Any, indices: Sequence[int]) -> tuple[list[str], Tensor]:
+    """The projector's class names and thumbnails of ``SceneDataset`` items ``indices`` (no model needed)."""
     names = [dataset.class_names[int(dataset.labels[index])] for index in indices]
-    images = thumbnails([dataset.picture(index) for index in indices], thumbnail_side(len(indices)))
-    return features, names, images
+    return names, thumbnails([dataset.picture(index) for index in indices], thumbnail_side(len(indices)))

@@ -15,7 +15,7 @@ from rsnet.data.normalize import to_float_chw
 from rsnet.data.raster import Bands, max_pixel_value, pictures
 from rsnet.files import atomic_write, disk_was_full
 from rsnet.viz.attention import captioned_attention
-from rsnet.viz.figures import attention_pages, render_confusion_matrix
+from rsnet.viz.figures import AttentionTile, attention_pages, render_confusion_matrix
 
 
 def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | None = None) -> list[int]:
@@ -26,20 +26,26 @@ def pick_attention_images(labels: Sequence[int] | np.ndarray, max_images: int | 
     return [first[label] for label in sorted(first)][:max_images]
 
 
-def attention_figures(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
-                      std: Sequence[float], class_names: Sequence[str] | None = None,
-                      labels: Sequence[int] | None = None, title_suffix: str = "",
-                      bands: Bands | None = None) -> dict[str, np.ndarray]:
-    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head (a Grad-CAM page would equal the CAM); the
+def attention_tiles(model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
+                    std: Sequence[float], class_names: Sequence[str] | None = None,
+                    labels: Sequence[int] | None = None, bands: Bands | None = None
+                    ) -> dict[str, list[AttentionTile]]:
+    """Per CAM head, the captioned overlays of the images (the model's part: its forward passes, on its device); the
     images are uint8 RGB, or a multispectral model's ``bands``, drawn as their RGB composite."""
     images = np.asarray(images_uint8)
     if bands is None and (images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8):
         raise ValueError(f"attention maps need uint8 images (N, H, W, 3), got {images.dtype} {images.shape}")
     device = next(model.parameters()).device
     inputs = to_float_chw(images, mean, std, max_pixel_value(bands)).to(device)
+    return captioned_attention(model, pictures(images, bands), inputs, class_names, labels)
+
+
+def attention_figures(tiles: Mapping[str, Sequence[AttentionTile]], title_suffix: str = "") -> dict[str, np.ndarray]:
+    """``{"attention/cam_<head>[/page<n>]": page}`` for every CAM head of :func:`attention_tiles` (a Grad-CAM page
+    would equal the CAM): the drawing, without the model."""
     figures = {}
-    for head, tiles in captioned_attention(model, pictures(images, bands), inputs, class_names, labels).items():
-        pages = attention_pages(tiles, f"CAM of head {head} at its predicted class{title_suffix}")
+    for head, head_tiles in tiles.items():
+        pages = attention_pages(head_tiles, f"CAM of head {head} at its predicted class{title_suffix}")
         for number, page in enumerate(pages, 1):
             figures[f"attention/cam_{head}" + (f"/page{number}" if number > 1 else "")] = page
     return figures
@@ -136,11 +142,16 @@ class TensorBoardLogger:
     def attention_maps(self, model: nn.Module, images_uint8: np.ndarray | Tensor, mean: Sequence[float],
                        std: Sequence[float], step: int, class_names: Sequence[str] | None = None,
                        labels: Sequence[int] | None = None, bands: Bands | None = None) -> None:
-        """Log ``attention/cam_<head>`` for every CAM head (:func:`attention_figures`)."""
+        """Log ``attention/cam_<head>`` for every CAM head (:func:`attention_tiles`, :meth:`attention_pages`)."""
         if self._writer is None:
             return
-        for tag, page in attention_figures(model, images_uint8, mean, std, class_names, labels,
-                                           f", epoch {step}", bands).items():
+        self.attention_pages(attention_tiles(model, images_uint8, mean, std, class_names, labels, bands), step)
+
+    def attention_pages(self, tiles: Mapping[str, Sequence[AttentionTile]], step: int) -> None:
+        """Log the pages of :func:`attention_tiles`' overlays as ``attention/cam_<head>`` (no model needed)."""
+        if self._writer is None:
+            return
+        for tag, page in attention_figures(tiles, f", epoch {step}").items():
             self._writer.add_image(tag, page, step, dataformats="HWC")
 
     def hparams(self, config: Mapping[str, Any], metrics: Mapping[str, float], step: int = 0) -> None:
