@@ -143,7 +143,7 @@ class LogSchema:
     embedding_images: int
     figure_format: str
     progress_bar: bool
-    background_writes: bool
+    background_writes: Any  # auto, true or false
 
 
 @dataclass

@@ -322,3 +322,14 @@ def test_both_settings_write_the_same_files(tmp_path: Path) -> None:
     assert _tensorboard(background) == tags
     assert sorted(path.name for path in (background / "tensorboard").iterdir() if path.is_dir()) == \
         sorted(path.name for path in (sync / "tensorboard").iterdir() if path.is_dir())  # the projector's
+
+
+def test_auto_writes_in_the_background_where_the_primary_trains_on_a_gpu() -> None:
+    """log.background_writes=auto: on a GPU (idle host cores), not on a CPU (the writes would take the training's
+    cores); true and false as they say; anything else is refused naming the setting."""
+    from rsnet.engine.background_writer import writes_in_background
+
+    assert writes_in_background("auto", torch.device("cuda:0")) and not writes_in_background("auto", torch.device("cpu"))
+    assert writes_in_background(True, torch.device("cpu")) and not writes_in_background(False, torch.device("cuda:0"))
+    with pytest.raises(ValueError, match=r"log.background_writes='yes': use auto \(in the background"):
+        writes_in_background("yes", torch.device("cpu"))

@@ -44,6 +44,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     from rsnet.engine.acceleration import check_amp
     from rsnet.engine.lr_schedule import check_schedule_settings
     from rsnet.engine.optim import check_optimizer_settings
+    from rsnet.engine.background_writer import check_background_writes
     from rsnet.evaluation import check_eval_batch_size
     from rsnet.models import check_arch
     from rsnet.parallel.batching import check_batch_per_worker
@@ -53,7 +54,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
               ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device),
               ("eval_batch_size", check_eval_batch_size),
-              ("log.figure_format", check_figure_format))
+              ("log.figure_format", check_figure_format), ("log.background_writes", check_background_writes))
     trainer = config["trainer"]
     try:
         for key, check in owners:

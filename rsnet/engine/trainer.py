@@ -26,7 +26,7 @@ from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_d
 from rsnet.data.shared_decode import load_decoded_once
 from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_format, set_deterministic,
                                       tune_convolutions, use_channels_last)
-from rsnet.engine.background_writer import BackgroundWriter
+from rsnet.engine.background_writer import BackgroundWriter, writes_in_background
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
 from rsnet.engine.fresh_start import remove_earlier_run
@@ -161,7 +161,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
-    writer = BackgroundWriter(bool(config["log"]["background_writes"]))
+    writer = BackgroundWriter(writes_in_background(config["log"]["background_writes"], ctx.device))
     # TensorBoard's writer thread reports a full disk as a bare OSError; leaving the block waits for the writes
     with disk_full_named(run_dir), tb, writer, _divergence_naming_the_written_checkpoint(writer, run_dir):
         for epoch in range(state.epoch, config["epochs"]):
