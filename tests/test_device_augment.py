@@ -10,7 +10,8 @@ import cv2
 import numpy as np
 import torch
 
-from rsnet.data import build_datasets, device_batches
+from rsnet.data import build_datasets
+from rsnet.data.loader import eval_prefetcher, index_chunks
 from rsnet.data.augment_params import AugmentParams
 from rsnet.data.device_augment import DeviceAugment, resized_crops
 from rsnet.data.normalize import to_float_chw
@@ -108,9 +109,11 @@ def test_evaluation_batches_on_the_device_equal_the_host_transform(mini_root):
     bundle = build_datasets("ucmerced_mini", mini_root, 0.5, 0, 32)
     indices = np.arange(len(bundle.test))
     host = torch.cat([bundle.test.get_batch(indices[k:k + 8])[0] for k in range(0, len(indices), 8)])
-    batches = list(device_batches(bundle.test, indices, 8, torch.device("cpu"), bundle.eval_augment))
-    assert torch.allclose(torch.cat([images for images, _ in batches]), host, atol=1e-5)
-    assert torch.equal(torch.cat([labels for _, labels in batches]), torch.from_numpy(bundle.test.labels))
+    prefetcher = eval_prefetcher(bundle.test, torch.device("cpu"), bundle.eval_augment)
+    batches = list(prefetcher.batches(index_chunks(indices, 8)))
+    prefetcher.close()
+    assert torch.allclose(torch.cat([batch.images for batch in batches]), host, atol=1e-5)
+    assert torch.equal(torch.cat([batch.labels for batch in batches]), torch.from_numpy(bundle.test.labels))
 
 
 def test_training_settings_carry_over_from_the_augment_config(mini_root):

@@ -16,7 +16,7 @@ _EXPORTS = {
     **dict.fromkeys(["CorruptImageError", "CorruptImageWarning", "DatasetCountWarning", "DatasetNotFoundError",
                      "DatasetValidationError", "HighBitDepthWarning", "SplitMismatchError"], "errors"),
     **dict.fromkeys(["DeviceAugment", "augments_on_device", "check_on_device"], "device_augment"),
-    **dict.fromkeys(["BatchPrefetcher", "PreparedBatch", "device_batches"], "loader"),
+    **dict.fromkeys(["BatchPrefetcher", "PreparedBatch"], "loader"),
     **dict.fromkeys(["to_float_chw"], "normalize"),
     **dict.fromkeys(["Bands", "resolve_bands"], "raster"),
     **dict.fromkeys(["download_dataset"], "download"),
@@ -49,6 +49,6 @@ __all__ = [
     "HighBitDepthWarning", "HostAugment", "ImageStore", "PreparedBatch", "ScanResult", "SceneDataset", "Split",
     "SplitMismatchError", "SplitRows", "augments_on_device", "build_datasets", "build_datasets_from_config",
     "build_store", "check_on_device", "check_train_ratio", "check_val_ratio", "decode_image", "default_cache_dir",
-    "default_root", "device_batches", "download_dataset", "eval_transform", "find_class_root", "get_spec", "resolve_bands",
+    "default_root", "download_dataset", "eval_transform", "find_class_root", "get_spec", "resolve_bands",
     "scan_dataset", "stratified_split", "to_float_chw", "train_transform"
 ]

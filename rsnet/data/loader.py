@@ -16,7 +16,7 @@ from torch.profiler import record_function
 
 from .device_augment import DeviceAugment
 
-__all__ = ["BatchPrefetcher", "PreparedBatch", "device_batches", "eval_prefetcher", "gather_stored_batch",
+__all__ = ["BatchPrefetcher", "PreparedBatch", "eval_prefetcher", "gather_stored_batch",
            "index_chunks"]
 
 Request = TypeVar("Request")
@@ -102,17 +102,6 @@ class BatchPrefetcher(Generic[Request]):
             batch.images.record_stream(stream)
             batch.labels.record_stream(stream)
         return batch
-
-
-def device_batches(dataset: Any, indices: np.ndarray, batch_size: int, device: torch.device,
-                   on_device: DeviceAugment, memory_format: torch.memory_format = torch.contiguous_format
-                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) batches of ``dataset`` items ``indices`` in order, gathered as uint8 on the host and
-    made the model's input by ``on_device`` on ``device``."""
-    for start in range(0, len(indices), batch_size):
-        chunk = indices[start:start + batch_size]
-        images, labels = dataset.stored_batch(chunk)
-        yield on_device.apply(images.to(device), chunk, memory_format=memory_format), labels
 
 
 def index_chunks(indices: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
