@@ -63,19 +63,21 @@ def test_precision_is_float32_on_cpu_and_chosen_on_cuda() -> None:
 
 @pytest.mark.parametrize("scaled", [False, True])
 def test_backward_and_step_clips_and_updates(scaled: bool) -> None:
+    """Clipping sees the true gradients: with a scaler of scale 1024 they are unscaled before the clip, so the step
+    is the one an unscaled backward takes (clipping the scaled gradients would leave a step 1024 times too small)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        scaler = torch.amp.GradScaler("cuda") if scaled else None  # disabled without CUDA: the same code path's API
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None  # enabled on the CPU
     precision = StepPrecision(torch.device("cpu"), None, scaler)
     before = model.weight.detach().clone()
     loss = (model(torch.randn(8, 4)) * 100).pow(2).mean()
     precision.backward_and_step(loss, optimizer, model.parameters(), max_grad_norm=0.5)
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    assert grads.norm().item() == pytest.approx(0.5, rel=1e-5)  # clipped to 0.5 (unscaled first with a scaler)
+    assert grads.norm().item() == pytest.approx(0.5, rel=1e-5)  # clipped to 0.5 after unscaling
     torch.testing.assert_close(before - model.weight.detach(), model.weight.grad)  # one SGD step (lr 1) of it
+    if scaler is not None:
+        assert scaler.get_scale() == 1024.0  # finite gradients: the step was taken, the scale kept
 
 
 def test_channels_last_only_on_cuda_workers() -> None:
