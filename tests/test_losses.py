@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rsnet.losses import MultiBranchLoss, attention_map, distillation_kl, sigmoid_rampup
+from rsnet.losses import MultiBranchLoss, distillation_kl, sigmoid_rampup
 from rsnet.models.output import MultiBranchOutput
 
 
@@ -27,20 +27,33 @@ def test_rampup() -> None:
     assert sigmoid_rampup(5, 5) == 1.0 and sigmoid_rampup(9, 5) == 1.0 and sigmoid_rampup(0, 0) == 1.0
 
 
+def hand_output() -> MultiBranchOutput:
+    """One image, two classes: main logits (2 ln 3, 0), softmax (9/10, 1/10), and at T = 2 (3/4, 1/4); ensemble
+    logits (0, 0), softmax (1/2, 1/2) at any T. Student map: channels (2, 0) and (0, 0), so the mean of squares is
+    (2, 0), normalised (1, 0); teacher map: channels (1, 2) and (1, 0), mean of squares (1, 2), normalised
+    (1/sqrt 5, 2/sqrt 5)."""
+    logits = {"main": torch.tensor([[2 * math.log(3.0), 0.0]]), "ensemble": torch.tensor([[0.0, 0.0]])}
+    features = {"stage4": torch.tensor([[[[2.0, 0.0]], [[0.0, 0.0]]]]),
+                "feature_ensemble": torch.tensor([[[[1.0, 2.0]], [[1.0, 0.0]]]])}
+    return MultiBranchOutput(logits=logits, features=features, ensemble="ensemble")
+
+
 def test_terms_and_total() -> None:
-    out = output()
-    target = torch.tensor([0, 1, 2, 0])
-    loss = MultiBranchLoss(temperature=3.0, alpha=1.0, beta=2.0, rampup_epochs=4, label_smoothing=0.0)
-    result = loss(out, target, epoch=2.0)
-    ce = sum(F.cross_entropy(out.logits[k], target) for k in out.logits)
-    kd = 9.0 * F.kl_div(F.log_softmax(out.logits["main"] / 3, 1), F.softmax(out.logits["ensemble"] / 3, 1),
-                        reduction="batchmean")
-    at = (attention_map(out.features["stage4"]) - attention_map(out.features["feature_ensemble"])).pow(2).mean()
-    w = sigmoid_rampup(2.0, 4)
-    assert result.total.item() == pytest.approx((ce + w * (kd + 2.0 * at)).item(), rel=1e-5)
-    assert set(result.terms) == {"ce/main", "ce/aux1", "ce/ensemble", "ce", "sd_logits", "sd_features",
-                                 "sd_weight", "total"}
-    assert result.terms["sd_logits"].item() == pytest.approx(kd.item(), rel=1e-5)
+    """Every term against numbers worked out by hand for :func:`hand_output`, target class 0."""
+    loss = MultiBranchLoss(temperature=2.0, alpha=1.0, beta=2.0, rampup_epochs=4, label_smoothing=0.1)
+    result = loss(hand_output(), torch.tensor([0]), epoch=2.0)
+    # label smoothing 0.1 over 2 classes: the target is (0.95, 0.05)
+    ce_main = 0.95 * math.log(10 / 9) + 0.05 * math.log(10)  # 0.215222 (0.105361 without smoothing)
+    ce_ensemble = math.log(2)  # uniform softmax: the same with or without smoothing
+    kd = 4 * (0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25))  # T^2 KL(teacher || student) = 2 ln 4/3
+    attention = ((1 - 1 / math.sqrt(5)) ** 2 + (0 - 2 / math.sqrt(5)) ** 2) / 2  # 1 - 1/sqrt 5
+    weight = math.exp(-5 * (1 - 2 / 4) ** 2)  # exp(-1.25), half way through the ramp-up
+    expected = {"ce/main": ce_main, "ce/ensemble": ce_ensemble, "ce": ce_main + ce_ensemble, "sd_logits": kd,
+                "sd_features": attention, "sd_weight": weight,
+                "total": ce_main + ce_ensemble + weight * (1.0 * kd + 2.0 * attention)}
+    assert {name: value.item() for name, value in result.terms.items()} == pytest.approx(expected, rel=1e-5)
+    assert expected["total"] == pytest.approx(1.389965, abs=1e-6)  # the arithmetic above, written out
+    assert result.total.item() == pytest.approx(expected["total"], rel=1e-5)
     assert not result.terms["total"].requires_grad
 
 
