@@ -319,3 +319,27 @@ def test_the_run_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
     assert RunState.from_checkpoint(load_checkpoint(path)) == state
     assert RunState.from_checkpoint({"epoch": 2}) == RunState(epoch=2)  # a key a checkpoint lacks keeps its default
     assert set(state.as_payload()) == {"epoch", "history", "wall_time_s", "last_metrics", "selected"}
+
+
+def _seeds_after_seeding(seed: int, rank: int, epoch: int) -> tuple[int, int, float]:
+    """torch's seed and the first draws of numpy's and Python's global generators after the trainer seeded them."""
+    import random
+
+    import numpy as np
+
+    from rsnet.engine.trainer import _seed_generators
+
+    _seed_generators(seed, rank, epoch)
+    return torch.initial_seed(), int(np.random.randint(2**31)), random.random()
+
+
+def test_every_worker_and_epoch_gets_its_own_augmentation_seeds() -> None:
+    """No two (rank, epoch) of a run share a seed in any of the three generators (rank 1 at epoch 0 and rank 0 at
+    epoch 100 included), nor do two runs' seeds; the same (seed, rank, epoch) always gives the same ones."""
+    grid = [(seed, rank, epoch) for seed in (0, 1) for rank in range(8) for epoch in range(201)]
+    seeds = [_seeds_after_seeding(*point) for point in grid]
+    for generator in range(3):
+        values = [drawn[generator] for drawn in seeds]
+        assert len(set(values)) == len(grid), f"generator {generator}: seeds collide"
+    assert _seeds_after_seeding(0, 1, 0) == seeds[grid.index((0, 1, 0))]
+    assert _seeds_after_seeding(1, 7, 200) == seeds[-1]

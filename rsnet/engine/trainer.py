@@ -369,11 +369,19 @@ def _lr(config: dict[str, Any], epoch: float, base_lr: float | None = None) -> f
                          gamma=schedule["gamma"], min_lr_ratio=schedule["min_lr_ratio"])
 
 
+def worker_seed(seed: int, rank: int, epoch: int) -> int:
+    """A 64-bit seed for worker ``rank`` at ``epoch`` of a run seeded ``seed``: numpy's ``SeedSequence`` hashes the
+    three together, so distinct triples collide only as 64-bit hashes do (an arithmetic mix such as
+    ``seed * 1000 + rank * 100 + epoch`` gave rank 1 at epoch 0 the seed of rank 0 at epoch 100)."""
+    low, high = np.random.SeedSequence([seed, rank, epoch]).generate_state(2, dtype=np.uint32)
+    return int(low) | int(high) << 32
+
+
 def _seed_generators(seed: int, rank: int, epoch: int) -> None:
-    """Python's, numpy's and torch's global generators, per worker and resumed epoch, from the seed."""
-    mixed = seed * 1000 + rank * 100 + epoch
+    """Python's, numpy's and torch's global generators for worker ``rank`` at ``epoch`` (:func:`worker_seed`)."""
+    mixed = worker_seed(seed, rank, epoch)
     random.seed(mixed)
-    np.random.seed(mixed % (2**32))
+    np.random.seed([mixed & 0xFFFFFFFF, mixed >> 32])
     torch.manual_seed(mixed)
 
 
