@@ -9,7 +9,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +20,15 @@ import rasterio
 from rasterio.enums import MaskFlags
 from rasterio.env import get_gdal_config, set_gdal_config
 from rasterio.transform import Affine
+from PIL import Image
 from rasterio.windows import Window
 from tqdm import tqdm
 
 from rsnet.data.decode import decode_window, picture_bands
 from rsnet.data.errors import CorruptImageError
+from rsnet.data.native_messages import held_messages
 from rsnet.data.raster import ground_pixel_size, open_raster
-from rsnet.files import disk_full_named
+from rsnet.files import DiskFullError, disk_full_named
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
@@ -70,6 +72,7 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
     raster, out_dir = Path(raster), Path(out_dir)
     batch_size = _whole("batch_size", batch_size)
     started = time.perf_counter()
+    paths = output_paths(raster, out_dir)
     with _open(raster) as src:
         indexes = _bands_read(predictor, src, raster)
         size, rule = scene_window(predictor, src, window)
@@ -86,13 +89,12 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
     nodata = int(np.iinfo(dtype).max)
     classes = np.full(counts.shape, nodata, dtype)
     classes[covered] = probabilities[covered].argmax(axis=1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{raster.stem}_{suffix}" for suffix in ("classes.tif", "probabilities.tif", "preview.png")]
     profile = dict(driver="GTiff", height=classes.shape[0], width=classes.shape[1], crs=crs, transform=transform,
                    compress="deflate")
-    _write_classes(paths[0], classes, nodata, names, profile)
-    _write_probabilities(paths[1], probabilities, names, profile)
-    _write_preview(paths[2], classes, nodata, names, f"{raster.name}: window {size} px, stride {step} px")
+    with _staged(paths) as staged:
+        _write_classes(staged[0], paths[0], classes, nodata, names, profile)
+        _write_probabilities(staged[1], paths[1], probabilities, names, profile)
+        _write_preview(staged[2], paths[2], classes, nodata, names, f"{raster.name}: window {size} px, stride {step} px")
     return SceneMap(*paths, classes=classes, nodata=nodata, window=size, stride=step, window_rule=rule,
                     windows=windows, seconds=time.perf_counter() - started)
 
@@ -220,35 +222,91 @@ def _block_cache(src: Any, size: int) -> Iterator[None]:
         set_gdal_config("GDAL_CACHEMAX", previous)
 
 
+def output_paths(raster: Path, out_dir: Path) -> list[Path]:
+    """The three files a map of ``raster`` writes into ``out_dir``; ValueError naming one that a folder is in the way
+    of (checked before any window is classified)."""
+    paths = [out_dir / f"{raster.stem}_{suffix}" for suffix in ("classes.tif", "probabilities.tif", "preview.png")]
+    for path in paths:
+        if path.is_dir():
+            raise ValueError(f"{path} is a folder, and the map of {raster} writes a file there: move the folder, or "
+                             "pass another map=")
+    return paths
+
+
 @contextmanager
-def _replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` for rasterio to write; it replaces ``path`` when the block succeeds and is
-    removed otherwise (a full disk: DiskFullError naming ``path``)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+def _staged(paths: Sequence[Path]) -> Iterator[list[Path]]:
+    """Temporary paths beside ``paths``, for the block to write and verify; only when the block has written every
+    one of them do they replace ``paths``, so a scene's files are put in place all complete or not at all (the
+    previous versions stay as they were); the temporary files are removed in any case."""
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    staged = [path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp") for path in paths]
     try:
-        with disk_full_named(path):
-            yield temporary
+        yield staged
+        for temporary, path in zip(staged, paths):
             os.replace(temporary, path)
     finally:
-        temporary.unlink(missing_ok=True)
+        for temporary in staged:
+            temporary.unlink(missing_ok=True)
 
 
-def _write_classes(path: Path, classes: np.ndarray, nodata: int, names: Sequence[str], profile: dict) -> None:
-    with _replacing(path) as temporary:
-        with rasterio.open(temporary, "w", count=1, dtype=classes.dtype.name, nodata=nodata, **profile) as dst:
-            if classes.dtype == np.uint8:  # before the pixels: it makes the file a palette image
-                dst.write_colormap(1, {i: (*(255 * c).round().astype(int), 255) for i, c in enumerate(_palette(names))})
-            dst.write(classes, 1)
-            dst.set_band_description(1, "class index (its name: tag class_names)")
-            dst.update_tags(class_names=json.dumps(list(names)))
+def _write_raster(temporary: Path, path: Path, expected: np.ndarray, profile: dict,
+                  write: Callable[[Any], None]) -> None:
+    """Have ``write`` fill a new GeoTIFF at ``temporary`` (``profile``), then read it back: its pixels must be
+    ``expected`` (bands × rows × columns). GDAL does not raise on a failed write (a full disk), so a file that cannot
+    be read back whole is DiskFullError, or ValueError, naming ``path``, with GDAL's first message."""
+    with held_messages() as messages, disk_full_named(path):
+        with rasterio.open(temporary, "w", **profile) as dst:
+            write(dst)
+    try:
+        with held_messages() as reading, open_raster(temporary) as written:
+            complete = np.array_equal(written.read(), expected, equal_nan=expected.dtype.kind == "f")
+    except Exception as error:  # noqa: BLE001 - rasterio's errors for a damaged file vary
+        messages += reading or [str(error)]
+        complete = False
+    if not complete:
+        raise _write_failed(path, messages)
 
 
-def _write_probabilities(path: Path, probabilities: np.ndarray, names: Sequence[str], profile: dict) -> None:
-    with _replacing(path) as temporary:
-        with rasterio.open(temporary, "w", count=len(names), dtype="float32", nodata=np.nan, **profile) as dst:
-            dst.write(np.moveaxis(probabilities, -1, 0))
-            for band, name in enumerate(names, start=1):
-                dst.set_band_description(band, name)
+def _write_failed(path: Path, messages: Sequence[str]) -> OSError | ValueError:
+    """The error for a map file that GDAL did not write whole: DiskFullError when its folder's file system is full."""
+    said = next((" ".join(message.split()) for message in messages), "the file read back differs")
+    if any("No space left on device" in message for message in messages) or _no_space(path.parent):
+        return DiskFullError(path)
+    return ValueError(f"cannot write {path}: GDAL did not write it whole ({said}); check that folder (free space, "
+                      "quota, file system); its previous version, if any, is intact")
+
+
+def _no_space(folder: Path) -> bool:
+    """Whether the file system of ``folder`` has no block left for an ordinary user."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
+
+
+def _write_classes(temporary: Path, path: Path, classes: np.ndarray, nodata: int, names: Sequence[str],
+                   profile: dict) -> None:
+    def write(dst: Any) -> None:
+        if classes.dtype == np.uint8:  # before the pixels: it makes the file a palette image
+            dst.write_colormap(1, {i: (*(255 * c).round().astype(int), 255) for i, c in enumerate(_palette(names))})
+        dst.write(classes, 1)
+        dst.set_band_description(1, "class index (its name: tag class_names)")
+        dst.update_tags(class_names=json.dumps(list(names)))
+
+    _write_raster(temporary, path, classes[None], dict(profile, count=1, dtype=classes.dtype.name, nodata=nodata),
+                  write)
+
+
+def _write_probabilities(temporary: Path, path: Path, probabilities: np.ndarray, names: Sequence[str],
+                         profile: dict) -> None:
+    bands = np.moveaxis(probabilities, -1, 0)
+
+    def write(dst: Any) -> None:
+        dst.write(bands)
+        for band, name in enumerate(names, start=1):
+            dst.set_band_description(band, name)
+
+    _write_raster(temporary, path, bands, dict(profile, count=len(names), dtype="float32", nodata=np.nan), write)
 
 
 def _palette(names: Sequence[str]) -> np.ndarray:
@@ -262,12 +320,14 @@ def _palette(names: Sequence[str]) -> np.ndarray:
     return np.array([colour[:3] for colour in colours[:len(names)]])
 
 
-def _write_preview(path: Path, classes: np.ndarray, nodata: int, names: Sequence[str], title: str) -> None:
-    """The class map in the palette's colours (white: no window), a legend of the classes present, ``title``."""
+def _write_preview(temporary: Path, path: Path, classes: np.ndarray, nodata: int, names: Sequence[str],
+                   title: str) -> None:
+    """The class map in the palette's colours (white: no window), a legend of the classes present, ``title``, as a
+    PNG at ``temporary`` (a full disk: DiskFullError naming ``path``)."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from rsnet.viz.figures import new_figure, save_figure
+    from rsnet.viz.figures import figure_array, new_figure
 
     colours = _palette(names)
     palette = ListedColormap(colours).with_extremes(bad="white")
@@ -284,4 +344,7 @@ def _write_preview(path: Path, classes: np.ndarray, nodata: int, names: Sequence
     axes.set_title(title, fontsize="medium")
     axes.legend(handles=[Patch(color=colours[i], label=names[i]) for i in present], ncols=columns,
                 loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small", frameon=False)
-    save_figure(figure, path.with_suffix(""), "png")
+    with disk_full_named(path), open(temporary, "wb") as handle:
+        Image.fromarray(figure_array(figure)).save(handle, format="PNG")
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -297,3 +297,28 @@ def test_the_benchmark_runs_at_a_small_size(capsys) -> None:
     bench.main(["--size", "1024", "--window", "256", "--rounds", "1", "--files", "4", "--no-memory"])
     out = capsys.readouterr().out
     assert "| map_scene | 16 |" in out and "| per-file | 4 |" in out and "map / per-file: " in out
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device whose every write is ENOSPC")
+@pytest.mark.parametrize("failing", ["classes.tif", "probabilities.tif", "preview.png"])
+def test_a_full_disk_leaves_every_earlier_file_of_the_map_as_it_was(predictor, scene, tmp_path: Path, monkeypatch,
+                                                                     failing: str) -> None:
+    from rsnet.files import DiskFullError
+
+    maps = tmp_path / "maps"
+    first = map_scene(predictor, scene.tif, maps, window=256, progress=False)
+    before = {path.name: path.read_bytes() for path in maps.iterdir()}
+    monkeypatch.setattr("rsnet.scene_map.secrets.token_hex", lambda n: "full")
+    (maps / f".mosaic_{failing}.full.tmp").symlink_to("/dev/full")  # GDAL's (or PIL's) writes there all fail
+    with pytest.raises(DiskFullError) as full:
+        map_scene(predictor, scene.tif, maps, window=128, progress=False)
+    assert str(full.value).startswith(f"no space left on device while writing {maps / f'mosaic_{failing}'}")
+    assert {path.name: path.read_bytes() for path in maps.iterdir()} == before  # nothing replaced, nothing left
+    assert first.classes_path.is_file() and not first.classes_path.is_symlink()
+
+
+def test_a_folder_in_the_way_of_a_map_file_is_one_line_before_any_window(predictor, scene, tmp_path: Path) -> None:
+    (tmp_path / "maps" / "mosaic_probabilities.tif").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"mosaic_probabilities\.tif is a folder, and the map of .*mosaic\.tif "
+                                         r"writes a file there: move the folder, or pass another map="):
+        map_scene(predictor, scene.tif, tmp_path / "maps", progress=False)
