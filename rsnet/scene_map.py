@@ -101,16 +101,18 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
 
 def scene_window(predictor: Predictor, src: Any, window: int | None = None) -> tuple[int, str]:
     """The window side in pixels of the open raster ``src`` and the rule that chose it: ``window`` when given, else
-    a training image's ground size in metres over this raster's pixel size (a model that records it, a raster in a
-    projected CRS), else a training image's width in pixels, else the model's image size (an older model)."""
+    a training image's ground size in metres over this raster's pixel size on the ground at its centre (a model that
+    records it, a raster with a coordinate system), else a training image's width in pixels, else the model's image
+    size (an older model)."""
     if window is not None:
         return _whole("window", window), f"window={window}"
     metres, pixels = predictor.footprint.get("metres"), predictor.footprint.get("pixels")
     pixel_m = ground_pixel_size(src)
     if metres and pixel_m is not None:
-        return round(metres / pixel_m), f"a training image's ground size, {metres:g} m, at {pixel_m:g} m per pixel"
+        return round(metres / pixel_m), (f"a training image's ground size, {metres:g} m, at {pixel_m:.3g} m per "
+                                          "pixel on the ground at the scene's centre")
     if pixels:
-        unknown = "; the raster has no projected coordinate system" if metres else ""
+        unknown = "; the raster has no coordinate system" if metres else ""
         return round(pixels), f"a training image's width in pixels{unknown}"
     return predictor.image_size, "the model's image size; it records no training image size"
 

@@ -176,10 +176,29 @@ def test_the_window_is_a_training_images_ground_size_else_its_width_else_the_ima
     trained = SimpleNamespace(footprint={"pixels": 128.0, "metres": 38.4}, image_size=64)
     old = SimpleNamespace(footprint={}, image_size=64)
     with open_raster(half_metre) as utm, open_raster(degrees) as wgs84:
-        assert scene_window(trained, utm) == (77, "a training image's ground size, 38.4 m, at 0.5 m per pixel")
-        assert scene_window(trained, wgs84)[0] == 128 and "width in pixels" in scene_window(trained, wgs84)[1]
+        assert scene_window(trained, utm) == (77, "a training image's ground size, 38.4 m, at 0.5 m per pixel on "
+                                                  "the ground at the scene's centre")
+        assert scene_window(trained, wgs84) == (38, "a training image's ground size, 38.4 m, at 1.01 m per pixel on "
+                                                    "the ground at the scene's centre")  # 1e-5 degrees at 34° N
         assert scene_window(old, utm) == (64, "the model's image size; it records no training image size")
         assert scene_window(trained, utm, 100) == (100, "window=100")
+
+
+@pytest.mark.parametrize("crs, transform, window", [
+    ("EPSG:32633", Affine.rotation(30) @ Affine.scale(10, -10), 16),  # transform.a alone: 8.66 m, 18 px
+    ("EPSG:32633", Affine.rotation(90) @ Affine.scale(10, -10), 16),  # transform.a = 0: ZeroDivisionError
+    ("EPSG:32633", Affine.shear(20, 0) @ Affine.scale(10, -10), 16),
+    ("EPSG:3857", Affine.scale(10, -10), 25),  # 10 projected m at 50° N: 6.43 m on the ground
+])
+def test_the_ground_size_of_a_pixel_is_measured_at_the_scenes_centre(tmp_path: Path, crs: str, transform: Affine,
+                                                                     window: int) -> None:
+    origin = {"EPSG:32633": (500_000, 5_540_000), "EPSG:3857": (1_669_792, 6_446_276)}[crs]  # 15° E, 50° N
+    raster = write_geotiff(tmp_path / "scene.tif", np.zeros((64, 64, 3), np.uint8),
+                           Affine.translation(*origin) @ transform, crs)
+    trained = SimpleNamespace(footprint={"pixels": 16.0, "metres": 160.0}, image_size=32)
+    with open_raster(raster) as src:
+        size, rule = scene_window(trained, src)
+    assert size == window and rule.endswith("m per pixel on the ground at the scene's centre")
 
 
 def test_a_plain_png_gives_the_same_map_without_coordinates(predictor, scene, tmp_path) -> None:
@@ -282,7 +301,8 @@ def test_rsnet_predict_map_writes_the_three_files_of_every_image(checkpoint: Pat
         for suffix in ("classes.tif", "probabilities.tif", "preview.png"))
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and lines[1].startswith(f"{images / 'south.tif'}\twrote {maps / 'south_classes.tif'}")
-    assert "2 x 3 cells, window 128 px (a training image's ground size, 38.4 m, at 0.3 m per pixel)" in lines[1]
+    assert ("2 x 3 cells, window 128 px (a training image's ground size, 38.4 m, at 0.3 m per pixel on the ground at "
+            "the scene's centre)") in lines[1]
     for extra, needle in [(f"out={tmp_path / 'p.csv'}", "out= is for images classified whole"),
                           ("stride=0", "stride=0: must be a whole number >= 1")]:
         refused = command_in_process("predict", f"checkpoint={checkpoint}", f"images={images}", f"map={maps}", extra,

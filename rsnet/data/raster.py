@@ -4,6 +4,7 @@ statistics of the training split (docs/data.md, Multispectral data)."""
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import cv2
 import numpy as np
 from PIL import Image
+from rasterio.warp import transform as transform_points
 
 from .errors import CorruptImageError
 
@@ -168,10 +170,24 @@ def band_statistics(images: Any, rows: Sequence[int], chunk: int = 256) -> tuple
 
 
 def ground_pixel_size(src: Any) -> float | None:
-    """Metres per pixel of the open raster ``src`` (its transform in a projected coordinate system), else None."""
-    if src.crs is None or not src.crs.is_projected:
+    """Metres on the ground of a pixel's side at the centre of the open raster ``src`` (the square root of a pixel's
+    ground area there, so rotated or sheared transforms, geographic coordinates and projections whose units are not
+    ground metres, such as Web Mercator's, all count right), else None (no coordinate system, or PROJ cannot place
+    it on the Earth)."""
+    if src.crs is None:
         return None
-    return abs(src.transform.a) * src.crs.linear_units_factor[1]
+    col, row = src.width / 2, src.height / 2
+    xs, ys = zip(*(src.transform @ corner for corner in ((col, row), (col + 1, row), (col, row + 1))))
+    try:
+        (lon,), (lat,) = transform_points(src.crs, "EPSG:4326", xs[:1], ys[:1])
+        local = f"+proj=aeqd +lat_0={lat} +lon_0={lon} +datum=WGS84 +units=m"  # true distances from the centre
+        east, north = transform_points(src.crs, local, xs, ys)
+    except Exception:  # noqa: BLE001 - rasterio raises CRSError, CPLE_* errors, ... for a CRS PROJ cannot convert
+        return None
+    across = (east[1] - east[0], north[1] - north[0])
+    down = (east[2] - east[0], north[2] - north[0])
+    area = abs(across[0] * down[1] - across[1] * down[0])
+    return math.sqrt(area) if math.isfinite(area) and area > 0 else None
 
 
 def training_footprint(paths: Sequence[str], ground_resolution_m: float | None = None,
