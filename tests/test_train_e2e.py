@@ -127,14 +127,45 @@ def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
     assert cams == {f"attention/cam_{head}{page}" for head in heads for page in ("", "/page2")}, tags  # 21 classes
 
 
-def test_resume_continues_from_saved_epoch(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    run_dir = tmp_path / "resumed"
-    shutil.copytree(esd_run, run_dir)
-    result = train(capfd, run_dir, "model=esd_mbenet", "epochs=3", "resume=true")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["epochs"] == 3
-    assert [row["epoch"] for row in metrics["history"]] == [1, 2, 3]
-    assert "test accuracy" in result.stdout
+def _stopped_before_epoch(stop: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C as epoch ``stop`` (1-based) starts: the epochs before it are trained and saved."""
+    import rsnet.engine.trainer as trainer
+
+    real_epoch = trainer.train_one_epoch
+
+    def train_one_epoch(ctx, config, epoch, *rest):
+        if epoch + 1 == stop:
+            raise KeyboardInterrupt
+        return real_epoch(ctx, config, epoch, *rest)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", train_one_epoch)
+
+
+def test_a_resumed_run_trains_as_the_uninterrupted_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after epoch 1 of 2 and resumed, a run ends with the weights, optimizer state and history of the run
+    that was never stopped (dropout on, so the global generators must be where they were too)."""
+    settings = ("model=baseline", "model.options.drop_rate=0.5", "dataset.image_size=32", "epochs=2",
+                "deterministic=true", "log.attention_every=2", "log.embedding_images=0",
+                "log.background_writes=false")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert run_train(whole, *TINY, *settings) == 0
+    with monkeypatch.context() as patch:
+        _stopped_before_epoch(2, patch)
+        assert run_train(resumed, *TINY, *settings) == 130
+    assert load_checkpoint(resumed / "checkpoints" / "last.pt")["epoch"] == 1
+    assert run_train(resumed, *TINY, *settings, "resume=true") == 0
+    expected, got = (load_checkpoint(run / "checkpoints" / "last.pt") for run in (whole, resumed))
+    assert got["epoch"] == expected["epoch"] == 2
+    assert expected["model_state"].keys() == got["model_state"].keys()
+    for key, value in expected["model_state"].items():
+        torch.testing.assert_close(got["model_state"][key], value, rtol=0, atol=1e-6, msg=key)
+    for state, value in expected["optimizer_state"]["state"].items():
+        for name, tensor in value.items():
+            torch.testing.assert_close(got["optimizer_state"]["state"][state][name], tensor, rtol=0, atol=1e-6)
+    history = [json.loads((run / "metrics.json").read_text())["history"] for run in (whole, resumed)]
+    drop_time = [{key: value for key, value in row.items() if key not in ("wall_time_s", "train/images_per_s",
+                                                                           "train/data_stall")} for row in history[0]]
+    assert [{key: row[key] for key in drop_time[0]} for row in history[1]] == drop_time
 
 
 def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture,

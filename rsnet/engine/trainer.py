@@ -157,7 +157,6 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
         strategy.load_state_dict(checkpoint["strategy_state"])
         state = RunState.from_checkpoint(checkpoint)
         log.info("resumed from %s after epoch %d", resume_from, state.epoch)
-    _seed_generators(seed, ctx.rank, state.epoch)
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
@@ -165,6 +164,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     # TensorBoard's writer thread reports a full disk as a bare OSError; leaving the block waits for the writes
     with disk_full_named(run_dir), tb, writer, _divergence_naming_the_written_checkpoint(writer, run_dir):
         for epoch in range(state.epoch, config["epochs"]):
+            _seed_generators(seed, ctx.rank, epoch)  # each epoch as in a run never stopped: a resumed one trains alike
             started = time.perf_counter()
             meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
             state.wall_time_s += time.perf_counter() - started
