@@ -10,7 +10,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +92,7 @@ def resolve_devices(devices: list[str] | str | None) -> list[str]:
 
 @dataclass
 class EpochMeter:
-    """Running sums of one worker's epoch, kept on the device (no host sync per step) until :meth:`summary`."""
+    """Running sums of one worker's epoch, kept on the device (no host sync per step) until :meth:`totals`."""
 
     samples: int = 0
     steps: int = 0
@@ -111,15 +111,65 @@ class EpochMeter:
         for name, value in terms.items():
             self.loss_sums[name] = self.loss_sums.get(name, 0.0) + value.detach().float() * size
 
-    def summary(self) -> dict[str, float]:
-        """Mean loss terms, main-branch accuracy, throughput and data-stall fraction."""
+    def totals(self) -> EpochTotals:
+        """The sums on the host (one sync), as one worker's :class:`EpochTotals`."""
         busy = self.data_seconds + self.compute_seconds
-        scalars = {f"train/loss/{name}": float(total) / max(self.samples, 1) for name, total in self.loss_sums.items()}
-        scalars["train/oa_main"] = 100.0 * float(self.correct) / max(self.samples, 1)
-        scalars["train/images_per_s"] = self.samples / busy if busy else 0.0
-        scalars["train/data_stall"] = self.data_seconds / busy if busy else 0.0
-        scalars["train/lr"] = self.last_lr
+        return EpochTotals(samples=self.samples, steps=self.steps, correct=int(self.correct),
+                           loss_sums={name: float(total) for name, total in self.loss_sums.items()},
+                           data_seconds=self.data_seconds, busy_seconds=busy, slowest_busy_seconds=busy,
+                           lr=self.last_lr if self.steps else None)
+
+
+@dataclass(frozen=True)
+class EpochTotals:
+    """An epoch's training sums, of one worker or of the whole group (:meth:`combined`)."""
+
+    samples: int
+    steps: int
+    correct: int
+    loss_sums: dict[str, float]
+    data_seconds: float
+    busy_seconds: float
+    slowest_busy_seconds: float
+    lr: float | None
+
+    @classmethod
+    def combined(cls, parts: Sequence[EpochTotals]) -> EpochTotals:
+        """The group's totals from every worker's, in rank order: samples, steps, correct answers, loss sums and
+        data and busy seconds add up; the workers train at the same time, so the group's epoch lasts as long as its
+        slowest worker is busy (``slowest_busy_seconds``, the max), over which ``images_per_s`` counts every
+        worker's samples; ``lr`` is the lowest rank's that stepped (a worker's lr scales with its batch size)."""
+        names = list(dict.fromkeys(name for part in parts for name in part.loss_sums))
+        return cls(samples=sum(part.samples for part in parts), steps=sum(part.steps for part in parts),
+                   correct=sum(part.correct for part in parts),
+                   loss_sums={name: sum(part.loss_sums.get(name, 0.0) for part in parts) for name in names},
+                   data_seconds=sum(part.data_seconds for part in parts),
+                   busy_seconds=sum(part.busy_seconds for part in parts),
+                   slowest_busy_seconds=max((part.slowest_busy_seconds for part in parts), default=0.0),
+                   lr=next((part.lr for part in parts if part.lr is not None), None))
+
+    def summary(self) -> dict[str, float]:
+        """Mean loss terms, main-branch accuracy, throughput, the fraction of busy time spent waiting for data, lr;
+        without a sample the means are 0."""
+        samples = max(self.samples, 1)
+        scalars = {f"train/loss/{name}": total / samples for name, total in self.loss_sums.items()}
+        scalars["train/oa_main"] = 100.0 * self.correct / samples
+        slowest = self.slowest_busy_seconds
+        scalars["train/images_per_s"] = self.samples / slowest if slowest else 0.0
+        scalars["train/data_stall"] = self.data_seconds / self.busy_seconds if self.busy_seconds else 0.0
+        scalars["train/lr"] = self.lr or 0.0
         return scalars
+
+
+def group_train_scalars(ctx: WorkerContext, meter: EpochMeter) -> dict[str, float] | None:
+    """The epoch's training scalars of every worker together (:meth:`EpochTotals.combined`), on the primary; None
+    on the others. A collective: every worker calls it."""
+    own = meter.totals()
+    if ctx.world_size == 1:
+        return own.summary()
+    parts: list[Any] | None = [None] * ctx.world_size if ctx.is_primary else None
+    dist.gather_object(own, parts, dst=0)
+    return EpochTotals.combined(parts).summary() if parts is not None else None
 
 
 def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
@@ -171,8 +221,9 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
             state.epoch = epoch + 1
             # every worker: its shard, in proportion to its measured speed
             evaluation = evaluate_epoch(ctx, config, data, model, state.epoch, strategy.work_shares())
+            train_scalars = group_train_scalars(ctx, meter)
             if ctx.is_primary:
-                final = finish_epoch(config, data, model, optimizer, strategy, meter.summary(), state, tb,
+                final = finish_epoch(config, data, model, optimizer, strategy, train_scalars, state, tb,
                                      attention_ids, evaluation, writer) or final
             if ctx.world_size > 1:
                 dist.barrier()  # no worker claims the next epoch's samples while the primary logs and saves
