@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -20,7 +21,9 @@ from helpers import trainer_config
 from torch import nn
 
 from rsnet.parallel import WorkerContext, WorkerError, build_strategy, launch, launch_options, summarize
-from rsnet.parallel.merge import merge_tensors, normalized_merge, pack_header
+from rsnet.parallel.merge import merge_share, merge_tensors, normalized_merge, pack_header
+from rsnet.parallel.strategies import adaptive as adaptive_module
+from rsnet.parallel.strategies import base as strategy_base
 
 TIMEOUT = 30.0
 
@@ -105,15 +108,20 @@ def _adaptive_worker(ctx, n: int, epochs: int, trainer: dict, sample_s: float):
             "counters_left": [key for key in claim_counters if ctx.store.check([key])]}
 
 
-def _merge_worker(ctx, weights: list[float], elastic: float = 1.0):
-    model = _model(seed=10 + ctx.rank)  # a different replica per worker
+def _host_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _merge_worker(ctx, weights: list[float], elastic: float = 1.0, members: list[int] | None = None):
+    model = _model(seed=10 + ctx.rank).to(ctx.device)  # a different replica per worker
     model.train()
     for _ in range(ctx.rank + 1):  # different BN statistics and num_batches_tracked
-        model(torch.randn(5, 6) * (ctx.rank + 1))
-    before = copy.deepcopy(model.state_dict())
-    result = normalized_merge(model, weights[ctx.rank], meta=torch.full((2,), float(ctx.rank + 1)), elastic=elastic)
-    return {"before": _gather(before), "after": _gather(copy.deepcopy(model.state_dict())),
-            "meta": result.meta, "total": result.total_weight}
+        model(torch.randn(5, 6, device=ctx.device) * (ctx.rank + 1))
+    before = _host_state(model)
+    result = normalized_merge(model, weights[ctx.rank], meta=torch.full((2,), float(ctx.rank + 1)),
+                              comm_device=ctx.comm_device, members=members, elastic=elastic)
+    return {"before": _gather(before), "after": _gather(_host_state(model)), "meta": result.meta,
+            "total": result.total_weight}
 
 
 def _static_worker(ctx, trainer: dict, n: int, batch: int, epochs: int, staged: bool = False):
@@ -273,23 +281,37 @@ def test_merge_weights_by_samples_are_the_ablation_of_weights_by_updates() -> No
         build_strategy(trainer_config("adaptive", merge_weight="steps"), _offline_context(), _model(), 64, 32, seed=0)
 
 
-def test_normalized_merge_equals_weighted_average_by_hand() -> None:
-    weights = [3.0, 1.0]
-    out = launch(_merge_worker, ["cpu", "cpu"], weights, timeout_s=TIMEOUT)
+def _assert_weighted_mean(out: dict, weights: list[float], members: list[int]) -> None:
+    """Each member's floating tensors are the members' mean weighted by ``weights``, its integer buffers the first
+    member's; the header's meta is summed over every worker."""
     before, after = out["before"], out["after"]
-    p = [w / sum(weights) for w in weights]
-    for key, value in before[0].items():
-        if value.is_floating_point():
-            expected = p[0] * before[0][key] + p[1] * before[1][key]
-            assert torch.allclose(after[0][key], expected, atol=1e-6), key
-        else:  # num_batches_tracked: rank 0's
-            assert torch.equal(after[0][key], before[0][key]), key
-        assert torch.equal(after[0][key], after[1][key])
+    p = {rank: weights[rank] / sum(weights[r] for r in members) for rank in members}
+    for key, value in before[members[0]].items():
+        for rank in members:
+            if value.is_floating_point():
+                expected = sum(p[r] * before[r][key] for r in members)
+                assert torch.allclose(after[rank][key], expected, atol=1e-6), key
+            else:  # num_batches_tracked: the first member's
+                assert torch.equal(after[rank][key], before[members[0]][key]), key
     assert any("running_var" in key for key in before[0])
     assert before[0]["1.num_batches_tracked"] != before[1]["1.num_batches_tracked"]
-    assert out["total"] == pytest.approx(4.0)
-    assert out["meta"].tolist() == [3.0, 3.0]
+    assert out["total"] == pytest.approx(sum(weights[r] for r in members))
+    world = len(before)
+    assert out["meta"].tolist() == [world * (world + 1) / 2] * 2
 
+
+def test_normalized_merge_equals_weighted_average_by_hand() -> None:
+    weights = [3.0, 1.0]
+    _assert_weighted_mean(launch(_merge_worker, ["cpu", "cpu"], weights, timeout_s=TIMEOUT), weights, [0, 1])
+
+
+def test_a_merge_over_members_leaves_the_others_replicas_alone() -> None:
+    """Workers 1 and 2 train, worker 0 is left out: they merge among themselves (weights 1 : 3, integer buffers
+    worker 1's), worker 0 keeps its replica and still receives the summed table."""
+    weights = [5.0, 1.0, 3.0]
+    out = launch(_merge_worker, ["cpu", "cpu", "cpu"], weights, 1.0, [1, 2], timeout_s=TIMEOUT)
+    _assert_weighted_mean(out, weights, [1, 2])
+    assert all(torch.equal(out["after"][0][k], v) for k, v in out["before"][0].items())
 
 def test_elastic_merge_moves_each_replica_part_of_the_way() -> None:
     """θ_i ← θ_i + α(θ̄ − θ_i) with α = 0.25 and uniform weights: the replicas stay apart, their mean is θ̄."""
@@ -415,23 +437,30 @@ def test_merge_header_is_built_on_the_backend_device() -> None:
     _, integer = merge_tensors(model)
     assert integer and all(t.device.type == "meta" for t in integer)  # num_batches_tracked on the "GPU"
     meta = torch.arange(4, dtype=torch.float64)
-    header = pack_header(3.0, meta, integer, True, torch.device("meta"))
+    header = pack_header(3.0, True, meta, integer, True, torch.device("meta"))
     assert header.device.type == "meta" and header.dtype == torch.float64 and header.numel() == 2 + 4 + 1
-    host = pack_header(3.0, meta, [torch.tensor(7)], False, torch.device("cpu"))
-    assert host.tolist() == [3.0, 1.0, 0.0, 1.0, 2.0, 3.0, 0.0]  # a non-primary sends zeros for integer buffers
+    host = pack_header(3.0, True, meta, [torch.tensor(7)], True, torch.device("cpu"))
+    assert host.tolist() == [3.0, 1.0, 0.0, 1.0, 2.0, 3.0, 7.0]  # the source sends its integer buffers
+    other = pack_header(3.0, True, meta, [torch.tensor(7)], False, torch.device("cpu"))
+    assert other.tolist() == [3.0, 1.0, 0.0, 1.0, 2.0, 3.0, 0.0]  # the other members send zeros
+    outside = pack_header(3.0, False, meta, [torch.tensor(7)], False, torch.device("cpu"))
+    assert outside.tolist() == [0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0]  # a non-member: its table only
 
 
-def _cuda_merge_worker(ctx):
-    model = _model().to(ctx.device)
-    model(torch.randn(4, 6, device=ctx.device))  # BatchNorm statistics and num_batches_tracked on the GPU
-    before = copy.deepcopy(model.state_dict())
-    normalized_merge(model, 2.0, meta=torch.ones(3), comm_device=ctx.comm_device)
-    return all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+def test_merge_share_by_hand() -> None:
+    """p_i = w_i / Σ w; every weight 0 (no member updated): the uniform 1 / members."""
+    assert merge_share(3.0, 4.0, 2.0) == 0.75 and merge_share(1.0, 4.0, 2.0) == 0.25
+    assert merge_share(0.0, 4.0, 3.0) == 0.0  # a member that joins (weight 0) contributes nothing
+    assert merge_share(0.0, 0.0, 3.0) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="at least one member"):
+        merge_share(1.0, 1.0, 0.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check runs the GPU paths)")
 def test_merge_on_cuda_with_batchnorm() -> None:
-    assert launch(_cuda_merge_worker, ["cuda:0"], timeout_s=TIMEOUT)
+    """A GPU replica (BatchNorm statistics and num_batches_tracked on the GPU) merged with a CPU one."""
+    weights = [3.0, 1.0]
+    _assert_weighted_mean(launch(_merge_worker, ["cuda:0", "cpu"], weights, timeout_s=TIMEOUT), weights, [0, 1])
 
 
 def _assert_equals_one_step_on_the_union(out: dict, n: int) -> None:
@@ -767,3 +796,59 @@ def test_cpu_workers_are_forked_unless_the_launcher_ran_autograd() -> None:
     done = subprocess.run([sys.executable, "-c", _START_METHOD_SCRIPT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["fork", "spawn", "spawn"]
+
+
+def _start_worker(ctx) -> dict:
+    """Rank 1's count of the strategies it built is ahead of rank 0's (as after a strategy built before the process
+    group), and every worker draws its own initial weights; returns the prefix and the weights once the run's first
+    interval is planned."""
+    if ctx.rank == 1:
+        strategy_base._instances += 1
+    model = _model(seed=ctx.rank)
+    strategy = build_strategy(trainer_config("adaptive"), ctx, model, 64, 16, 0)
+    strategy.probe_speed(_probe_step(model, 0.0))
+    next(iter(strategy.intervals(0)))
+    return {"prefix": _gather(strategy.prefix), "state": _gather(_host_state(model))}
+
+
+def test_the_replicas_start_from_rank_0s_weights_and_share_its_store_prefix() -> None:
+    out = launch(_start_worker, ["cpu", "cpu"], timeout_s=TIMEOUT)
+    assert out["prefix"][0] == out["prefix"][1]
+    initial = _model(seed=0).state_dict()
+    for rank in range(2):
+        assert all(torch.equal(out["state"][rank][k], v) for k, v in initial.items())
+
+
+def _claiming_strategy():
+    strategy = build_strategy(trainer_config("adaptive"), _offline_context(), _model(), 100, 48, 0)
+    return strategy, strategy._interval
+
+
+def test_a_prefetch_thread_waiting_to_claim_returns_when_the_loop_stops() -> None:
+    """An error in the training loop stops the interval: the prefetch thread waiting for the current step (to claim
+    the next batch) returns at once instead of holding the error back."""
+    strategy, interval = _claiming_strategy()
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(strategy._wait_for_steps(interval, 1)))
+    waiter.start()
+    strategy.stop_claiming()
+    waiter.join(timeout=60)
+    assert waited == [False] and interval.stopped
+
+
+def test_a_step_longer_than_the_log_limit_is_logged_and_still_waited_for(monkeypatch, caplog) -> None:
+    strategy, interval = _claiming_strategy()
+    monkeypatch.setattr(adaptive_module, "SLOW_STEP_LOG_S", 0.01)
+    waited: list[bool] = []
+    with caplog.at_level("WARNING", logger=adaptive_module.__name__):
+        waiter = threading.Thread(target=lambda: waited.append(strategy._wait_for_steps(interval, 1)))
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while not caplog.records and time.monotonic() < deadline:  # the wait outlasts the limit: one line
+            waiter.join(timeout=0.01)
+        assert waited == []  # and the claim still waits
+        strategy.after_step(16, None)
+        waiter.join(timeout=60)
+    assert waited == [True]
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker 0 (cpu): a step has run for more than 0 s; its next claim waits for it"]

@@ -13,7 +13,8 @@ from rsnet.parallel.batching import (
     coarse_multiple_warning,
     epoch_permutation,
     initial_batch_sizes,
-    may_claim,
+    may_claim_ahead,
+    may_claim_next,
     next_batch_sizes,
     proportional_batches,
     proportional_targets,
@@ -193,20 +194,20 @@ def test_speed_estimate_starts_at_the_first_measurement_then_averages() -> None:
 def test_claims_ahead_or_at_all_only_where_no_one_waits_for_them() -> None:
     store = DictStore()
     claimer = IntervalClaimer(store, "k", 200, 4)
-    assert not may_claim(claimer, 0, [16, 16], [0.0, 100.0], computing=True)  # speed unknown: after the step
-    assert may_claim(claimer, 0, [16, 16], [0.0, 100.0], computing=False)
+    assert not may_claim_ahead(claimer, 0, [16, 16], [0.0, 100.0])  # speed unknown: after the step
+    assert may_claim_next(claimer, 0, [16, 16], [0.0, 100.0])
     # worker 1 at 10 samples/s with batches of 8: 0.8 s a step; in two, worker 0 (100/s) trains 160 positions
-    assert may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=True)
+    assert may_claim_ahead(claimer, 1, [24, 8], [100.0, 10.0])
     claimer.seen = 50  # 150 left (as last seen)
-    assert not may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=True)
+    assert not may_claim_ahead(claimer, 1, [24, 8], [100.0, 10.0])
     claimer.seen = 130  # 70 left
-    assert may_claim(claimer, 0, [24, 8], [100.0, 10.0], computing=True)  # worker 1 trains 4.8 positions in 0.48 s
-    assert may_claim(claimer, 0, [32, 0], [100.0, 10.0], computing=True)  # nobody else trains
+    assert may_claim_ahead(claimer, 0, [24, 8], [100.0, 10.0])  # worker 1 trains 4.8 positions in 0.48 s
+    assert may_claim_ahead(claimer, 0, [32, 0], [100.0, 10.0])  # nobody else trains
     # Free, near the end: the store is read. 70 left take worker 0 0.7 s, over half of worker 1's 0.8 s step: claim.
     store.add("k", 130)
-    assert may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=False)
+    assert may_claim_next(claimer, 1, [24, 8], [100.0, 10.0])
     store.add("k", 40)  # 30 left: 0.3 s for worker 0, less than half of 0.8 s: worker 1 leaves them to it
     assert claimer.seen == 130  # its view is stale, but near the end it reads the counter
-    assert not may_claim(claimer, 1, [24, 8], [100.0, 10.0], computing=False)
-    assert may_claim(claimer, 0, [24, 8], [100.0, 10.0], computing=False)  # the fastest always claims
-    assert may_claim(claimer, 0, [16, 16], [50.0, 50.0], computing=False)  # a tie: the lower rank is the fastest
+    assert not may_claim_next(claimer, 1, [24, 8], [100.0, 10.0])
+    assert may_claim_next(claimer, 0, [24, 8], [100.0, 10.0])  # the fastest always claims
+    assert may_claim_next(claimer, 0, [16, 16], [50.0, 50.0])  # a tie: the lower rank is the fastest

@@ -11,6 +11,7 @@ from rsnet.parallel.schedule import (
     ScheduleSettings,
     auto_multiple,
     choose_workers,
+    describe,
     lr_rounds,
     mean_rounds,
     merge_rounds,
@@ -66,7 +67,7 @@ def test_with_rounds_that_follow_the_lr_the_cost_rule_budgets_the_whole_run() ->
     assert base < 12  # the constant rule's 12: the late long intervals pay for shorter early ones
     schedule = Schedule(_settings(merge_rounds=2, merge_rounds_max=16), 2)
     schedule.follow_lr(lambda position: 1.0 if position < 4 else 0.5, 8)  # the profile above, sampled 64 times
-    notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
+    notes = describe(schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06)))
     assert schedule.rounds == merge_rounds(2, 0.06, 32 / 300, 0.05, profile, 16) > 2
     assert notes[-1].endswith("on average over the run, its rounds following the lr up to 16")
 
@@ -123,15 +124,15 @@ def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
 def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
     schedule = Schedule(_settings(32), 3)
     assert (schedule.total_batch, schedule.multiple, schedule.sizes) == (48, 2, [16, 16, 16])  # B = 3 x 16
-    notes = schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01))  # the first merge decides
+    notes = describe(schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 16], comm=0.01)))  # the first merge decides
     assert schedule.active == [True, True, False] and schedule.workers == 2
     assert schedule.total_batch == 32 and schedule.sizes == [16, 16, 0]  # B back to batch_size for two
     assert len(notes) == 1 and notes[0].startswith("leaving out worker 2 for the rest of the run: its 3.0 samples/s")
     assert "trainer.leave_out=false keeps every worker" in notes[0]
-    assert schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 0], comm=0.01)) == []
+    assert describe(schedule.update(_table([100.0, 100.0, 3.0], [16, 16, 0], comm=0.01))) == []
     assert schedule.active == [True, True, False]
     measured = Schedule(_settings(32), 3)  # from the speed probes, before any interval
-    notes = measured.start([100.0, 100.0, 3.0])
+    notes = describe(measured.start([100.0, 100.0, 3.0]))
     assert measured.active == [True, True, False] and measured.sizes == [16, 16, 0] and len(notes) == 1
     kept = Schedule(_settings(32, leave_out=False), 3)
     for _ in range(4):
@@ -146,7 +147,7 @@ def test_schedule_sizes_follow_speeds_and_the_cadence_follows_the_merge_cost() -
     assert schedule.sizes == [22, 10] and schedule.rounds == 4  # no merge measured yet
     schedule.update(_table([100.0, 200.0], schedule.sizes))
     assert schedule.sizes == [16, 16]  # then damped (0.5): 6 of the 11.3 toward 10.7 / 21.3
-    notes = schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06))
+    notes = describe(schedule.update(_table([200.0, 100.0], schedule.sizes, comm=0.06)))
     # a round of 32 at 300 samples/s is 0.107 s: 0.06 s is 5 % of 12 rounds
     assert schedule.rounds == 12 and schedule.interval_at(0.0, 1000, 1000) == 384
     assert notes == ["merge every 12 rounds of B = 32 (384 samples): the last merge's communication took 60 ms, more "
@@ -174,19 +175,19 @@ def test_a_pending_worker_is_admitted_or_left_out_once_its_probe_speed_arrives()
     carries its speed admits it (the sizes follow the speeds at once, :attr:`Schedule.joined` names it: it needs the
     merged model) or leaves it out for the rest of the run."""
     schedule = Schedule(_settings(32), 2)
-    notes = schedule.start([100.0, 0.0])
+    notes = describe(schedule.start([100.0, 0.0]))
     assert (schedule.active, schedule.pending, schedule.sizes) == ([True, False], [False, True], [32, 0])
     assert notes == ["worker 1 is pending: its speed probe is still running; it trains from the first merge after its "
                      "speed is known, if the admission rule keeps it"]
-    assert schedule.update(_table([100.0, 0.0], schedule.sizes)) == [] and schedule.joined == []  # still probing
-    notes = schedule.update(_table([100.0, 50.0], schedule.sizes))
+    assert describe(schedule.update(_table([100.0, 0.0], schedule.sizes))) == [] and schedule.joined == []  # still probing
+    notes = describe(schedule.update(_table([100.0, 50.0], schedule.sizes)))
     assert schedule.joined == [1] and schedule.active == [True, True] and schedule.pending == [False, False]
     assert schedule.sizes == [22, 10] and notes[0].startswith("admitting worker 1 after its speed probe: its 50.0")
     schedule.update(_table([100.0, 50.0], schedule.sizes))
     assert schedule.joined == []
     slow = Schedule(_settings(32), 2)
     slow.start([100.0, 0.0])
-    notes = slow.update(_table([100.0, 1.0], slow.sizes))
+    notes = describe(slow.update(_table([100.0, 1.0], slow.sizes)))
     assert slow.joined == [] and slow.active == [True, False] and slow.pending == [False, False]
     assert notes[0].startswith("leaving out worker 1 for the rest of the run: its 1.0 samples/s")
     kept = Schedule(_settings(32, leave_out=False), 2)

@@ -181,7 +181,7 @@ def test_drives_the_real_claim_ahead_rule(monkeypatch):
     kept = replace(scenario.settings.schedule, leave_out=False)
     scenario = replace(scenario, settings=replace(scenario.settings, schedule=kept))
     ruled = sim.simulate_adaptive(scenario)
-    monkeypatch.setattr(batching, "may_claim", lambda *args, **kwargs: True)
+    monkeypatch.setattr(batching, "may_claim_ahead", lambda *args, **kwargs: True)
     ahead = sim.simulate_adaptive(scenario)
     assert ruled.sizes[-1] == ahead.sizes[-1] == [28, 4]
     assert ruled.wall_s < 0.9 * ahead.wall_s and ruled.idle[0] < ahead.idle[0] - 0.1

@@ -15,7 +15,7 @@ admission) with cost models in place of devices:
   (``Schedule.start``, admission);
 * every store call (a claim, or a read of the counter) costs one round trip; as in training with ``prefetch: true``,
   a worker claims its next batch when it starts the current one where
-  :func:`~rsnet.parallel.batching.may_claim` allows, else when the current one is done (if at all);
+  :func:`~rsnet.parallel.batching.may_claim_ahead` allows, else when the current one is done (if at all);
 * an all-reduce of n bytes over W workers costs 2(W − 1)/W · n / bandwidth + W · latency per bucket (a ring over
   the slowest :class:`Link`); computation and communication never overlap (DDP overlaps its gradient all-reduce
   with the backward pass, so sync's figures here are a lower bound);

@@ -12,7 +12,7 @@ import torch
 
 from rsnet.parallel import batching
 from rsnet.parallel.probe import PROBE_TIMED_STEPS
-from rsnet.parallel.schedule import Schedule, next_interval, resolve_multiple
+from rsnet.parallel.schedule import Schedule, describe, next_interval, resolve_multiple
 from rsnet.parallel.strategies.adaptive import PROBE_GRACE_MIN_S, PROBE_GRACE_STEPS
 from .costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
 from .scenario import RunResult, Scenario, SimStore
@@ -31,7 +31,7 @@ class _Interval:
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
                   size: int, start: float, claim_min: int) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
-    prefetcher: the next claim is made when a batch starts where :func:`~rsnet.parallel.batching.may_claim` allows),
+    prefetcher: the next claim is made when a batch starts where :func:`~rsnet.parallel.batching.may_claim_ahead` allows),
     in the order of the claims' times. ``claim_min``: the smallest claim the interval's rest may form
     (:attr:`~rsnet.parallel.schedule.Schedule.claim_min`)."""
     world = scenario.world
@@ -42,7 +42,7 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         now, rank = heapq.heappop(events)
         calls = store.calls
         free = now >= tally.finish[rank]
-        if free and not batching.may_claim(claimers[rank], rank, sizes, speeds, False):
+        if free and not batching.may_claim_next(claimers[rank], rank, sizes, speeds):
             continue  # the others train the rest sooner
         span = claimers[rank].claim(sizes[rank])
         ready = now + scenario.store_rtt * (store.calls - calls)
@@ -56,7 +56,7 @@ def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], sto
         tally.samples[rank] += count
         tally.updates[rank] += 1
         tally.compute[rank] += seconds
-        ahead = scenario.prefetch and batching.may_claim(claimers[rank], rank, sizes, speeds, computing=True)
+        ahead = scenario.prefetch and batching.may_claim_ahead(claimers[rank], rank, sizes, speeds)
         heapq.heappush(events, (begin if ahead else tally.finish[rank], rank))
     return tally
 
@@ -89,7 +89,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
     ends, probed, begin = speed_probes(scenario, schedule.total_batch // world)
     speeds = [speed if end <= begin else 0.0 for speed, end in zip(probed, ends)]
     result = RunResult("adaptive", scenario.samples * scenario.epochs)
-    result.notes += schedule.start(speeds)
+    result.notes += describe(schedule.start(speeds))
     result.wall_s = begin + merge_seconds(scenario.model, world, scenario.link, tensors=False)
     comm, store = 0.0, SimStore()
     for epoch in range(scenario.epochs):
@@ -113,7 +113,7 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
                      "compute": tally.compute, "batch_max": list(schedule.batch_maxes), "comm": [comm] * world}
             if schedule.workers > 1:
                 comm = merge_s
-            result.notes += schedule.update(table)
+            result.notes += describe(schedule.update(table))
             if schedule.joined:  # the admitted workers get the trained model
                 handover = merge_seconds(scenario.model, world, scenario.link)
                 result.wall_s += handover

@@ -48,19 +48,26 @@ class BatchPrefetcher(Generic[Request]):
         self._copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.wait_s = 0.0  # time the consumer spent waiting for a batch (the data stall)
 
-    def batches(self, requests: Iterator[Request]) -> Iterator[PreparedBatch[Request]]:
+    def batches(self, requests: Iterator[Request], on_stop: Callable[[], None] | None = None
+                ) -> Iterator[PreparedBatch[Request]]:
         """The prepared batches of ``requests``, in order; the next one is prepared while the caller uses the
-        current one. ``requests`` is advanced on the background thread only (when enabled)."""
+        current one. ``requests`` is advanced on the background thread only (when enabled). ``on_stop``: called
+        where the caller stops before the requests end (an error), before waiting for the request in flight, so
+        that a ``requests`` blocked on the caller's progress can return."""
         if self._pool is None:
             while (batch := self._timed(lambda: self._next(requests))) is not None:
                 yield self._ready(batch)
             return
         pending: Future = self._pool.submit(self._next, requests)
+        ended = False
         try:
             while (batch := self._timed(pending.result)) is not None:
                 pending = self._pool.submit(self._next, requests)
                 yield self._ready(batch)
+            ended = True
         finally:
+            if not ended and on_stop is not None:
+                on_stop()
             pending.cancel() or pending.exception()  # never leave the thread inside the requests iterator
 
     def close(self) -> None:

@@ -202,22 +202,34 @@ def next_batch_sizes(current: Sequence[int], speeds: Sequence[float], total_batc
     return fit_total(total_batch, proposed, targets, batch_min, batch_maxes, multiple)
 
 
-def may_claim(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float],
-              computing: bool) -> bool:
-    """Whether worker ``rank`` should claim its next batch now, so that no one waits for it at the merge: ahead
-    (``computing``) only while the others cannot use up the interval in two of its steps; the fastest always claims."""
+def _others_rate(rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> float:
+    """Samples/s of the other workers that train (a batch size above 0)."""
+    return sum(float(s) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0)
+
+
+def may_claim_ahead(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> bool:
+    """Whether worker ``rank``, while its current step runs, should claim its next batch now: only while the others
+    cannot use up the interval in two of its steps (a worker with no speed yet never claims ahead)."""
     own = float(speeds[rank])
     if own <= 0:
-        return not computing
-    others = [(float(s), r) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0]
-    others_rate = sum(s for s, _ in others)
-    step_s = int(sizes[rank]) / own
+        return False
+    others_rate = _others_rate(rank, sizes, speeds)
     if others_rate <= 0:
         return True
-    if computing:
-        return claimer.size - claimer.seen > 2 * step_s * others_rate
+    return claimer.size - claimer.seen > 2 * int(sizes[rank]) / own * others_rate
+
+
+def may_claim_next(claimer: IntervalClaimer, rank: int, sizes: Sequence[int], speeds: Sequence[float]) -> bool:
+    """Whether worker ``rank``, its steps done, should claim its next batch, so that no one waits for it at the
+    merge: the fastest always claims, the others while the rest of the interval lasts the others half its step."""
+    own = float(speeds[rank])
+    others_rate = _others_rate(rank, sizes, speeds)
+    if own <= 0 or others_rate <= 0:
+        return True
+    others = [(float(s), r) for r, (s, b) in enumerate(zip(speeds, sizes)) if r != rank and b > 0]
     if all(own > s or (own == s and rank < r) for s, r in others):
         return True
+    step_s = int(sizes[rank]) / own
     left = claimer.size - claimer.seen
     if left / others_rate < step_s:  # near the end: the exact count
         left = claimer.remaining()

@@ -1,11 +1,13 @@
-"""Model merging: θ ← Σ_i p_i θ_i over parameters and buffers (elastic: θ_i moved α of the way), p_i = w_i / Σ_j w_j, by
-all-reduces over flat buckets of one dtype after a small float64 header; integer buffers take rank 0's value."""
+"""Model merging: θ ← Σ_i p_i θ_i over the members' parameters and buffers (elastic: θ_i moved α of the way),
+p_i = w_i / Σ_j w_j, by all-reduces over flat buckets of one dtype after a small float64 header that every worker
+joins; integer buffers take the first member's value."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,17 +51,24 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.
     return buckets
 
 
-def pack_header(weight: float, meta: torch.Tensor, integer: list[torch.Tensor], primary: bool,
+def pack_header(weight: float, member: bool, meta: torch.Tensor, integer: list[torch.Tensor], source: bool,
                 device: torch.device) -> torch.Tensor:
-    """The merge's first all-reduce as one float64 vector on ``device``: [w_i, 1, meta..., integer buffers (the
-    primary's values, zeros elsewhere)], every part moved to ``device`` first."""
-    # The 1 sums to the number of workers: the divisor of the uniform average used when every weight is 0 (no worker
-    # updated in the interval): the weights alone would divide by zero there, and the replicas must still agree.
-    parts = [torch.tensor([weight, 1.0], dtype=torch.float64, device=device),
+    """The merge's first all-reduce as one float64 vector on ``device``: [w_i, 1 for a member (0 else), meta...,
+    integer buffers (the ``source``'s values, zeros elsewhere)], every part moved to ``device`` first."""
+    # The count sums to the number of members: the divisor of the uniform average used when every weight is 0 (no
+    # member updated in the interval): the weights alone would divide by zero there, and the replicas must still agree.
+    parts = [torch.tensor([weight if member else 0.0, 1.0 if member else 0.0], dtype=torch.float64, device=device),
              meta.to(device=device, dtype=torch.float64)]
-    parts += [t.detach().reshape(-1).to(device=device, dtype=torch.float64) * (1.0 if primary else 0.0)
+    parts += [t.detach().reshape(-1).to(device=device, dtype=torch.float64) * (1.0 if source else 0.0)
               for t in integer]
     return torch.cat(parts)
+
+
+def merge_share(weight: float, total: float, members: float) -> float:
+    """p_i = w_i / Σ_j w_j of a member; 1 / (number of members) where every weight is 0 (a uniform average)."""
+    if members <= 0:
+        raise ValueError("a merge needs at least one member")
+    return 1.0 / members if total <= 0.0 else float(weight) / total
 
 
 def _synchronize(device: torch.device) -> None:
@@ -67,39 +76,85 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None,
-                     comm_device: torch.device | str | None = None, bucket_bytes: int = BUCKET_BYTES,
-                     elastic: float = 1.0, tensors: bool = True) -> MergeResult:
-    """Replace ``module``'s parameters and buffers by the average over all workers weighted by ``weight``, in place;
-    ``meta`` is summed alongside Σ w, ``elastic`` is α (θ_i ← θ_i + α(θ̄ − θ_i)), ``tensors=False``: the header only."""
+_GROUPS: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+def members_group(members: Sequence[int]) -> Any:
+    """The process group of ``members`` (None: every worker). Made once per set and process group; making it is a
+    collective of every worker, which the merges call at the same point with the same members."""
+    ranks = tuple(sorted(int(r) for r in members))
+    if len(ranks) == dist.get_world_size():
+        return None
+    key = (id(dist.group.WORLD), ranks)
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(ranks))
+    return _GROUPS[key]
+
+
+def exchange_table(meta: torch.Tensor, comm_device: torch.device | str | None = None) -> MergeResult:
+    """The merge's header alone: ``meta`` summed over every worker (the table the schedule moves on from), no
+    tensor merged."""
     started = time.perf_counter()
+    own = meta.detach().to(torch.float64).flatten()
     if dist.get_world_size() == 1:
+        return MergeResult(meta=own.clone(), total_weight=0.0, idle_s=0.0, merge_s=0.0)
+    header = own.to(torch.device(comm_device) if comm_device is not None else own.device)
+    dist.all_reduce(header)
+    idle = time.perf_counter() - started
+    return MergeResult(meta=header.cpu(), total_weight=0.0, idle_s=idle, merge_s=time.perf_counter() - started)
+
+
+def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None = None,
+                     comm_device: torch.device | str | None = None, members: Sequence[int] | None = None,
+                     bucket_bytes: int = BUCKET_BYTES, elastic: float = 1.0) -> MergeResult:
+    """Replace each member's parameters and buffers by the members' average weighted by ``weight``, in place;
+    ``members``: the ranks whose replicas merge (None: every worker; the others keep theirs and join the header
+    only, where ``meta`` is summed over every worker alongside Σ w); ``elastic`` is α (θ_i ← θ_i + α(θ̄ − θ_i));
+    integer buffers take the first member's values. Every worker calls it, with the same ``members``."""
+    started = time.perf_counter()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ranks = sorted(range(world) if members is None else {int(r) for r in members})
+    if not ranks:
+        raise ValueError("normalized_merge needs at least one member")
+    if world == 1:
         own = meta.detach().to(torch.float64).flatten().clone() if meta is not None else torch.zeros(0)
         return MergeResult(meta=own, total_weight=float(weight), idle_s=0.0, merge_s=0.0)
+    member = rank in ranks
     floating, integer = merge_tensors(module)
     params_device = floating[0].device if floating else torch.device("cpu")
     comm = torch.device(comm_device) if comm_device is not None else params_device
     extra = meta.detach().to(torch.float64).flatten() if meta is not None else torch.zeros(0, dtype=torch.float64)
-    header = pack_header(float(weight), extra, integer, dist.get_rank() == 0, comm)
+    header = pack_header(float(weight), member, extra, integer, rank == ranks[0], comm)
     _synchronize(params_device)
     wait_started = time.perf_counter()
     dist.all_reduce(header)
     idle = time.perf_counter() - wait_started
     header = header.cpu()
-    total, count = float(header[0]), float(header[1])
-    uniform = total <= 0.0
-    scale = 1.0 / count if uniform else float(weight) / total
+    total = float(header[0])
     reduced_meta = header[2:2 + extra.numel()].clone()
-    offset = 2 + extra.numel()
+    group = members_group(ranks)  # every worker makes a new group: before any returns
+    if member and len(ranks) > 1:
+        _merge_tensors(floating, integer, header[2 + extra.numel():], merge_share(weight, total, float(header[1])),
+                       comm, params_device, group, bucket_bytes, elastic)
+    _synchronize(params_device)
+    return MergeResult(meta=reduced_meta, total_weight=total, idle_s=idle, merge_s=time.perf_counter() - started)
+
+
+def _merge_tensors(floating: list[torch.Tensor], integer: list[torch.Tensor], integer_values: torch.Tensor,
+                   share: float, comm: torch.device, params_device: torch.device, group: Any, bucket_bytes: int,
+                   elastic: float) -> None:
+    """A member's part of the merge: integer buffers from the header, floating ones by bucketed all-reduces of
+    ``share`` × θ_i over ``group``."""
+    offset = 0
     with torch.no_grad():
-        for tensor in integer if tensors else []:
+        for tensor in integer:
             n = tensor.numel()
-            tensor.copy_(header[offset:offset + n].round().view_as(tensor).to(tensor.dtype))
+            tensor.copy_(integer_values[offset:offset + n].round().view_as(tensor).to(tensor.dtype))
             offset += n
-        for bucket in _buckets(floating, bucket_bytes) if tensors else []:
+        for bucket in _buckets(floating, bucket_bytes):
             flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
-            flat.mul_(scale)
-            dist.all_reduce(flat)
+            flat.mul_(share)
+            dist.all_reduce(flat, group=group)
             flat = flat.to(params_device)
             position = 0
             for tensor in bucket:
@@ -110,8 +165,34 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
                 else:
                     tensor.lerp_(average.to(tensor.dtype), elastic)
                 position += n
+
+
+def broadcast_module(module: nn.Module, source: int = 0, comm_device: torch.device | str | None = None,
+                     members: Sequence[int] | None = None, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Make the parameters and buffers of ``members`` (None: every worker; ``source`` among them) ``source``'s, in
+    place. Every worker calls it, with the same arguments."""
+    if dist.get_world_size() == 1:
+        return
+    ranks = sorted(range(dist.get_world_size()) if members is None else {int(r) for r in members} | {int(source)})
+    group = members_group(ranks)
+    if dist.get_rank() not in ranks or len(ranks) == 1:
+        return
+    floating, integer = merge_tensors(module)
+    tensors = floating + integer
+    params_device = tensors[0].device if tensors else torch.device("cpu")
+    comm = torch.device(comm_device) if comm_device is not None else params_device
     _synchronize(params_device)
-    return MergeResult(meta=reduced_meta, total_weight=total, idle_s=idle, merge_s=time.perf_counter() - started)
+    with torch.no_grad():
+        for bucket in _buckets(tensors, bucket_bytes):
+            flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
+            dist.broadcast(flat, src=int(source), group=group)
+            flat = flat.to(params_device)
+            position = 0
+            for tensor in bucket:
+                n = tensor.numel()
+                tensor.copy_(flat[position:position + n].view_as(tensor))
+                position += n
+    _synchronize(params_device)
 
 
 def average_buffers(buffers: Iterable[torch.Tensor], comm_device: torch.device | str | None = None) -> None:

@@ -6,16 +6,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim,
-                                    updated_speed)
-from rsnet.parallel.merge import MergeResult, normalized_merge
+from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim_ahead,
+                                    may_claim_next, updated_speed)
+from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, normalized_merge
 from rsnet.parallel.probe import ProbeStep, SpeedProbe
-from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, next_interval
+from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, describe, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row
 
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 
 # Per-worker fields of the merge's meta vector ("w": merge weight; "comm": seconds of its previous merge).
 META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm")
-# The longest the prefetch thread waits for the current step before it claims the next batch anyway.
-_CLAIM_WAIT_S = 30.0
+# A step that runs longer than this while the prefetch thread waits to claim the next batch gets a log line (the
+# claim still waits for it: claiming ahead would hold samples that the others might train before the merge).
+SLOW_STEP_LOG_S = 30.0
 # At the start, once the first probe is done, every worker waits this many of that worker's timed probe steps (at least
 # PROBE_GRACE_MIN_S) for the others' probes: similar devices all train from the first interval, a worker whose probe
 # is still running then is pending. A grace counted in steps, not in the probe's time, which a GPU's autotuning of the
@@ -32,6 +34,23 @@ _CLAIM_WAIT_S = 30.0
 PROBE_GRACE_STEPS = 4
 PROBE_GRACE_MIN_S = 0.1
 _POLL_S = 0.005  # how often a waiting worker reads the store's count of finished probes
+
+
+@dataclass
+class Interval:
+    """One merge interval of an epoch as this worker trains it: planned by ``intervals()`` (main thread), claimed
+    from by ``claims()`` (prefetch thread), closed by ``end_interval()``. ``low:high``: its positions in the epoch's
+    permutation; ``warmup_*``: samples and seconds of its first steps at a batch size (one-time costs, left out of
+    the speed); ``stopped``: the loop stopped taking batches (an error), so the prefetch thread claims no more."""
+
+    index: int
+    low: int
+    high: int
+    rounds: int
+    claim_key: str
+    warmup_samples: int = 0
+    warmup_seconds: float = 0.0
+    stopped: bool = False
 
 
 def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) -> ScheduleSettings:
@@ -77,12 +96,10 @@ class AdaptiveStrategy(Strategy):
         self._probe: SpeedProbe | None = None  # this worker's speed probe, while it runs (or until merge 0)
         self._comm_s = 0.0  # this worker's communication time in its last merge of the model
         self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
-        self._interval = 0  # the interval being claimed (its store counter is deleted after its merge)
-        self._bounds = (0, 0)
-        self._order = torch.empty(0, dtype=torch.long)
-        self._stepped = threading.Condition()  # after_step notifies the prefetch thread waiting to claim
+        self._order = torch.empty(0, dtype=torch.long)  # the epoch's permutation of the samples
+        self._interval = Interval(0, 0, 0, self.schedule.rounds, self._claim_key(0, 0))  # the one being trained
+        self._stepped = threading.Condition()  # after_step and stop_claiming notify the prefetch thread waiting to claim
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
-        self._rounds = self.schedule.rounds  # the rounds of the interval being trained
 
     @property
     def sizes(self) -> list[int]:
@@ -151,17 +168,18 @@ class AdaptiveStrategy(Strategy):
         while start < self.num_samples:
             size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start,
                                              self.num_samples)
-            self._rounds = max(size // self.schedule.total_batch, 1)
-            self._bounds = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min,
-                                                                             size // 2))
+            low, high = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min, size // 2))
+            self._interval = Interval(index, low, high, max(size // self.schedule.total_batch, 1),
+                                      self._claim_key(epoch, index))
             yield index
-            start = self._bounds[1]
+            start = high
             index += 1
 
     def _start(self) -> None:
-        """Merge 0: every worker waits for its own speed probe, then at most :data:`PROBE_GRACE` of that time for the
-        others' (the store counts the probes done), and the speeds are all-reduced; the workers whose probe is still
-        running are pending (:meth:`Schedule.start`). Alone, a worker needs no speed."""
+        """Merge 0: every worker waits for its own speed probe, then at most :data:`PROBE_GRACE_STEPS` of the first
+        probe's steps for the others' (the store counts the probes done); the speeds are all-reduced, the workers whose
+        probe is still running are pending (:meth:`Schedule.start`), and every replica becomes rank 0's. Alone, a
+        worker needs no speed."""
         if self.world == 1:
             self.schedule.started = True
             return
@@ -174,10 +192,12 @@ class AdaptiveStrategy(Strategy):
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k + META_FIELDS.index("s")] = self.speed
         meta[self.rank * k + META_FIELDS.index("batch_max")] = self.batch_max
-        result = normalized_merge(self.model, 0.0, meta=meta, comm_device=self.ctx.comm_device, tensors=False)
+        result = exchange_table(meta, comm_device=self.ctx.comm_device)
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, result.meta.view(self.world, k).T)}
+        # The replicas start from rank 0's weights, whatever each process drew or loaded before.
+        broadcast_module(self.model, 0, comm_device=self.ctx.comm_device)
         self.schedule.batch_maxes = [max(int(c), 1) for c in table["batch_max"]]
-        for note in self.schedule.start(table["s"]):
+        for note in describe(self.schedule.start(table["s"])):
             if self.ctx.is_primary:
                 log.info("adaptive: %s", note)
         if self.ctx.is_primary:
@@ -213,29 +233,35 @@ class AdaptiveStrategy(Strategy):
             self._probe = None
 
     def claims(self, interval: int) -> Iterator[Claim]:
-        """Claim batches of the interval through the store until it is used up (no collective), ahead of the current
-        step as :func:`may_claim` allows."""
-        if not self.schedule.active[self.rank]:
+        """Claim batches of the interval through the store until it is used up (no collective): ahead of the current
+        step where :func:`may_claim_ahead` allows, else after it where :func:`may_claim_next` does."""
+        current = self._interval
+        if not self.schedule.active[self.rank] or current.stopped:
             return
-        low, high = self._bounds
-        self._interval = interval
-        claimer = IntervalClaimer(self.ctx.store, self._claim_key(interval), high - low, self.schedule.claim_min)
+        claimer = IntervalClaimer(self.ctx.store, current.claim_key, current.high - current.low,
+                                  self.schedule.claim_min)
         speeds = self.schedule.speeds_of_active()
         speeds[self.rank] = self.speed
         claimed = 0
         while True:
-            free = not claimed
-            if claimed and not may_claim(claimer, self.rank, self.sizes, speeds, computing=True):
-                self._wait_for_steps(claimed)
-                free = True
-            if free and not may_claim(claimer, self.rank, self.sizes, speeds, computing=False):
+            ahead = claimed > 0 and may_claim_ahead(claimer, self.rank, self.sizes, speeds)
+            if claimed and not ahead and not self._wait_for_steps(current, claimed):
+                return
+            if not ahead and not may_claim_next(claimer, self.rank, self.sizes, speeds):
                 return
             span = claimer.claim(self.batch_size)
             if span is None:
                 return
             claimed += 1
             start, end = span
-            yield Claim(self._order[low + start:low + end], self.epoch + (low + start) / self.num_samples)
+            yield Claim(self._order[current.low + start:current.low + end],
+                        self.epoch + (current.low + start) / self.num_samples)
+
+    def stop_claiming(self) -> None:
+        """The loop takes no more batches of this interval (an error): a prefetch thread waiting to claim returns."""
+        with self._stepped:
+            self._interval.stopped = True
+            self._stepped.notify_all()
 
     @property
     def fixed_batch_sizes(self) -> bool:
@@ -256,20 +282,23 @@ class AdaptiveStrategy(Strategy):
         # would make a worker whose batch is resized at a merge look slow, and be resized again at the next.
         if batch_size not in self._trained_sizes:
             self._trained_sizes.add(batch_size)
-            self._warmup = (self._warmup[0] + batch_size, self._warmup[1] + seconds)
+            self._interval.warmup_samples += batch_size
+            self._interval.warmup_seconds += seconds
 
-    def _reset_counters(self) -> None:
-        super()._reset_counters()
-        self._warmup = (0, 0.0)  # samples and seconds of the interval's first steps at a batch size (one-time costs)
-
-    def _wait_for_steps(self, count: int) -> None:
-        """Block (the prefetch thread) until this worker has trained ``count`` batches of the interval, or a timeout."""
+    def _wait_for_steps(self, interval: Interval, count: int) -> bool:
+        """Block (the prefetch thread) until this worker has trained ``count`` batches of ``interval``; False where
+        the loop stopped taking batches meanwhile. A step longer than :data:`SLOW_STEP_LOG_S` is logged once."""
         with self._stepped:
-            self._stepped.wait_for(lambda: self._updates >= count, timeout=_CLAIM_WAIT_S)
+            done = lambda: self._updates >= count or interval.stopped  # noqa: E731 - the condition's predicate
+            if not self._stepped.wait_for(done, timeout=SLOW_STEP_LOG_S):
+                log.warning("worker %d (%s): a step has run for more than %.0f s; its next claim waits for it",
+                            self.rank, self.ctx.device, SLOW_STEP_LOG_S)
+                self._stepped.wait_for(done)
+            return not interval.stopped
 
-    def _claim_key(self, interval: int) -> str:
-        """The store counter the workers claim positions of this epoch's ``interval`` from."""
-        return f"{self.prefix}/e{self.epoch}/i{interval}"
+    def _claim_key(self, epoch: int, interval: int) -> str:
+        """The store counter the workers claim positions of ``epoch``'s ``interval`` from."""
+        return f"{self.prefix}/e{epoch}/i{interval}"
 
     def _merge_weight(self) -> float:
         """w_i of the merge: 1 (uniform over the active workers, the default), the interval's updates or samples."""
@@ -282,44 +311,50 @@ class AdaptiveStrategy(Strategy):
         schedule on from the same merged table (one active worker: only the table). A pending worker's probe speed
         travels in the table once measured; a worker admitted then gets the merged model in a second merge."""
         super().end_interval(compute_seconds)
-        busy = self._compute
+        busy, interval = self._compute, self._interval
         self._take_probe_result()
         # Without the first step at each batch size (its one-time costs are no measure of the speed).
-        self.speed = updated_speed(self.speed, self._n - self._warmup[0], busy - self._warmup[1], self.speed_ema)
+        self.speed = updated_speed(self.speed, self._n - interval.warmup_samples, busy - interval.warmup_seconds,
+                                   self.speed_ema)
         mine = {"n": self._n, "s": self.speed, "b": self.batch_size, "updates": self._updates, "compute": busy,
                 "batch_max": self.batch_max, "w": self._merge_weight(), "comm": self._comm_s}
         k = len(META_FIELDS)
         meta = torch.zeros(self.world * k, dtype=torch.float64)
         meta[self.rank * k:(self.rank + 1) * k] = torch.tensor([mine[f] for f in META_FIELDS], dtype=torch.float64)
-        merge_tensors = self.schedule.workers > 1
+        trained = self._active_ranks()
         result = normalized_merge(self.model, mine["w"], meta=meta, comm_device=self.ctx.comm_device,
-                                  elastic=self.elastic, tensors=merge_tensors)
-        if merge_tensors:
+                                  members=trained, elastic=self.elastic)
+        if len(trained) > 1 and self.rank in trained:
             self._comm_s = max(result.merge_s - result.idle_s, 0.0)
         if self.ctx.is_primary and self.world > 1:  # every worker has claimed its last batch: the counters are done
-            self.ctx.store.delete_key(self._claim_key(self._interval))
+            self.ctx.store.delete_key(interval.claim_key)
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
         was_active = self.schedule.active[self.rank]
         self.adapt(table)
         if self.schedule.joined:  # the admitted workers start from the trained model (their weight: 0)
-            normalized_merge(self.model, float(was_active), comm_device=self.ctx.comm_device)
-        self._record(table, result)
+            normalized_merge(self.model, float(was_active), comm_device=self.ctx.comm_device,
+                             members=self._active_ranks())
+        self._record(table, result, interval.rounds)
         self._reset_counters()
+
+    def _active_ranks(self) -> list[int]:
+        """The workers that train now."""
+        return [rank for rank in range(self.world) if self.schedule.active[rank]]
 
     def adapt(self, table: Mapping[str, list[float]]) -> None:
         """Move the schedule on from the merged per-worker table (``META_FIELDS``), alike on every worker; the primary
         logs what changed."""
-        for note in self.schedule.update(table):
+        for note in describe(self.schedule.update(table)):
             if self.ctx.is_primary:
                 log.info("adaptive: %s", note)
         if sum(self.sizes) != self.schedule.total_batch:
             log.warning("adaptive: the workers' batch_max (%s) leave a total batch of %d instead of B = %d",
                         self.schedule.batch_maxes, sum(self.sizes), self.schedule.total_batch)
 
-    def _record(self, table: dict[str, list[float]], result: MergeResult) -> None:
+    def _record(self, table: dict[str, list[float]], result: MergeResult, rounds: int) -> None:
         row: dict[str, float] = {"epoch": self.epoch, "interval": self.schedule.merges, "merge_time": result.merge_s,
-                                 "rounds": self._rounds, "B": self.schedule.total_batch}
+                                 "rounds": rounds, "B": self.schedule.total_batch}
         total = sum(table["w"]) or 1.0
         for rank in range(self.world):
             for field in META_FIELDS:
@@ -337,10 +372,11 @@ class AdaptiveStrategy(Strategy):
         merges) average them, so that evaluation and checkpoints see one model. The workers left out or pending get
         no copy (they evaluate nothing), unless the primary, which saves the checkpoints, is one of them."""
         if self.world > 1:
-            elastic_apart = self.elastic < 1.0 and self.schedule.workers > 1
-            if elastic_apart or not self.schedule.active[0]:
-                normalized_merge(self.model, float(self.schedule.active[self.rank]),
-                                 comm_device=self.ctx.comm_device)
+            active = self._active_ranks()
+            if self.elastic < 1.0 and len(active) > 1:  # the replicas may differ: one model for evaluation
+                normalized_merge(self.model, 1.0, comm_device=self.ctx.comm_device, members=active)
+            if not self.schedule.active[0]:  # the primary, left out, saves the checkpoints
+                broadcast_module(self.model, active[0], comm_device=self.ctx.comm_device, members=[0, active[0]])
             self._gather_times()
         self._own_times = []
         self.epoch += 1

@@ -23,6 +23,16 @@ log = logging.getLogger(__name__)
 _instances = 0
 
 
+def _shared_prefix(name: str, number: int, ctx: WorkerContext) -> str:
+    """The strategy's key prefix in the c10d store, rank 0's on every worker (a collective): a worker that built
+    another number of strategies than rank 0 must still claim from the same counters."""
+    if ctx.world_size > 1 and dist.is_initialized():
+        shared = torch.tensor([number], dtype=torch.int64, device=ctx.comm_device)
+        dist.broadcast(shared, src=0)
+        number = int(shared.item())
+    return f"rsnet/{name}{number}"
+
+
 @dataclass(frozen=True)
 class Claim:
     """A batch this worker trains on: its sample indices, and ``position``, where it starts on the run's shared clock
@@ -46,7 +56,7 @@ class Strategy:
         self.cfg, self.ctx, self.model = trainer_cfg, ctx, model
         self.num_samples, self.total_batch, self.seed = int(num_samples), int(batch_size), int(seed)
         self.world, self.rank = ctx.world_size, ctx.rank
-        self.prefix = f"rsnet/{self.name}{_instances}"
+        self.prefix = _shared_prefix(self.name, _instances, ctx)
         self.batch_min = int(trainer_cfg["batch_min"])
         # lr of a batch of b = lr x b / ref_batch; default ref_batch = B / world, the batch of an equal split.
         ref_batch = trainer_cfg.get("ref_batch")  # sync has none: its lr scale is always 1
@@ -103,6 +113,9 @@ class Strategy:
     def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
         """This worker's batches of ``interval`` of the current epoch, in order."""
         raise NotImplementedError
+
+    def stop_claiming(self) -> None:
+        """The loop takes no more of the interval's batches (an error stopped it); nothing to release here."""
 
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
         """``lr_ratio(position)``: the scheduled lr over its peak, for strategies whose cadence follows the lr."""
