@@ -45,7 +45,8 @@ def flip_bits_of_tensor(path: Path, tensor: torch.Tensor, count: int = 16) -> No
 
 
 def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_it(tmp_path: Path, capsys) -> None:
-    """Was: evaluate dropped from 90.0 % to 60.0 % with exit status 0 and no word."""
+    """A checkpoint with flipped bits in a weight is refused as damaged, naming the file, by the loader and by
+    rsnet-export and rsnet-predict (exit 2, one line): nothing is computed from it."""
     path = write_checkpoint(tmp_path / "best.pt")
     weight = max(load_checkpoint(path)["model_state"].values(), key=torch.Tensor.numel)
     flip_bits_of_tensor(path, weight)
@@ -64,8 +65,8 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_it(tmp_path: Path, caps
 
 
 def test_random_bytes_and_an_empty_file_say_what_is_wrong(tmp_path: Path) -> None:
-    """Was: random bytes were loaded and trained on until the loss became NaN; a 0-byte last.pt gave torch's
-    "mmap can only be used with files saved with `_use_new_zipfile_serialization=True`"."""
+    """200 random bytes inside a checkpoint and a 0-byte checkpoint are each refused with one message naming the
+    file and what is wrong with it (damaged, or not an rsnet checkpoint), never loaded."""
     path = write_checkpoint(tmp_path / "last.pt")
     data = bytearray(path.read_bytes())
     rng = np.random.default_rng(0)
@@ -112,7 +113,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("fmt", ["torchscript", "state_dict", "timm"])
 def test_an_export_whose_model_file_was_swapped_is_refused(fmt: str, checkpoint: Path, tmp_path: Path) -> None:
-    """Was: a 3-class model.ts beside a 21-class model.json labelled every image with the first classes, exit 0."""
+    """An export whose model file was replaced by another model's is refused: model.json's digests no longer match."""
     ours, other = tmp_path / "ours", tmp_path / "other"
     export_checkpoint(checkpoint, ours, format=fmt)
     meta = json.loads((ours / "model.json").read_text())
@@ -132,7 +133,7 @@ def test_an_export_whose_model_file_was_swapped_is_refused(fmt: str, checkpoint:
 
 def test_an_export_that_scores_another_number_of_classes_is_refused(checkpoint: Path, tmp_path: Path) -> None:
     """Without the digests (an export of an older rsnet) the model's output size is still checked against the
-    classes model.json names. Was: an IndexError traceback, or every image labelled with the wrong names."""
+    classes model.json names: a mismatch is refused in one message naming both numbers."""
     export_checkpoint(checkpoint, tmp_path, format="torchscript")
     meta = json.loads((tmp_path / "model.json").read_text())
     del meta["sha256"], meta["output_size"]
@@ -146,7 +147,8 @@ def test_an_export_that_scores_another_number_of_classes_is_refused(checkpoint: 
 
 
 def test_weights_torch_cannot_read_get_a_reason_not_unsafe_advice(tmp_path: Path) -> None:
-    """Was: random bytes as backbone.pretrained said "retry with weights_only=False" (runs code from the file)."""
+    """Random bytes as backbone.pretrained are refused with the reason, never with advice to retry with
+    weights_only=False (which would run code from the file)."""
     from rsnet.models.backbones import BackboneError, create_timm_classifier
 
     junk = tmp_path / "weights.pth"
@@ -160,7 +162,7 @@ def test_weights_torch_cannot_read_get_a_reason_not_unsafe_advice(tmp_path: Path
 
 
 def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp_path: Path) -> None:
-    """Was: torch's 2-line UserWarning "Detected pickle protocol ..." printed before rsnet's line."""
+    """A raw pickle as backbone weights is refused in rsnet's one line, with no warning of torch's before it."""
     from rsnet.models.backbones import BackboneError, create_timm_classifier
 
     weights = tmp_path / "weights.pth"
@@ -174,7 +176,8 @@ def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp
 
 
 def test_a_local_dir_backbone_whose_weights_hold_objects_is_one_line_without_unsafe_advice(tmp_path: Path) -> None:
-    """Was: torch's pickle-protocol warning, then "... If this checkpoint is trusted, retry with weights_only=False"."""
+    """A local-dir backbone whose weights hold objects is refused in one line: no torch warning, no advice to retry
+    with weights_only=False."""
     from rsnet.models.backbones import BackboneError, create_timm_classifier
 
     folder = tmp_path / "mine"
@@ -206,8 +209,8 @@ class _FillsUp(io.RawIOBase):
 
 
 def test_a_full_disk_inside_torch_save_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
-    """Was: a ~40-line traceback ending in torch's "RuntimeError: [enforce fail at inline_container.cc:672] .
-    unexpected pos", the real torch.save wrapping the file's OSError."""
+    """A disk that fills up inside torch.save (which wraps the file's OSError in its own RuntimeError) is the one
+    line of a full disk, and the previous checkpoint stays as it was."""
     last = write_checkpoint(tmp_path / "last.pt")
     before = last.read_bytes()
     real_fdopen = os.fdopen
@@ -227,7 +230,8 @@ def test_a_full_disk_inside_torch_save_is_one_line(tmp_path: Path, monkeypatch, 
 
 
 def test_a_full_disk_in_tensorboards_writer_thread_is_one_line(tmp_path: Path, capsys) -> None:
-    """Was: the writer thread's traceback, then the worker's (TensorBoard raises the thread's OSError again)."""
+    """A full disk in TensorBoard's writer thread is reported once, as the one line of a full disk where TensorBoard
+    raises it again: no traceback from the thread nor from the worker."""
     logger = TensorBoardLogger(tmp_path / "tensorboard")
     failing = threading.Thread(target=lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
     failing.start()

@@ -58,7 +58,7 @@ def run_evaluate(*overrides: str, capsys: pytest.CaptureFixture) -> tuple[int, s
 
 
 def test_two_image_folders_get_their_own_run_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Was: every dataset=image_folder run went to outputs/image_folder/..., so a second folder was refused."""
+    """Two image folders get two run dirs, each named after its folder and a digest of its path."""
     first, second = image_folder(tmp_path / "a" / "scenes"), image_folder(tmp_path / "b" / "scenes")
     dirs = [run_dir("dataset=image_folder", f"dataset.root={root}") for root in (first, second)]
     assert dirs[0] != dirs[1]
@@ -92,8 +92,8 @@ def test_runs_of_other_bands_get_their_own_run_dirs() -> None:
 @pytest.mark.parametrize("name", ["../../../../escaped/x", "nested/name", ".."])
 def test_a_checkpoint_dataset_name_cannot_lead_outside_its_folder(tmp_path: Path, name: str,
                                                                   capsys: pytest.CaptureFixture) -> None:
-    """Was: dataset.name ../../... in a crafted checkpoint made rsnet-evaluate create folders outside the
-    checkpoint's folder before the name was refused."""
+    """A crafted checkpoint's dataset.name ../../... is refused in one line before rsnet-evaluate creates any
+    folder: nothing under the test's folder changes."""
     config = {"dataset": {**dataset_config("ucmerced_mini"), "name": name}, "seed": 0}
     checkpoint = write_checkpoint(tmp_path / "a" / "b" / "run" / "checkpoints" / "last.pt", config=config)
     before = every_path(tmp_path)
@@ -115,7 +115,8 @@ def test_a_dataset_name_with_a_separator_on_the_command_line_is_refused(tmp_path
 
 def test_eval_result_records_the_epoch_and_sha256_of_the_checkpoint_it_scored(tmp_path: Path,
                                                                               capsys: pytest.CaptureFixture) -> None:
-    """Was: an eval_*.json of a run still training named last.pt only; the next epoch replaced the file."""
+    """An eval_*.json names the epoch and the SHA-256 of the checkpoint it scored, which stay true after the next
+    epoch replaces last.pt."""
     root = image_folder(tmp_path / "scenes")
     config = {"dataset": dataset_config("image_folder", root=str(root)), "seed": 0}
     checkpoint = write_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", config=config, epoch=7)

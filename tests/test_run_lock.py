@@ -79,9 +79,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_end_with_a_killed_launcher_and_write_nothing_after(tmp_path: Path) -> None:
-    """Was: after kill -9 of the launcher, its orphaned workers wrote last.pt and metrics.json a second later,
-    when the run dir's lock was already free, or died at their next store access with ~22 lines of C++ frames
-    each."""
+    """After kill -9 of the launcher its workers end too, and none writes last.pt or metrics.json once the run dir's
+    lock is free, nor prints C++ frames on its way out."""
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), "backbone=test_resnet",
                                  "dataset.image_size=32", "batch_size=32", "log.progress_bar=false", "model=baseline",
@@ -128,7 +127,7 @@ print("\\n".join(failed) or "all imported")
 
 
 def test_every_module_imports_where_there_is_no_fcntl() -> None:
-    """Was: run_lock imported fcntl at module level, so rsnet-train could not even import on Windows."""
+    """Every rsnet module imports where fcntl does not exist (Windows): the run lock needs it only when it locks."""
     result = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_POSIX_LOCKS], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.stdout.strip() == "all imported", result.stdout + result.stderr[-2000:]
