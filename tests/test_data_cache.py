@@ -158,7 +158,8 @@ def test_prefetcher_yields_get_batch_in_order_and_raises_its_errors(mini_root):
 
 
 def test_a_memory_cache_larger_than_the_machine_is_refused_before_decoding() -> None:
-    """Was: ``dataset.image_size=8192`` ended in a 44-line traceback, "Unable to allocate 78.8 GiB"."""
+    """A memory cache larger than the machine is refused in one line, before any image is opened, with its size
+    and what to change (dataset.image_size, dataset.cache=disk)."""
     from rsnet.data.cache import build_store
 
     paths = [f"/nowhere/scene{i}.jpg" for i in range(100_000)]  # never opened: the check comes first

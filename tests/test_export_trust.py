@@ -87,7 +87,8 @@ EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 @pytest.mark.parametrize("edit", EDITS)
 def test_an_edited_model_json_is_refused_naming_it(edit: str, exports: dict[str, Path], tmp_path: Path) -> None:
-    """Was: swapping two class names or changing mean in model.json changed every answer, exit 0."""
+    """An edited model.json (two class names swapped, another mean) is refused in one line: its contents do not
+    match the SHA-256 it records."""
     for name in EXPORTS:
         metadata = edit_metadata(copy_of(exports, name, tmp_path), EDITS[edit])
         with pytest.raises(ExportError) as refused:
@@ -161,8 +162,8 @@ def local_dir_backbone(meta: dict[str, Any]) -> None:
 def test_a_model_json_never_makes_rsnet_open_a_file_outside_the_export(
         name: str, change: Callable[[dict[str, Any]], None], expected: str, hashed: bool, exports: dict[str, Path],
         tmp_path: Path, opened_files: list[str]) -> None:
-    """Was: model.json's ``file`` ../x.pt loaded ../x.pt; a ``pretrained`` file or a ``local-dir:`` backbone in its
-    config was opened, and the error blamed backbone.pretrained, a setting the user never gave."""
+    """A model.json that names a file outside the export (``file`` ../x.pt, a ``pretrained`` file, a ``local-dir:``
+    backbone) is refused naming that entry, with or without digests, and rsnet opens no file outside the export."""
     folder = copy_of(exports, name, tmp_path)
     shutil.copy(folder / "model.pt", tmp_path / "x.pt")  # loads fine: only the check can stop it
     shutil.copy(folder / "model.pt", tmp_path / "weights.pth")
@@ -206,7 +207,8 @@ def random_bytes(path: Path) -> None:
 def test_a_damaged_model_file_of_an_unhashed_export_is_one_line(name: str, file: str, damage: Callable[[Path], None],
                                                                  reason: str, exports: dict[str, Path],
                                                                  tmp_path: Path) -> None:
-    """Was: 24 to 59 lines of traceback, or torch's advice to retry with weights_only=False."""
+    """A damaged model file of an export without digests is refused in one line naming the file and the reason,
+    with no advice to retry with weights_only=False."""
     folder = copy_of(exports, name, tmp_path)
     edit_metadata(folder, as_unhashed)
     damage(folder / file)
@@ -220,7 +222,7 @@ def test_a_damaged_model_file_of_an_unhashed_export_is_one_line(name: str, file:
 
 
 def test_a_raw_pickle_checkpoint_is_refused_without_torchs_warning(tmp_path: Path) -> None:
-    """Was: torch's 2-line UserWarning about weights_only before rsnet's own line."""
+    """A raw pickle as a checkpoint is refused in rsnet's one message, with no warning of torch's."""
     path = tmp_path / "best.pt"
     raw_pickle(path)
     with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError) as refused:
@@ -232,7 +234,7 @@ def test_a_raw_pickle_checkpoint_is_refused_without_torchs_warning(tmp_path: Pat
 
 def test_an_export_of_a_local_dir_backbone_needs_nothing_outside_it(tmp_path: Path) -> None:
     """model.json records the timm architecture a ``local-dir:`` backbone builds, not the folder: the export loads
-    once the folder is gone. Was: model.json named the folder, which every load read."""
+    once the folder is gone."""
     folder = tmp_path / "backbone"
     torch.manual_seed(3)
     timm.models.save_for_hf(timm.create_model("test_resnet"), folder, safe_serialization=True)

@@ -79,7 +79,7 @@ def esd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_train_writes_every_output(tmp_path: Path, model: str, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
     result = train(capfd, run_dir, f"model={model}", "epochs=1", "log.figure_format=both")
-    assert "test accuracy" in result.stdout and ", 1 epoch, " in result.stdout  # was "1 epochs"
+    assert "test accuracy" in result.stdout and ", 1 epoch, " in result.stdout  # singular
     assert f"tensorboard --logdir {run_dir / 'tensorboard'}" in result.stdout
     metrics = check_run_outputs(run_dir, epochs=1)
     assert all((run_dir / f"{name}.pdf").read_bytes().startswith(b"%PDF-") for name in ("curves", "confusion"))
@@ -175,15 +175,15 @@ def test_resuming_a_finished_run_reports_its_metrics(esd_run: Path, tmp_path: Pa
     before = json.loads((run_dir / "metrics.json").read_text())
     result = train(capfd, run_dir, "model=esd_mbenet", "epochs=2", "resume=true")
     assert f"test accuracy (ensemble): {before['accuracy']:.2f} %" in result.stdout
-    # was: the figures alone, as if it had trained; now it says so (and launches no worker)
+    # it says that nothing was left to train (and launches no worker), then gives the figures
     assert "has trained 2 of epochs=2, so nothing is left to train; its figures follow" in caplog.text
     assert json.loads((run_dir / "metrics.json").read_text())["history"] == before["history"]
 
 
 def test_resuming_from_a_damaged_checkpoint_is_refused_before_training(esd_run: Path, tmp_path: Path,
                                                                       capfd: pytest.CaptureFixture) -> None:
-    """Was: 200 random bytes in last.pt were loaded, trained on until the loss became NaN, and the advice named
-    the damaged file "the last good checkpoint"."""
+    """A last.pt with 200 bytes of a weight overwritten is refused before any worker starts (exit 2, the last line
+    names the file and its SHA-256 mismatch): no epoch is trained from it."""
     run_dir = shutil.copytree(esd_run, tmp_path / "run")
     last = run_dir / "checkpoints" / "last.pt"
     data = bytearray(last.read_bytes())
@@ -200,7 +200,7 @@ def test_resuming_from_a_damaged_checkpoint_is_refused_before_training(esd_run: 
 
 def test_a_non_finite_learning_rate_is_refused_before_the_data_is_decoded(tmp_path: Path,
                                                                          capfd: pytest.CaptureFixture) -> None:
-    """Was: optimizer.lr=nan trained until the NaN guard stopped it (exit 1)."""
+    """optimizer.lr=nan is refused in one line (exit 2) before the data is decoded or a checkpoint folder made."""
     result = train(capfd, tmp_path / "run", "model=baseline", "epochs=1", "optimizer.lr=nan", expect_ok=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: optimizer.lr=nan: must be a finite number"
@@ -216,7 +216,7 @@ def test_a_bad_figure_format_is_refused_before_the_data_is_decoded(tmp_path: Pat
 
 
 def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest.CaptureFixture) -> None:
-    """Was: continued at the other size without a word (another backbone: a 22-105-line load_state_dict traceback)."""
+    """Resuming at another dataset.image_size is refused in one line naming both sizes, with no traceback."""
     result = train(capfd, esd_run, "model=esd_mbenet", "epochs=3", "resume=true", "dataset.image_size=32",
                    expect_ok=False)
     assert result.returncode == 2
@@ -227,7 +227,8 @@ def test_resume_under_another_image_size_is_refused(esd_run: Path, capfd: pytest
 
 
 def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: Path, tmp_path: Path) -> None:
-    """Was: refused (exit 2), but Hydra had already rewritten .hydra/config.yaml with the refused command."""
+    """A second run into a run dir without resume=true is refused (exit 2) and leaves every file of the dir as it
+    was, .hydra/config.yaml included."""
     esd_run = shutil.copytree(esd_run, tmp_path / "run")
     (esd_run / "train.log").write_text("the first run's log\n")  # what the command line leaves (not run_train)
     before = dir_contents(esd_run)
@@ -242,8 +243,8 @@ def test_rerun_without_resume_refuses_to_overwrite_and_changes_nothing(esd_run: 
 
 def test_overwrite_starts_afresh_without_the_earlier_runs_outputs(esd_run: Path, tmp_path: Path,
                                                                    capfd: pytest.CaptureFixture) -> None:
-    """Was: the earlier run's TensorBoard events stayed beside the new run's (TensorBoard drew both as one set of
-    curves), and its best.pt (selected on validation) outlived a rerun without validation."""
+    """overwrite=true removes the earlier run's TensorBoard events and its best.pt (selected on validation, which the
+    new run lacks): the new run's curves and checkpoints are its own."""
     run_dir = shutil.copytree(esd_run, tmp_path / "run")
     earlier_events = {path.name for path in (run_dir / "tensorboard").glob("events.out.tfevents.*")}
     assert earlier_events and (run_dir / "checkpoints" / "best.pt").is_file()
@@ -318,7 +319,7 @@ def test_bad_settings_fail_before_training(tmp_path: Path, override: str, messag
 
 
 def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:
-    """Was: Hydra's multi-line "Could not find 'model/resnet_ensemble'" with its config search path, exit 1."""
+    """An unknown model= is refused in one line (exit 2) that lists the models there are."""
     result = train_script(tmp_path / "run", "model=resnet_ensemble", expect_ok=False)
     assert result.returncode == 2, result.stderr
     assert result.stderr == ("error: model=resnet_ensemble: there is no such model; choose one of baseline, "
@@ -339,7 +340,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: 
 
 
 def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    """Defect: this command crashed in epoch 1 on a batch of 1 ('Expected more than 1 value per channel')."""
+    """Three CPU workers at speeds 1:1:3 train two epochs to the end, every sample once per epoch, with no batch
+    below the batch minimum (a batch of 1 fails in BatchNorm)."""
     run_dir = tmp_path / "three_workers"
     train(capfd, run_dir, "trainer.devices=[cpu,cpu,cpu]", "trainer.cpu_threads=1", "trainer.slowdown=[1.0,1.0,3.0]",
           "trainer.merge_rounds=2", "trainer.merge_cost_max=0", "trainer.leave_out=false", "model=baseline",
@@ -380,8 +382,8 @@ def _default_ctrl_c() -> None:
 
 @pytest.mark.parametrize("devices", ["[cpu]", "[cpu,cpu]"])
 def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: str) -> None:
-    """Was: a KeyboardInterrupt traceback from every process. Now: exit 130, the checkpoint kept and the command
-    that continues the run, which works."""
+    """Ctrl-C ends the run with exit 130 and no traceback, keeps the checkpoint and prints the command that
+    continues the run, which works."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *TINY, "model=baseline",
                                 "epochs=50", f"trainer.devices={devices}", f"hydra.run.dir={run_dir}"],
@@ -410,7 +412,8 @@ def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: 
 
 
 def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    """Was: with two workers, a missing dataset root came back as "worker rank 0 failed" and both tracebacks."""
+    """With two workers a missing dataset root is the same one-line error as with one (exit 2): no worker rank, no
+    traceback."""
     result = train(capfd, tmp_path / "run", "trainer.devices=[cpu,cpu]", f"dataset.root={tmp_path / 'nowhere'}",
                    expect_ok=False)
     assert result.returncode == 2, result.stderr
@@ -420,7 +423,7 @@ def test_a_workers_input_error_is_one_line_like_in_one_process(tmp_path: Path, c
 
 
 def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
-    """Was: a Hydra traceback from its log-file setup ("Unable to configure handler 'file'")."""
+    """A run dir that cannot be created is one line (exit 2) naming it and the reason."""
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
     result = run_script("train.py", *TINY, "epochs=1", f"hydra.run.dir={blocker / 'run'}", expect_ok=False)
