@@ -102,7 +102,8 @@ def test_a_group_left_out_is_none_for_train_and_the_runs_own_for_evaluate() -> N
 
 
 def test_help_shows_the_keys_of_the_chosen_groups_with_their_comments() -> None:
-    """Was: only top-level keys; dataset.root, dataset.image_size, model.loss.* were in the README only."""
+    """--help lists the keys of the chosen config groups (dataset.*, model.loss.*, trainer.*) with their yaml
+    comments, for the groups the command line picks."""
     text = command_help("config")  # the defaults
     # the shared dataset keys (conf/_base/dataset.yaml), a key the dataset sets again shown with its own line
     assert "dataset (ucmerced_mini): dataset.<key>=value\n  root: null                # null = the bundled" in text
@@ -149,8 +150,8 @@ def test_valid_overrides_and_hydras_own_modes_pass_the_check() -> None:
 
 
 def test_a_typo_is_one_line_and_exit_2_in_every_command() -> None:
-    """Was: Hydra's "Could not override 'epoch'. To append to your config use +epoch=3", exit 1; for model=foo a
-    multi-line "Could not find 'model/foo'" with the config search path."""
+    """A mistyped setting or group option is one line with exit 2 in every command, suggesting the nearest
+    setting."""
     result = _script("train.py", "epoch=3")
     assert result.returncode == 2 and result.stderr == (
         "error: epoch=3: there is no setting 'epoch' (did you mean 'epochs'?); train.py --help lists every setting\n")

@@ -24,13 +24,13 @@ def refusal(*argv: str) -> str:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["optimizer.lr=abc"], "optimizer.lr='abc': must be a number"),  # was: failed in the worker after decoding
+    (["optimizer.lr=abc"], "optimizer.lr='abc': must be a number"),  # before any worker starts
     (["dataset.train_ratio=abc"], "dataset.train_ratio='abc': must be a number"),
     (["seed=abc"], "seed='abc': must be a whole number"),
     (["seed=1.5"], "seed=1.5: must be a whole number"),
     (["epochs=true"], "epochs=True: must be a whole number"),
     (["eval_every=2.5"], "eval_every=2.5: must be a whole number"),
-    (["dataset.image_size=32.5"], "dataset.image_size=32.5: must be a whole number"),  # was: cut to 32
+    (["dataset.image_size=32.5"], "dataset.image_size=32.5: must be a whole number"),  # not cut to 32
     (["compile=maybe"], "compile='maybe': must be true or false"),
     (["max_grad_norm=abc"], "max_grad_norm='abc': must be a number or null"),
     (["log.attention_images=x"], "log.attention_images='x': must be a whole number or null"),
@@ -69,8 +69,8 @@ def test_every_shipped_dataset_fills_every_key(dataset: str) -> None:
 
 
 def test_a_searchpath_on_the_command_line_is_composed_with(tmp_path: Path) -> None:
-    """Was: hydra.searchpath was left out of the up-front composition, so a dataset of the user's own config dir
-    was refused as unknown."""
+    """The up-front check composes with hydra.searchpath: a dataset of the user's own config dir is accepted, and a
+    typo in its keys is named."""
     (tmp_path / "dataset").mkdir()
     (tmp_path / "dataset" / "mine.yaml").write_text("defaults: [image_folder, _self_]\nroot: /data/mine\n")
     check_overrides("config", [f"hydra.searchpath=[file://{tmp_path}]", "dataset=mine"], "rsnet-train")
@@ -100,8 +100,8 @@ def test_each_model_yaml_gives_its_options_the_code_defaults(arch: str) -> None:
 
 
 def test_a_config_dir_is_composed_with_and_a_yaml_that_leaves_a_typed_key_empty_is_named(tmp_path: Path) -> None:
-    """Was: --config-dir skipped the up-front check, and a dataset yaml of the user's own without the shared keys
-    failed in Hydra's run-dir interpolation ("MissingMandatoryValue ... full_key: hydra.run.dir", 4 lines)."""
+    """The up-front check composes with --config-dir (a typo in the user's dataset is named), and a dataset yaml of
+    the user's own that leaves a required key unset is refused naming it (``--help`` still shows)."""
     (tmp_path / "dataset").mkdir()
     (tmp_path / "dataset" / "mine.yaml").write_text("defaults: [image_folder, _self_]\nroot: /data/mine\n")
     (tmp_path / "dataset" / "bare.yaml").write_text("name: image_folder\nroot: /data\ntrain_ratio: 0.5\nimage_size: 64\n")

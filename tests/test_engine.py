@@ -59,11 +59,11 @@ def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     (("trainer", "merge_rounds"), 0, "trainer.merge_rounds=0"),
     (("trainer", "elastic"), 0.0, "trainer.elastic=0.0"),
     (("trainer", "merge_weight"), "steps", "trainer.merge_weight='steps'"),
-    (("trainer", "slowdown"), [1.0], "has 1 factor"),  # was padded with 1.0 silently
-    (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # was truncated silently
+    (("trainer", "slowdown"), [1.0], "has 1 factor"),  # not padded with 1.0
+    (("trainer", "slowdown"), [1.0, 2.0, 3.0], "has 3 factor"),  # not truncated
     (("trainer", "slowdown"), [1.0, 0.5], ">= 1.0"),
     (("trainer", "timeout_s"), 0, "trainer.timeout_s=0"),
-    (("dataset", "image_size"), 32.5, "dataset.image_size=32.5"),  # was cut to 32 silently
+    (("dataset", "image_size"), 32.5, "dataset.image_size=32.5"),  # not cut to 32
     (("epochs",), True, "epochs=True"),
     (("amp",), True, "amp=True: use bf16"),  # the old boolean: say which precision
     (("optimizer", "name"), "sgdd", "optimizer.name='sgdd' is not a timm optimizer \\(did you mean sgd"),
@@ -82,7 +82,7 @@ def test_bad_settings_name_what_to_fix(path: tuple[str, ...], value: object, nee
 def test_devices_one_name_or_a_list_and_unknown_ones_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from rsnet.engine.trainer import resolve_devices
 
-    assert resolve_devices("cpu") == ["cpu"]  # was split into workers on devices 'c', 'p', 'u'
+    assert resolve_devices("cpu") == ["cpu"]  # one device, not the letters 'c', 'p', 'u'
     assert resolve_devices(["cpu", "cpu"]) == ["cpu", "cpu"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_devices(["cuda", "cuda:1"]) == ["cuda:0", "cuda:1"]  # NCCL refused a bare 'cuda' on a GPU
@@ -248,7 +248,8 @@ class _DivergedModel(_MemoryBoundModel):
 @pytest.mark.parametrize("checkpoint_epoch", [None, 3])
 def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: Path,
                                                                       checkpoint_epoch: int | None) -> None:
-    """Was: "keeps its last good checkpoint in <run>/checkpoints" also when the first epoch diverged and none exists."""
+    """The NaN stop names last.pt and its epoch when one was written, and says that none was when the first epoch
+    diverged: it never names a checkpoint that does not exist."""
     from types import SimpleNamespace
 
     from rsnet.engine.trainer import NonFiniteLossError, train_one_epoch
@@ -301,9 +302,9 @@ OUT_OF_RANGE = [  # setting(s) -> the start of the one-line refusal; every one t
 
 @pytest.mark.parametrize("overrides, refusal", OUT_OF_RANGE, ids=[case for case, _ in OUT_OF_RANGE])
 def test_out_of_range_and_non_finite_settings_are_refused_before_any_work(overrides: str, refusal: str) -> None:
-    """Was: optimizer.lr=nan trained until the NaN guard stopped it; optimizer.lr=-1 was refused only after the
-    dataset was decoded, without naming the setting; model.loss.* and model.options.* had no up-front check. (The
-    schema's float settings arrive as floats: optimizer.lr=-1 is -1.0.)"""
+    """Out-of-range and non-finite settings (optimizer.lr, model.loss.*, model.options.*) are refused by the
+    up-front check, naming the setting, before any data is decoded. (The schema's float settings arrive as floats:
+    optimizer.lr=-1 is -1.0.)"""
     config = training_config("backbone=test_resnet", *overrides.split())
     with pytest.raises(ConfigError) as refused:
         check_training_config(config, num_workers=1)

@@ -127,7 +127,7 @@ def test_export_and_reload_emit_no_deprecation_from_rsnet(checkpoint: Path, tmp_
 @pytest.mark.parametrize("head, files", [("main", ["config.json", "model.json", "model.safetensors"]),
                                          ("ensemble", ["model.json", "model.pt"])])
 def test_the_default_format_is_not_deprecated(checkpoint: Path, tmp_path: Path, head: str, files: list[str]) -> None:
-    """Was: TorchScript by default, and four torch.jit deprecation warnings on every export and every predict."""
+    """The default format (timm for the main head, state_dict otherwise) exports and loads without a warning."""
     result, caught = export_recording(checkpoint, tmp_path, head=head)  # format="auto"
     with warnings.catch_warnings(record=True) as reloaded:
         warnings.simplefilter("always")
@@ -180,7 +180,8 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path) -> None:
-    """Was: a best.pt beside an export's model.json was taken for the export (predict used model.pt instead)."""
+    """A path resolves to the file meant: a checkpoint is the checkpoint even beside an export's model.json, an
+    export folder is the export."""
     from rsnet.model_loading import resolve_model_path
 
     run = tmp_path / "run"

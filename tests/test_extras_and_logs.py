@@ -41,8 +41,8 @@ def _raises(error: BaseException) -> Callable[..., None]:
 
 def test_an_extra_that_fails_costs_no_checkpoint_and_no_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """Was: the attention pictures, the TensorBoard images and the figures ran before the checkpoint was saved, so
-    an error in any of them (a bad class name, a full disk, matplotlib) stopped the run without its checkpoint."""
+    """An error in the attention pictures, the TensorBoard images or the figures (a bad class name, a full disk,
+    matplotlib) is one warning each: the checkpoint and metrics are saved and the run goes on."""
     monkeypatch.setattr(rsnet.engine.epoch_end, "log_what_the_model_sees", _raises(ValueError("bad class name 'a\tb'")))
     monkeypatch.setattr(rsnet.engine.epoch_end, "write_history", _raises(RuntimeError("matplotlib:\nno renderer")))
     monkeypatch.setattr(TensorBoardLogger, "confusion_matrix", _raises(OSError(28, "No space left on device")))
@@ -69,8 +69,8 @@ def _run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_two_workers_log_the_primarys_lines_to_train_log(tmp_path: Path) -> None:
-    """Was: with two workers the epoch lines went to the console only; train.log held the launcher's few lines. The
-    run goes through the adaptive scheduler, the simulated slowdown said as such, its decisions in TensorBoard."""
+    """With two workers train.log holds the primary's epoch lines beside the launcher's. The run goes through the
+    adaptive scheduler, the simulated slowdown said as such, its decisions in TensorBoard."""
     run_dir = tmp_path / "run"
     result = _run_script(*TINY, "trainer=adaptive", "trainer.devices=[cpu,cpu]", "trainer.cpu_threads=1",
                          "trainer.slowdown=[1.0,1.5]", "trainer.merge_rounds=2", f"hydra.run.dir={run_dir}")
@@ -91,7 +91,7 @@ def test_two_workers_log_the_primarys_lines_to_train_log(tmp_path: Path) -> None
 
 
 def test_a_failed_worker_is_named_in_train_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """Was: the launcher's line naming the failed worker went to the console only."""
+    """The launcher's line naming the failed worker goes to train.log as well as to the console."""
     log_file = logging.FileHandler(tmp_path / "train.log")  # as Hydra sets up the launching process's log file
     logging.getLogger().addHandler(log_file)
     error = WorkerError(1, "cpu", "killed by signal SIGKILL", others="worker rank 0 (cpu): DistBackendError: peer")
@@ -122,7 +122,7 @@ def _exit_status(main: Callable[[DictConfig], None], cfg: DictConfig) -> int | s
 
 def test_ctrl_c_in_export_evaluate_and_predict_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture) -> None:
-    """Was: a 46-81 line KeyboardInterrupt traceback (training already said one line and exited with 130)."""
+    """Ctrl-C in export, evaluate or predict is one line and exit 130, as in training: no traceback."""
     ctrl_c = _raises(KeyboardInterrupt())
     monkeypatch.setattr(rsnet.export, "export_checkpoint", ctrl_c)
     monkeypatch.setattr(rsnet.model_loading, "load_model", ctrl_c)

@@ -19,7 +19,8 @@ PAYLOAD = {"model_config": {"arch": "baseline"}, "model_state": {"w": torch.ones
 
 
 def test_full_disk_during_a_checkpoint_names_it_and_keeps_the_previous_one(tmp_path: Path, monkeypatch, capsys) -> None:
-    """Was: "OSError: [Errno 28] No space left on device" with a traceback (in a worker: the worker's traceback)."""
+    """A full disk while a checkpoint is written is one line naming the file, with no traceback, and the previous
+    checkpoint stays intact."""
     last = save_checkpoint(tmp_path / "checkpoints" / "last.pt", PAYLOAD)
 
     def full_disk(obj, handle):
@@ -51,7 +52,8 @@ def test_writable_dir_check_names_the_setting(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_follow_the_users_umask(tmp_path: Path, umask: int, mode: int) -> None:
-    """Was: every file rsnet wrote was -rw------- (tempfile.mkstemp), unreadable to colleagues on a shared server."""
+    """Files rsnet writes (atomically, through a temporary file) get the mode the user's umask gives, as files
+    written in place do."""
     previous = os.umask(umask)
     try:
         with atomic_write(tmp_path / "metrics.json", "w") as handle:
