@@ -59,11 +59,12 @@ def test_the_first_error_is_kept_later_jobs_dropped_and_raised_by_wait_on_the_ca
 
 def test_leaving_on_an_error_waits_for_the_writes_and_the_error_in_flight_wins() -> None:
     ran: list[int] = []
-    with pytest.raises(KeyboardInterrupt):
+    interrupt = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt) as caught:
         with BackgroundWriter() as writer:
             writer.submit(lambda: (time.sleep(0.2), ran.append(1)))
-            raise KeyboardInterrupt
-    assert ran == [1]
+            raise interrupt
+    assert caught.value is interrupt and ran == [1]
 
 
 def test_without_background_a_job_runs_at_once_and_its_error_raises_there() -> None:

@@ -152,7 +152,7 @@ def test_prefetcher_yields_get_batch_in_order_and_raises_its_errors(mini_root):
     for idx, batch in zip(batches, got):
         ex, ey = test.get_batch(idx)
         assert torch.equal(batch.images, ex) and torch.equal(batch.labels, ey)
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="index 10000 is out of bounds"):  # the bad batch's own error
         list(prefetcher.batches(iter([[0, 1], [10_000]])))
     prefetcher.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def test_class_without_samples_and_bad_labels() -> None:
     metrics = compute_metrics(_result({"main": [0, 1]}, [0, 1]), ["a", "b", "c"])
     assert metrics["per_class_accuracy"]["c"] is None
     assert metrics["average_accuracy"] == pytest.approx(100.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("labels outside [0, 3) for 3 classes")):
         confusion_matrix(np.array([0, 3]), np.array([0, 0]), 3)
 
 

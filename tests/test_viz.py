@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -79,7 +81,7 @@ def test_overlay_shapes_and_dtype() -> None:
     np.testing.assert_array_equal(out, image)
     hot = overlay(np.zeros((4, 4, 3), np.uint8), np.ones((4, 4)), alpha=1.0)
     assert hot[0, 0].tolist() == [128, 0, 0]  # jet at 1.0 is dark red (RGB order)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("overlay expects an (H, W, 3) image, got shape (20, 30)")):
         overlay(image[..., 0], np.zeros((20, 30)))
 
 
