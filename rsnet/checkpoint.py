@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,25 @@ def _verify_digest(path: Path, payload: dict[str, Any]) -> None:
                          f"bit on disk or in a copy){_REPLACE}")
 
 
+def check_normalisation(mean: Any, std: Any, channels: int, source: str | Path) -> None:
+    """ValueError naming ``source`` unless ``mean`` and ``std`` (a model's normalisation, per input band) are
+    ``channels`` finite numbers each, every std above 0: anything else gives NaN or wrong inputs without a word."""
+    fix = "retrain, or restore the file from the run that wrote it"
+    for name, values in (("mean", mean), ("std", std)):
+        try:
+            numbers = [float(value) for value in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: its {name} {values!r} is not a list of numbers: {fix}") from None
+        if len(numbers) != channels:
+            raise ValueError(f"{source}: its {name} has {len(numbers)} entries, and the model reads {channels} "
+                             f"band(s): {fix}")
+        bad = [k + 1 for k, value in enumerate(numbers) if not math.isfinite(value) or name == "std" and value <= 0]
+        if bad:
+            what = "finite numbers above 0" if name == "std" else "finite numbers"
+            raise ValueError(f"{source}: its {name} of band(s) {bad} is {[numbers[k - 1] for k in bad]}, and must be "
+                             f"{what} (the model's inputs would be NaN or infinite): {fix}")
+
+
 def model_from_checkpoint(checkpoint: dict[str, Any], source: str | Path = "the checkpoint") -> nn.Module:
     """Rebuild the trained model from a loaded checkpoint (eval mode, no pretrained download); ValueError naming
     ``source`` when its config, class names and weights do not fit together."""
@@ -107,6 +127,7 @@ def model_from_checkpoint(checkpoint: dict[str, Any], source: str | Path = "the 
     if len(classes) != config["num_classes"]:
         raise ValueError(f"{source}: class-count mismatch: {len(classes)} class names but the model has "
                          f"num_classes={config['num_classes']}")
+    check_normalisation(checkpoint["mean"], checkpoint["std"], int(config.get("in_chans", 3)), source)
     model = build_model(**{**config, "pretrained": False})
     state = checkpoint["model_state"]
     own = model.state_dict()

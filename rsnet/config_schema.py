@@ -29,6 +29,7 @@ class DatasetSchema:
     skip_corrupt: bool
     high_bit_depth: str
     bands: Any  # null, all, or a list of 1-based band indices or band names
+    max_pixels: Optional[int]  # the most pixels of one band file (null: the default)
     download: bool
     name: str
 

@@ -14,7 +14,7 @@ import timm
 import torch
 from torch import Tensor, nn
 
-from rsnet.checkpoint import DIGEST_KEY
+from rsnet.checkpoint import DIGEST_KEY, check_normalisation
 from rsnet.integrity import file_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
 
@@ -104,6 +104,8 @@ def load_exported(path: str | Path, map_location: str | torch.device = "cpu") ->
     _verify_export_files(metadata_path, meta, own_files)
     if meta["format"] == "timm":
         _check_timm_config(metadata_path, meta)
+    check_normalisation(meta.get("mean"), meta.get("std"), int((meta.get("model_config") or {}).get("in_chans", 3)),
+                        metadata_path)
     exported = _load_export_module(file, meta, map_location)
     _check_output_size(exported, metadata_path)
     return exported

@@ -120,17 +120,20 @@ def _head_logits(model: nn.Module, head: str | None) -> Callable[[Tensor], Tenso
 
 
 def load_predictor(path: str | Path, device: str | torch.device = "auto", head: str | None = None,
-                   tta: str = "none", attention: bool = False) -> Predictor:
+                   tta: str = "none", attention: bool = False, max_pixels: int | None = None) -> Predictor:
     """Load a training checkpoint or an export at ``path``; ``head``: a checkpoint's scored head (default: its ensemble,
-    else main); ``attention``: an export is also rebuilt for attention maps."""
+    else main); ``attention``: an export is also rebuilt for attention maps; ``max_pixels``: the most pixels of an
+    image file a multispectral model reads (None: the default)."""
     device = resolve_device(device) if isinstance(device, str) else device
     loaded = load_model(path, device, setting="checkpoint")
     meta, model = loaded.metadata, loaded.model
     scored = TTAModel(model) if tta == "d4" else model
+    bands = bands_from_metadata(meta.get("bands"))
     settings = dict(class_names=list(meta["class_names"]), image_size=int(meta["image_size"]),
                     mean=list(meta["mean"]), std=list(meta["std"]), device=device,
                     high_bit_depth=meta.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
-                    bands=bands_from_metadata(meta.get("bands")), footprint=dict(meta.get("footprint") or {}))
+                    bands=bands and bands.with_max_pixels(max_pixels, "max_pixels"),
+                    footprint=dict(meta.get("footprint") or {}))
     if loaded.source.kind == "export":
         if head is not None and head != meta.get("head", head):
             raise ValueError(f"{path} is an export of head {meta.get('head')!r}; head={head} needs a checkpoint")

@@ -142,6 +142,14 @@ def _bands_read(predictor: Predictor, src: Any, path: Path) -> list[int]:
     if src.count < max(bands.indices):
         raise ValueError(f"{path} has {src.count} band(s) and the model reads bands {list(bands.indices)} "
                          f"({', '.join(bands.names)}): map a raster that holds them")
+    if bands.count is not None and src.count != bands.count:
+        raise ValueError(f"{path} has {src.count} band(s) and the model was trained on files of {bands.count}: its "
+                         "band numbers would mean other bands; map a raster of the training files' bands, in their "
+                         "order (e.g. gdal_translate -b ...)")
+    found = {src.dtypes[i - 1] for i in bands.indices}
+    if found != {bands.dtype}:
+        raise ValueError(f"{path} holds {', '.join(sorted(found))} samples and the model's bands are {bands.dtype}: "
+                         f"convert the scene to {bands.dtype} in the training files' units")
     return list(bands.indices)
 
 

@@ -90,7 +90,8 @@ def test_reading_keeps_the_digital_numbers_and_the_band_order(tmp_path: Path) ->
     assert out.shape == (8, 8, 2) and out.dtype == np.uint16
     assert (out[..., 0] == 5000).all() and (out[..., 1] == 1000).all()  # no stretch, selected order
     short = write_raster(tmp_path / "short.tif", pixels[:3])
-    with pytest.raises(CorruptImageError, match=r"short\.tif.*it has 3 band\(s\), and the model reads bands \[5, 1\]"):
+    with pytest.raises(CorruptImageError, match=r"short\.tif.*it has 3 band\(s\), and the dataset's files have 5 "
+                                                r"\(the model reads bands \[5, 1\]"):
         bands.read(short, 8)
 
 

@@ -28,8 +28,8 @@ CONFIG_RECORD = Path(".hydra") / "config.yaml"
 # Not what a run measures: the seed, where and how it was started, logging, and speed or hardware choices that give
 # the same numbers up to float rounding (the number of workers changes training: compared from metrics.json).
 IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_batch_size", "prefetch", "channels_last",
-                    "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "trainer.devices",
-                    "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
+                    "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "dataset.max_pixels",
+                    "trainer.devices", "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
 # Shown in the table's own columns (from metrics.json).
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")

@@ -97,7 +97,8 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
     if attention_dir is not None:
         check_writable_dir(attention_dir, "attention_dir")
     device = resolve_device(str(args["device"]))
-    predictor = load_predictor(str(args["checkpoint"]), device, args["head"], tta, attention=attention_dir is not None)
+    predictor = load_predictor(str(args["checkpoint"]), device, args["head"], tta, attention=attention_dir is not None,
+                               max_pixels=args.get("max_pixels"))
     print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
           f"{len(paths)} images", file=sys.stderr)
     rows, bad, report = _classify_all(predictor, paths, args, batch_size, topk, attention_dir)

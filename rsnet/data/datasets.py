@@ -17,7 +17,7 @@ from .decode import DEFAULT_HIGH_BIT_DEPTH, describe_rescaled
 from .discovery import ScanResult, dataset_not_found, default_root, scan_dataset
 from .download import download_dataset
 from .errors import CorruptImageWarning, DatasetValidationError, HighBitDepthWarning
-from .raster import Bands, band_statistics, max_pixel_value, resolve_bands, training_footprint
+from .raster import Bands, band_statistics, max_pixel_value, open_raster, resolve_bands, training_footprint
 from .scene_dataset import SceneDataset
 from .specs import DatasetSpec, get_spec
 from .splits import Split, SplitRows, check_train_ratio, check_val_ratio, stratified_split
@@ -63,11 +63,11 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
                    split_file: str | os.PathLike | None = None, *, check_counts: bool = True,
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                    high_bit_depth: str = DEFAULT_HIGH_BIT_DEPTH, augment: Mapping[str, Any] | None = None,
-                   val_ratio: float = 0.0, bands: Any = None) -> DataBundle:
+                   val_ratio: float = 0.0, bands: Any = None, max_pixels: int | None = None) -> DataBundle:
     """Locate, validate, split and decode the dataset ``name`` (a key of ``DATASETS`` or "image_folder") below ``root``
     (None: the bundled sample), docs/data.md; raises DatasetValidationError for a class without images in a part.
     ``bands`` (``dataset.bands``) reads N-band rasters, normalised with the training split's per-band statistics
-    instead of ``mean``/``std``."""
+    instead of ``mean``/``std``, none of more than ``max_pixels`` pixels (``dataset.max_pixels``; None: the default)."""
     spec = get_spec(name, root)
     if split_file is None:
         train_ratio, val_ratio = check_train_ratio(train_ratio), check_val_ratio(val_ratio)
@@ -79,7 +79,10 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     # split before the (long) decode so a class without a test image is refused at once
     split, rows = _checked_split(scan, [], train_ratio, val_ratio, seed, split_file)
     given = isinstance(bands, Bands)  # a trained model's bands: read them, normalised with its mean/std
-    raster_bands = bands if given else resolve_bands(bands, scan.paths[0], spec.band_names, spec.rgb_bands)
+    raster_bands = (bands.with_max_pixels(max_pixels, "dataset.max_pixels") if given else
+                    resolve_bands(bands, scan.paths[0], spec.band_names, spec.rgb_bands, spec.name, max_pixels))
+    if raster_bands is None:
+        _require_pictures(spec, scan.paths[0])
     store = build_store(spec.name, scan.names, scan.paths, image_size, cache, cache_dir, skip_corrupt,
                         raster_bands or high_bit_depth)
     skipped = _report_decoding(scan, store)
@@ -103,10 +106,26 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
 def _band_normalisation(name: str, bands: Bands, store: ImageStore, train_rows: np.ndarray
                         ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-band mean and std of the training split's stored images (logged): a multispectral model's normalisation."""
-    mean, std = band_statistics(store, train_rows)
+    mean, std = band_statistics(store, train_rows, nodata=bands.nodata, names=bands.names)
     log.info("%s: bands %s (%s), per-band mean %s, std %s from the training split", name, list(bands.names),
              bands.dtype, [round(m, 2) for m in mean], [round(s, 2) for s in std])
     return mean, std
+
+
+def _require_pictures(spec: DatasetSpec, first_file: str) -> None:
+    """ValueError naming ``first_file`` when it has more bands than a picture (gray, RGB or RGBA) and
+    ``dataset.bands`` is not set: its bands would be undecodable, or dropped."""
+    if Path(first_file).suffix.lower() not in (".tif", ".tiff"):
+        return
+    try:
+        with open_raster(first_file) as src:
+            count = src.count
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by decoding
+        return
+    if count > 4:
+        raise ValueError(f"'{first_file}' has {count} bands, and {spec.name} is read as RGB pictures "
+                         "(dataset.bands=null): set dataset.bands=all, or the bands to read (e.g. "
+                         "'dataset.bands=[4,3,2,8]'), to train on them")
 
 
 def _root(spec: DatasetSpec, root: str | os.PathLike | None) -> str | os.PathLike:
@@ -234,4 +253,5 @@ def build_datasets_from_config(dataset: Mapping[str, Any], seed: int, image_size
         dataset["name"], dataset["root"], train_ratio=dataset["train_ratio"], seed=seed,
         image_size=int(image_size or dataset["image_size"]), cache=dataset["cache"], cache_dir=dataset["cache_dir"],
         skip_corrupt=bool(dataset["skip_corrupt"]), split_file=split_file, high_bit_depth=dataset["high_bit_depth"],
-        mean=mean, std=std, augment=augment, val_ratio=dataset["val_ratio"], bands=dataset.get("bands"))
+        mean=mean, std=std, augment=augment, val_ratio=dataset["val_ratio"], bands=dataset.get("bands"),
+        max_pixels=dataset.get("max_pixels"))
