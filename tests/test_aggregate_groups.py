@@ -14,6 +14,7 @@ from helpers import REPO, training_config
 from omegaconf import OmegaConf
 
 from rsnet.commands.aggregate import collect, report
+from rsnet.run_folders import dataset_folder
 
 CLASSES = ["forest", "river", "beach"]
 
@@ -36,7 +37,9 @@ def write_run(folder: Path, *, seed: int = 0, accuracy: float = 80.0, classes: l
     train_per_class = round(10 * config.dataset.train_ratio)  # of 10 images a class
     run = {"dataset": config.dataset.name, "model": config.model.arch, "backbone": config.backbone.name,
            "trainer": config.trainer.name, "seed": seed,
-           "protocol": {"dataset": config.dataset.name, "train_ratio": config.dataset.train_ratio,
+           "protocol": {"dataset": config.dataset.name,
+                        "data": dataset_folder(config.dataset.name, config.dataset.root, config.dataset.get("bands")),
+                        "train_ratio": config.dataset.train_ratio,
                         "val_ratio": config.dataset.val_ratio, "image_size": config.dataset.image_size,
                         "pretrained": "scratch", "epochs": config.epochs, "eval_every": config.eval_every,
                         "selection": "last epoch"},
@@ -183,3 +186,22 @@ def test_only_bad_files_is_one_line_naming_them_and_exit_2(tmp_path: Path) -> No
     assert lines[0].startswith(f"skipping {truncated}: not valid JSON (Unterminated string")
     assert lines[1].startswith(f"skipping {foreign}: not a metrics.json of rsnet-train")
     assert lines[2] == f"error: no finished run (metrics.json) below {tmp_path} (2 files left out, named above)"
+
+
+def test_bare_runs_on_two_image_folders_are_two_rows(tmp_path: Path) -> None:
+    for seed, root in enumerate(("/data/forests", "/data/cities")):
+        write_run(tmp_path / f"{Path(root).name}/seed{seed}", seed=seed, record_config=False,
+                  settings={"dataset.name": "image_folder", "dataset.root": root})
+    rows = table_rows(report([tmp_path]))
+    assert len(rows) == 2 and all(" | 0 | " in row or " | 1 | " in row for row in rows)
+    assert any("data=image_folder-forests-" in row for row in rows)
+
+
+def test_bare_runs_that_do_not_record_their_data_are_never_averaged(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        path = write_run(tmp_path / f"run{seed}/seed{seed}", seed=seed, record_config=False)
+        summary = json.loads(path.read_text())
+        del summary["protocol"]["data"]  # a metrics.json of an rsnet before protocol.data
+        path.write_text(json.dumps(summary))
+    rows = table_rows(report([tmp_path]))
+    assert len(rows) == 2 and any(f"run={tmp_path / 'run0' / 'seed0'}" in row for row in rows)

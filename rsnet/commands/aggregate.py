@@ -33,8 +33,9 @@ IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_bat
 # Shown in the table's own columns (from metrics.json).
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")
-# Facts of metrics.json compared besides the columns (images: train + val + test, the same at any train ratio).
-RECORDED_FACTS = ("trainer", "classes", "images", "workers", "eval_every")
+# Facts of metrics.json compared besides the columns (images: train + val + test, the same at any train ratio;
+# data: the dataset part of the run's folder name, which tells image folders and band choices apart).
+RECORDED_FACTS = ("trainer", "data", "classes", "images", "workers", "eval_every")
 NUMBER = (int, float)
 SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "dataset": str, "model": str, "backbone": str, "seed": int, "epochs": int, "epochs_planned": int,
@@ -102,7 +103,8 @@ def summary_problems(summary: Any) -> list[str]:
 
 def recorded_facts(summary: dict[str, Any]) -> dict[str, Any]:
     """The facts of RECORDED_FACTS that a run summary holds."""
-    facts = {"trainer": summary.get("trainer"), "eval_every": summary.get("protocol", {}).get("eval_every")}
+    recorded = summary.get("protocol", {})
+    facts = {"trainer": summary.get("trainer"), "data": recorded.get("data"), "eval_every": recorded.get("eval_every")}
     if isinstance(summary.get("per_class_accuracy"), dict):
         facts["classes"] = list(summary["per_class_accuracy"])
     if all(isinstance(summary.get(f"{part}_samples"), int) for part in ("train", "val", "test")):
@@ -112,13 +114,17 @@ def recorded_facts(summary: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in facts.items() if value is not None}
 
 
-def compared_settings(summary: dict[str, Any], config: dict[str, Any] | None) -> tuple[Setting, ...]:
+def compared_settings(summary: dict[str, Any], config: dict[str, Any] | None, path: Path) -> tuple[Setting, ...]:
     """Every setting a run is compared by besides the columns: its recorded config (``config``; None where the run
-    has no .hydra/config.yaml) but IGNORED_SETTINGS, and its facts of RECORDED_FACTS."""
+    has no .hydra/config.yaml) but IGNORED_SETTINGS, and its facts of RECORDED_FACTS. A run that records neither
+    its config nor its data (a metrics.json of an rsnet before ``protocol.data``) is compared by its folder: it is
+    a row of its own, never averaged with a run on data that may be other."""
     recorded = ({CONFIG_RECORD.as_posix(): "missing"} if config is None else
                 {name: value for name, value in flat_settings(config).items()
                  if not is_one_of(name, IGNORED_SETTINGS + COLUMN_SETTINGS)})
     recorded.update(recorded_facts(summary))
+    if config is None and "data" not in recorded:
+        recorded["run"] = str(path.parent)
     return tuple(sorted((name, setting_text(value)) for name, value in recorded.items()))
 
 
@@ -170,14 +176,15 @@ def collect(folders: list[Path]) -> dict[Group, list[Run]]:
             if config is None:
                 unrecorded.append(path)
             group = Group(summary["dataset"], run_protocol(summary), summary["model"], summary["backbone"],
-                          compared_settings(summary, config))
+                          compared_settings(summary, config, path))
             groups[group].append(Run(path, summary))
     if unrecorded:
         more = len(unrecorded) - 3
         named = ", ".join(map(str, unrecorded[:3])) + (f" and {more} more" if more > 0 else "")
         print(f"note: {counted(len(unrecorded), 'run')} {'has' if len(unrecorded) == 1 else 'have'} no "
               f"{CONFIG_RECORD.as_posix()} ({named}): grouped by what metrics.json records only, apart from the runs "
-              "that have one", file=sys.stderr)
+              "that have one (a metrics.json without protocol.data, the data it ran on: a row of its own)",
+              file=sys.stderr)
     return groups
 
 

@@ -24,7 +24,7 @@ from rsnet.evaluation import EvalFeed, compute_metrics, eval_batch_size
 from rsnet.files import atomic_write
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
-from rsnet.run_folders import pretrained_tag
+from rsnet.run_folders import dataset_folder, pretrained_tag
 from rsnet.checkpoint import run_checkpoint_path, save_checkpoint
 from rsnet.viz.embedding import dataset_features, embedding_labels, pick_embedding_images
 from rsnet.viz.tensorboard import TensorBoardLogger, attention_tiles, hparam_metrics
@@ -217,7 +217,8 @@ def log_what_the_model_sees(config: dict[str, Any], data: DataBundle, model: tor
 def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
     """What makes two runs comparable (grouped by in ``rsnet-aggregate``): the evaluation protocol and budget."""
     dataset = config["dataset"]
-    return {"dataset": dataset["name"], "train_ratio": data.split.train_ratio, "val_ratio": data.split.val_ratio,
+    return {"dataset": dataset["name"], "data": dataset_folder(dataset["name"], dataset["root"], dataset.get("bands")),
+            "train_ratio": data.split.train_ratio, "val_ratio": data.split.val_ratio,
             "image_size": data.image_size, "pretrained": pretrained_tag(config["backbone"]["pretrained"]),
             "epochs": config["epochs"], "eval_every": int(config["eval_every"]),
             "selection": "validation" if data.val is not None else "last epoch"}
