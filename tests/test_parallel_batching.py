@@ -12,6 +12,7 @@ from rsnet.parallel.batching import (
     claim_span,
     coarse_multiple_warning,
     epoch_permutation,
+    fit_total,
     initial_batch_sizes,
     may_claim_ahead,
     may_claim_next,
@@ -42,10 +43,11 @@ def test_controller_converges_to_proportional_sizes() -> None:
     assert history[-1] == [192, 64]
     history = _run_controller([4.0, 2.0, 1.0, 1.0], total=512, deadband=0.0)
     assert history[-1] == [256, 128, 64, 64]
-    # With the default 5 % deadband the sizes stop within 5 % (or half a multiple) of the target.
-    history = _run_controller([4.0, 2.0, 1.0, 1.0], total=512)
-    for size, target in zip(history[-1], [256, 128, 64, 64]):
-        assert abs(size - target) <= max(0.05 * size, 4) + 8
+    # The default 5 % deadband: targets 265.3 / 123.4 / 61.7 / 61.7 stop at 256 / 128 / 64 / 64 (each within 5 % of
+    # its size), where without it they move on to the nearest multiples of 8: 264 / 120 / 64 / 64.
+    assert _run_controller([4.3, 2.0, 1.0, 1.0], total=512)[-1] == [256, 128, 64, 64]
+    assert _run_controller([4.3, 2.0, 1.0, 1.0], total=512, deadband=0.0)[-1] == [264, 120, 64, 64]
+    assert _run_controller([1.04, 1.0], total=512)[-1] == [256, 256]  # 261.0 / 251.0: held
 
 
 def test_controller_closes_a_gap_smaller_than_one_multiple() -> None:
@@ -211,3 +213,15 @@ def test_claims_ahead_or_at_all_only_where_no_one_waits_for_them() -> None:
     assert not may_claim_next(claimer, 1, [24, 8], [100.0, 10.0])
     assert may_claim_next(claimer, 0, [24, 8], [100.0, 10.0])  # the fastest always claims
     assert may_claim_next(claimer, 0, [16, 16], [50.0, 50.0])  # a tie: the lower rank is the fastest
+
+
+def test_a_total_the_batch_maxes_cannot_hold_is_said_where_it_happens(caplog) -> None:
+    with caplog.at_level("WARNING", logger="rsnet.parallel.batching"):
+        sizes = fit_total(100, [48, 48], [50.0, 50.0], 8, [40, 40], 8)
+    assert sizes == [40, 40]
+    assert caplog.records[0].getMessage().startswith(
+        "batch sizes [40, 40] add up to 80, not the total batch of 100: the workers' batch_max ([40, 40])")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rsnet.parallel.batching"):
+        assert fit_total(100, [48, 48], [50.0, 50.0], 8, [64, 64], 8) == [52, 48]
+    assert caplog.records == []

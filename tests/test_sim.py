@@ -221,8 +221,8 @@ def _cli(monkeypatch):
 
 def test_loopback_link_is_measured_with_two_gloo_processes(monkeypatch, capsys):
     link = _cli(monkeypatch).measure_loopback(sizes=(1 << 16, 32 << 20), repeats=5)
-    # 32 MiB takes longer than 64 KiB through gloo, also on a loaded machine: a positive bandwidth, and a latency the fit keeps >= 0
-    assert 0 < link.bandwidth < float("inf") and link.latency >= 0
+    # 32 MiB takes longer than 64 KiB through gloo, also on a loaded machine: a positive, finite bandwidth
+    assert 0 < link.bandwidth < float("inf")
     assert "loopback all-reduce (2 gloo processes, 1 thread each): 0.0625 MiB" in capsys.readouterr().out
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import STRATEGIES, Strategy, SyncStrategy, build_strategy, register_strategy
+from rsnet.parallel.strategies import slowdown as slowdown_module
 from rsnet.parallel.strategies.slowdown import SimulatedSlowdown, slowed
 
 
@@ -42,22 +43,30 @@ def recording(strategy: type[Strategy], slowdowns: list[float]) -> Recording:
     return strategy({"batch_min": 1}, context(slowdowns), nn.Linear(2, 2), 64, 8, 0)
 
 
-def test_a_plain_strategy_sees_the_loops_times_and_never_sleeps() -> None:
+def _recorded_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The slowdown's sleeps, recorded (and still slept)."""
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(slowdown_module.time, "sleep", lambda seconds: (sleeps.append(seconds), real_sleep(seconds)))
+    return sleeps
+
+
+def test_a_plain_strategy_sees_the_loops_times_and_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _recorded_sleeps(monkeypatch)
     plain = recording(Recording, [1.0])
-    started = time.perf_counter()
     plain.after_step(8, 0.05)
-    assert time.perf_counter() - started < 0.04  # no sleep
+    assert sleeps == []
     plain.end_interval(0.05)
     assert plain.steps == [(0.05, 0.05)] and plain.intervals == [0.05] and not plain.needs_step_seconds
 
 
-def test_a_slowed_strategy_sleeps_and_sees_its_steps_stretched_by_the_factor() -> None:
+def test_a_slowed_strategy_sleeps_and_sees_its_steps_stretched_by_the_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _recorded_sleeps(monkeypatch)
     slow = recording(slowed(Recording), [3.0])
     assert isinstance(slow, Recording) and isinstance(slow, SimulatedSlowdown) and slow.name == "recording"
     assert slow.needs_step_seconds  # each step's own time is needed to sleep in proportion to it
-    started = time.perf_counter()
     slow.after_step(8, 0.05)
-    assert time.perf_counter() - started >= 0.1  # (3 - 1) x 0.05 s
+    assert sleeps == [pytest.approx(0.1)]  # (3 - 1) x 0.05 s
     slow.end_interval(0.05)
     assert slow.steps == [pytest.approx((0.15, 0.15))] and slow.intervals == [pytest.approx(0.15)]
     slow.end_interval(0.02)  # the sleep is counted in the interval it happened in, once

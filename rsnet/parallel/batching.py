@@ -3,10 +3,13 @@ through an atomic counter in the c10d store, and the batch-size controller."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
@@ -131,6 +134,10 @@ def fit_total(total: int, proposed: Sequence[int], wanted: Sequence[float], batc
     holders = [i for i in free if sizes[i] + remainder <= batch_maxes[i]]
     if remainder and holders:
         sizes[max(holders, key=lambda i: (units[i], -i))] += remainder
+    if sum(sizes) < total:
+        log.warning("batch sizes %s add up to %d, not the total batch of %d: the workers' batch_max (%s) in "
+                    "multiples of %d cannot hold the rest, so every round trains fewer samples; raise "
+                    "trainer.batch_max or lower batch_size", sizes, sum(sizes), total, list(batch_maxes), unit)
     return sizes
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim_ahead,
                                     may_claim_next, updated_speed)
-from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, normalized_merge
+from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, merge_share, normalized_merge
 from rsnet.parallel.probe import ProbeStep, SpeedProbe
 from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, describe, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
@@ -335,7 +335,7 @@ class AdaptiveStrategy(Strategy):
         if self.schedule.joined:  # the admitted workers start from the trained model (their weight: 0)
             normalized_merge(self.model, float(was_active), comm_device=self.ctx.comm_device,
                              members=self._active_ranks())
-        self._record(table, result, interval.rounds)
+        self._record(table, result, interval.rounds, trained)
         self._reset_counters()
 
     def _active_ranks(self) -> list[int]:
@@ -348,18 +348,16 @@ class AdaptiveStrategy(Strategy):
         for note in describe(self.schedule.update(table)):
             if self.ctx.is_primary:
                 log.info("adaptive: %s", note)
-        if sum(self.sizes) != self.schedule.total_batch:
-            log.warning("adaptive: the workers' batch_max (%s) leave a total batch of %d instead of B = %d",
-                        self.schedule.batch_maxes, sum(self.sizes), self.schedule.total_batch)
 
-    def _record(self, table: dict[str, list[float]], result: MergeResult, rounds: int) -> None:
+    def _record(self, table: dict[str, list[float]], result: MergeResult, rounds: int, members: list[int]) -> None:
+        """The merge's row: every worker's table, its share p_i in the merge of ``members``, its next batch size."""
         row: dict[str, float] = {"epoch": self.epoch, "interval": self.schedule.merges, "merge_time": result.merge_s,
                                  "rounds": rounds, "B": self.schedule.total_batch}
-        total = sum(table["w"]) or 1.0
+        total = sum(table["w"][rank] for rank in members)
         for rank in range(self.world):
             for field in META_FIELDS:
                 row[f"{field}/{rank}"] = table[field][rank]
-            row[f"p/{rank}"] = table["w"][rank] / total
+            row[f"p/{rank}"] = merge_share(table["w"][rank], total, len(members)) if rank in members else 0.0
             row[f"b_next/{rank}"] = float(self.sizes[rank])
             row[f"active/{rank}"] = float(self.schedule.active[rank])
         self._rows.append(row)
