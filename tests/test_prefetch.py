@@ -70,3 +70,23 @@ def test_step_timer_sums_steps_and_resets() -> None:
         assert timer.stop() >= 0.01
     total = timer.pop_total()
     assert 0.03 <= total < 1.0 and timer.pop_total() == 0.0
+
+
+def test_a_stopped_loop_releases_a_claim_that_waits_for_its_step() -> None:
+    """The claims wait for the loop's step before claiming again (as adaptive's do); when the loop stops (an error),
+    ``on_stop`` releases the wait before the prefetcher waits for the claim in flight, so the error is not held."""
+    stopped = threading.Event()
+    ends: list[str] = []
+
+    def waiting_claims():
+        yield Claim(torch.arange(4), 0.0)
+        ends.append("released" if stopped.wait(timeout=60) else "timed out")
+
+    prefetcher = BatchPrefetcher(_load, torch.device("cpu"))
+    stream = prefetcher.batches(waiting_claims(), on_stop=stopped.set)
+    next(stream)
+    stream.close()  # the loop raised
+    prefetcher.close()
+    assert ends == ["released"]
+    finished = prefetcher.batches(_claims(2, []), on_stop=lambda: ends.append("on_stop"))
+    assert len(list(finished)) == 2 and ends == ["released"]  # run to the end: nothing to release

@@ -273,7 +273,7 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
                disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
     try:
         for interval in strategy.intervals(epoch):
-            for batch in prefetcher.batches(strategy.claims(interval)):
+            for batch in prefetcher.batches(strategy.claims(interval), on_stop=strategy.stop_claiming):
                 step.run(batch)
                 bar.update(len(batch))
             step.check_finite(epoch)  # the interval's one wait for the device
