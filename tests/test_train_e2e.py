@@ -119,8 +119,9 @@ def test_esd_run_outputs_and_attention_of_every_branch(esd_run: Path) -> None:
     metrics = check_run_outputs(esd_run, epochs=2)
     assert {"main", "ensemble"} <= set(metrics["oa"])
     assert metrics["val_samples"] == 21 * 3 and metrics["train_samples"] == 21 * 7  # round(10 / 4) = 3 a class
-    assert metrics["protocol"] == {"dataset": "ucmerced_mini", "train_ratio": 0.5, "val_ratio": 0.25, "image_size": 64,
-                                   "pretrained": "scratch", "epochs": 2, "eval_every": 1, "selection": "validation"}
+    assert metrics["protocol"] == {"dataset": "ucmerced_mini", "data": "ucmerced_mini", "train_ratio": 0.5,
+                                   "val_ratio": 0.25, "image_size": 64, "pretrained": "scratch", "epochs": 2,
+                                   "eval_every": 1, "selection": "validation"}
     tags = image_tags(esd_run)
     cams = {tag for tag in tags if tag.startswith("attention/cam_")}  # the main and every auxiliary branch
     heads = ("main", "aux1", "aux2", "feature_ensemble")
