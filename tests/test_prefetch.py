@@ -75,16 +75,18 @@ def test_step_timer_sums_steps_and_resets() -> None:
 def test_a_stopped_loop_releases_a_claim_that_waits_for_its_step() -> None:
     """The claims wait for the loop's step before claiming again (as adaptive's do); when the loop stops (an error),
     ``on_stop`` releases the wait before the prefetcher waits for the claim in flight, so the error is not held."""
-    stopped = threading.Event()
+    waiting, stopped = threading.Event(), threading.Event()
     ends: list[str] = []
 
     def waiting_claims():
         yield Claim(torch.arange(4), 0.0)
+        waiting.set()
         ends.append("released" if stopped.wait(timeout=60) else "timed out")
 
     prefetcher = BatchPrefetcher(_load, torch.device("cpu"))
     stream = prefetcher.batches(waiting_claims(), on_stop=stopped.set)
     next(stream)
+    assert waiting.wait(timeout=60)  # the next claim is in flight, waiting for the step
     stream.close()  # the loop raised
     prefetcher.close()
     assert ends == ["released"]
