@@ -90,5 +90,7 @@ def test_a_stopped_loop_releases_a_claim_that_waits_for_its_step() -> None:
     stream.close()  # the loop raised
     prefetcher.close()
     assert ends == ["released"]
+    prefetcher = BatchPrefetcher(_load, torch.device("cpu"))
     finished = prefetcher.batches(_claims(2, []), on_stop=lambda: ends.append("on_stop"))
     assert len(list(finished)) == 2 and ends == ["released"]  # run to the end: nothing to release
+    prefetcher.close()
