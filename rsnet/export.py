@@ -260,9 +260,10 @@ def attention_model(exported: ExportedModel) -> nn.Module:
                           "use the training checkpoint, or a format=torchscript|state_dict|timm export")
     state = exported.module.state_dict()
     device = next(iter(state.values())).device
+    channels = int((meta.get("model_config") or {}).get("in_chans", 3))  # a multispectral model's bands
     try:
         if meta["head"] == "main":
-            model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]))
+            model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]), channels)
         else:
             model = build_model(**buildable_config(meta)).eval()
             model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)
@@ -270,7 +271,7 @@ def attention_model(exported: ExportedModel) -> nn.Module:
         raise ExportError(f"the weights of {meta['file']} do not fit the model its model.json describes "
                           f"({meta['backbone']}: {first_line(error)}); use the checkpoint") from error
     model.to(device)
-    x = _reference_batch(int(meta["image_size"]), 2, seed=0).to(device)
+    x = _reference_batch(int(meta["image_size"]), 2, seed=0, channels=channels).to(device)
     with torch.no_grad():
         output, expected = model(x), exported(x)
     rebuilt = output.main_logits if meta["head"] == "main" else output.prediction_logits

@@ -146,3 +146,31 @@ def test_many_band_files_without_dataset_bands_say_to_set_it(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"'.*\.tif' has 13 bands, and image_folder is read as RGB pictures "
                                          r"\(dataset\.bands=null\): set dataset\.bands=all"):
         build_datasets("image_folder", root, 0.5, 0, 8)
+
+
+@pytest.mark.parametrize("bands", [4, 128, 130, 300])
+def test_normalisation_takes_any_number_of_bands(bands: int) -> None:
+    from rsnet.data.normalize import to_float_chw
+
+    images = np.random.default_rng(0).integers(0, 4000, (2, 6, 5, bands)).astype(np.uint16)
+    mean, std = np.linspace(100, 900, bands), np.linspace(10, 90, bands)
+    out = to_float_chw(images, mean, std, max_pixel_value=1.0)
+    expected = (np.moveaxis(images, -1, 1) - mean[:, None, None]) / std[:, None, None]
+    assert out.shape == (2, bands, 6, 5)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_many_band_file_read_as_a_picture_says_to_set_dataset_bands_and_opencv_stays_quiet(tmp_path: Path,
+                                                                                              capfd) -> None:
+    from rsnet.data.decode import decode_image
+
+    many = write_raster(tmp_path / "s2.tif", np.full((13, 12, 12), 900, np.uint16))
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(many.read_bytes()[:200])
+    with pytest.raises(CorruptImageError, match=r"s2\.tif': it has 13 bands, and a picture is gray, RGB or RGBA: "
+                                                r"set dataset\.bands"):
+        decode_image(many, 8)
+    with pytest.raises(CorruptImageError, match=r"cut\.tif'"):
+        decode_image(cut, 8)
+    printed = capfd.readouterr()
+    assert "imread" not in printed.err + printed.out and "ERROR" not in printed.err

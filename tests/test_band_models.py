@@ -118,3 +118,14 @@ def test_a_file_of_the_model_reads_as_before(predictor, tmp_path: Path) -> None:
     samples = np.random.default_rng(0).integers(500, 3000, (4, 40, 40)).astype(np.uint16)
     image = read_image(write_raster(tmp_path / "x.tif", samples), 32, predictor.decoding)
     assert image.shape == (32, 32, 4) and image.dtype == np.uint16
+
+
+@pytest.mark.parametrize("format", ["timm", "state_dict"])
+def test_a_multispectral_export_draws_attention_maps(tmp_path: Path, format: str) -> None:
+    from rsnet.export import export_checkpoint
+
+    export_checkpoint(band_checkpoint(tmp_path / "best.pt"), tmp_path / "export", format=format, head="main")
+    exported = load_predictor(tmp_path / "export", "cpu", attention=True)
+    assert exported.full_model is not None  # rebuilt with the model's 4 input bands, checked against its logits
+    samples = np.random.default_rng(0).integers(500, 3000, (2, 32, 32, 4)).astype(np.uint16)
+    assert exported.full_model(exported.preprocess(samples)).main_logits.shape == (2, 3)

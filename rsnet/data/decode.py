@@ -14,11 +14,12 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from .errors import CorruptImageError
-from .raster import Bands
+from .raster import Bands, open_raster
 
 __all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "Decoding", "check_decoding",
            "check_high_bit_depth", "decode_image", "decode_window", "describe_rescaled", "picture_bands", "pixel_layout"]
 
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)  # rsnet names every file OpenCV cannot read
 HIGH_BIT_DEPTH_MODES = ("percentile", "minmax", "refuse")
 DEFAULT_HIGH_BIT_DEPTH = "percentile"
 PERCENTILES = (2.0, 98.0)  # the stretch of high_bit_depth="percentile"
@@ -119,6 +120,7 @@ def _decode(path: str | os.PathLike, size: int, high_bit_depth: str) -> tuple[np
     try:
         im = Image.open(path)
     except UnidentifiedImageError:  # e.g. float or many-band TIFFs, which OpenCV may still read
+        _refuse_many_bands(path)
         pixels = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
         if pixels is None or pixels.dtype == np.uint8:
             raise
@@ -136,6 +138,20 @@ def _decode(path: str | os.PathLike, size: int, high_bit_depth: str) -> tuple[np
                 raise ValueError(f"OpenCV cannot read the {source} pixels")
             pixels = _bgr_to_rgb(pixels)
         return _from_high_bit(path, pixels, source, size, high_bit_depth), source
+
+
+def _refuse_many_bands(path: str | os.PathLike) -> None:
+    """CorruptImageError naming ``path`` when GDAL finds more bands in it than a picture has (gray, RGB, RGBA):
+    it says how to read them, where OpenCV would fail on it with a message of its own."""
+    try:
+        with open_raster(path) as src:
+            count = src.count
+    except Exception:  # noqa: BLE001 - not a raster GDAL reads: OpenCV has its try
+        return
+    if count > 4:
+        raise CorruptImageError(str(path), f"it has {count} bands, and a picture is gray, RGB or RGBA: set "
+                                           "dataset.bands (all, or the bands to read) to read its bands, or predict "
+                                           "with a model trained on them")
 
 
 def _from_8bit(im: Image.Image, size: int) -> np.ndarray:

@@ -11,6 +11,8 @@ import torch
 
 __all__ = ["to_float_chw"]
 
+_SPLIT_MAX = 128  # bands cv2.split separates: past 128 it returns one plane
+
 
 def to_float_chw(images: np.ndarray | torch.Tensor, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, max_pixel_value: float = 255.0) -> torch.Tensor:
@@ -23,7 +25,10 @@ def to_float_chw(images: np.ndarray | torch.Tensor, mean: Sequence[float] | None
     shift = np.zeros(c, np.float32) if mean is None else np.asarray(mean, np.float32).reshape(-1) * scale
     divisor = np.full(c, scale, np.float32) if std is None else np.asarray(std, np.float32).reshape(-1) * scale
     out = np.empty((n, c, h, w), np.float32)
-    planes = cv2.split(np.ascontiguousarray(batch).reshape(n * h, w, c)) if c > 1 else [batch]
+    if 1 < c <= _SPLIT_MAX:
+        planes = cv2.split(np.ascontiguousarray(batch).reshape(n * h, w, c))
+    else:
+        planes = [batch[..., k] for k in range(c)]
     for k in range(c):
         plane = out[:, k]
         plane[...] = planes[k].reshape(n, h, w)

@@ -24,9 +24,11 @@ def extract_main_branch(model: nn.Module) -> nn.Module:
     return plain.eval()
 
 
-def baseline_from_main_branch(state: Mapping[str, Tensor], backbone: str, num_classes: int) -> Baseline:
-    """The inverse of :func:`extract_main_branch`: a plain timm classifier's state dict as an rsnet ``Baseline``
-    (its one head, with the feature maps CAM and Grad-CAM draw on); strict load, eval mode."""
-    model = Baseline(backbone, num_classes)
+def baseline_from_main_branch(state: Mapping[str, Tensor], backbone: str, num_classes: int,
+                              in_chans: int = 3) -> Baseline:
+    """The inverse of :func:`extract_main_branch`: a plain timm classifier's state dict (of images of ``in_chans``
+    bands) as an rsnet ``Baseline`` (its one head, with the feature maps CAM and Grad-CAM draw on); strict load, eval
+    mode."""
+    model = Baseline(backbone, num_classes, **({"in_chans": in_chans} if in_chans != 3 else {}))
     model.backbone.net.load_state_dict(state, strict=True)
     return model.eval()
