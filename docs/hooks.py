@@ -9,6 +9,7 @@ tests/test_docs_site.py checks README.md's links with the same rule.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 
@@ -23,3 +24,13 @@ def github_slug(text: str, separator: str = "-") -> str:
 def on_config(config):
     config.mdx_configs.setdefault("toc", {})["slugify"] = github_slug
     return config
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj):(?=<code>)")
+
+
+def on_page_content(html, page, config, files):
+    """The API pages (mkdocstrings) render the docstrings' Sphinx roles (``:class:`Bands```) as text: keep the code."""
+    if page.file.src_uri.startswith("api/"):
+        html = _SPHINX_ROLE.sub("", html)
+    return html
