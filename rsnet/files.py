@@ -84,10 +84,32 @@ def _create_beside(path: Path) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
 
 
+PATH_ROOM = 160  # bytes rsnet's own paths add below a folder it writes in (checkpoints/.last.pt.<hex>.tmp,
+# tensorboard/events.out.tfevents.<time>.<host>.<pid>.<n>, <stem>_confusion.png, ...)
+
+
+def check_path_room(folder: str | os.PathLike, setting: str) -> None:
+    """ValueError naming ``setting`` when ``folder``'s absolute path leaves less than :data:`PATH_ROOM` bytes of
+    its file system's longest path for the files written in it (checked before anything is created)."""
+    absolute = os.path.abspath(folder)
+    existing = next((Path(parent) for parent in (absolute, *Path(absolute).parents) if Path(parent).exists()), None)
+    try:
+        limit = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError, TypeError):  # no pathconf (Windows), or the limit is unknown
+        return
+    length = len(os.fsencode(absolute))
+    if length + PATH_ROOM > limit:
+        raise ValueError(f"{setting}={folder} is {length} bytes long as an absolute path, and the files written in "
+                         f"it need up to {PATH_ROOM} bytes more, past the file system's limit of {limit}: choose a "
+                         "shorter folder")
+
+
 def check_writable_dir(folder: str | os.PathLike, setting: str) -> Path:
     """Create ``folder`` if needed and make sure a file can be created in it; ValueError naming ``setting``
-    otherwise (read-only, a file in the way, no permission), before any work that would be lost."""
+    otherwise (read-only, a file in the way, no permission, a path too long for the files written in it), before
+    any work that would be lost."""
     folder = Path(folder)
+    check_path_room(folder, setting)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

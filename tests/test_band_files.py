@@ -174,3 +174,15 @@ def test_a_many_band_file_read_as_a_picture_says_to_set_dataset_bands_and_opencv
         decode_image(cut, 8)
     printed = capfd.readouterr()
     assert "imread" not in printed.err + printed.out and "ERROR" not in printed.err
+
+
+def test_gdal_messages_stay_out_of_the_log_where_rsnet_names_the_file(tmp_path: Path, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO)  # as a run's log records
+    bands = resolve_bands("all", write_raster(tmp_path / "a.tif", np.ones((4, 8, 8), np.uint16)))
+    broken = tmp_path / "broken.tif"
+    broken.write_bytes((tmp_path / "a.tif").read_bytes()[:300])
+    with pytest.raises(CorruptImageError, match=r"broken\.tif'"):
+        bands.read(broken, 8)
+    assert [record.getMessage() for record in caplog.records if record.name.startswith("rasterio")] == []

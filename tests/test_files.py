@@ -64,3 +64,20 @@ def test_written_files_follow_the_users_umask(tmp_path: Path, umask: int, mode: 
     assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == mode
     assert checkpoint.stat().st_mode & 0o777 == mode
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints", "metrics.json"]  # no temp file left
+
+
+def test_a_folder_too_long_for_the_files_written_in_it_is_refused_before_it_is_made(tmp_path: Path) -> None:
+    from rsnet.files import PATH_ROOM
+
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX")
+    target = limit - PATH_ROOM // 2  # a folder the file system takes, but not the files written in it
+    folder = tmp_path
+    while len(os.fsencode(str(folder))) + 250 < target:
+        folder = folder / ("d" * 200)
+    folder = folder / ("e" * (target - len(os.fsencode(str(folder))) - 1))  # 48 to 249 bytes: a valid name
+    assert len(os.fsencode(str(folder))) < limit  # the folder itself could be made
+    with pytest.raises(ValueError, match=rf"^hydra\.run\.dir=.* is \d+ bytes long as an absolute path, and the files "
+                                         rf"written in it need up to {PATH_ROOM} bytes more, past the file system's "
+                                         rf"limit of {limit}: choose a shorter folder$"):
+        check_writable_dir(folder, "hydra.run.dir")
+    assert not any(tmp_path.iterdir())  # nothing made
