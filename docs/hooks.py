@@ -1,5 +1,5 @@
 """MkDocs hook (mkdocs.yml, ``hooks:``): headings get GitHub's anchors, so one link such as
-``scheduler.md#measuring-on-a-gpu-in-a-few-minutes-benchmarksgpu_leasepy`` works on GitHub and in the site.
+``benchmarks.md#measuring-on-a-gpu-in-a-few-minutes-benchmarksgpu_leasepy`` works on GitHub and in the site.
 
 Python-Markdown's own slugs differ from GitHub's where a heading holds punctuation between spaces
 (``GPU + CPU``: GitHub ``gpu--cpu``, Python-Markdown ``gpu-cpu``) or letters outside ASCII. The one difference
