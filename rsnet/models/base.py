@@ -50,3 +50,5 @@ class RSNetModel(nn.Module):
 
 
 register_model = MODELS.register  # class decorator: a model registers itself under its ``arch``
+"""Class decorator: a model registers itself in ``MODELS`` under its ``arch`` (the value of ``model.arch``); a name
+taken by another class is refused."""

@@ -43,8 +43,15 @@ class Claim:
 
 
 class Strategy:
-    """Shared bookkeeping: per-step counters and step times, stats rows; ``model`` is what the loop calls for the
-    forward pass (``sync``: its DistributedDataParallel wrapper)."""
+    """A training strategy: how the workers share the batches and when they communicate (``trainer=<name>``).
+
+    The trainer's loop drives it, the same on every worker: ``intervals(epoch)`` plans the epoch's intervals,
+    ``claims(interval)`` yields the batches a worker trains, ``after_step`` counts each step, ``end_interval`` is the
+    communication point (a merge, an average) and ``end_epoch`` ends the epoch; every worker must issue the same
+    collectives in the same order. ``check_config`` checks the strategy's ``trainer.*`` settings before any worker
+    starts. The base class keeps the shared bookkeeping: per-step counters and step times, stats rows; ``model`` is
+    what the loop calls for the forward pass (``sync``: its DistributedDataParallel wrapper). A new strategy
+    subclasses it (or ``StaticStrategy``, ``SyncStrategy``) and registers itself with ``@register_strategy``."""
 
     name = "base"
     rows_are_merges = False  # each stats row is one merge (adaptive); else rows count averages in ``averages/0``
@@ -238,3 +245,5 @@ class StaticStrategy(Strategy):
 
 STRATEGIES: Registry[type[Strategy]] = Registry("trainer.name", key="name")  # filled by @register_strategy
 register_strategy = STRATEGIES.register  # class decorator: a strategy registers itself under its ``name``
+"""Class decorator: a strategy registers itself in ``STRATEGIES`` under its ``name`` (the value of ``trainer.name``);
+a name taken by another class is refused."""
