@@ -110,10 +110,10 @@ def test_compile_is_static_where_the_batch_sizes_are_fixed_else_dynamic(monkeypa
 def test_deterministic_switches_torch_to_deterministic_algorithms(monkeypatch) -> None:
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
-        set_deterministic({"deterministic": False})
-        assert not torch.are_deterministic_algorithms_enabled()
         set_deterministic({"deterministic": True})
         assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        set_deterministic({"deterministic": False})  # a later run in the same process
+        assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)

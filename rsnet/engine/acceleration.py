@@ -83,9 +83,10 @@ def tune_convolutions(config: dict[str, Any], device: torch.device) -> None:
 
 
 def set_deterministic(config: dict[str, Any]) -> None:
-    """``deterministic=true``: deterministic algorithms only (an op without one raises), no cuDNN autotuning."""
-    if not config["deterministic"]:
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic GEMMs
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
+    """``deterministic=true``: deterministic algorithms only (an op without one raises), no cuDNN autotuning;
+    ``false``: torch's default, also where an earlier run in this process asked for determinism."""
+    deterministic = bool(config["deterministic"])
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic GEMMs
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(deterministic)
