@@ -15,7 +15,6 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
-from tqdm import tqdm
 
 from rsnet.data.device_augment import DeviceAugment
 from rsnet.data.loader import eval_prefetcher, index_chunks
@@ -23,6 +22,7 @@ from rsnet.data.scene_dataset import SceneDataset
 from rsnet.engine.acceleration import StepPrecision
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
+from rsnet.progress import progress_bar
 from rsnet.viz.attention import eval_mode
 from rsnet.viz.figures import render_confusion_matrix
 
@@ -198,8 +198,9 @@ def evaluate(model: nn.Module | Callable[[Tensor], Any], data: Dataset | DataLoa
     batches, total = _batches(data, device, batch_size, indices, feed)
     precision = StepPrecision.for_device(feed.amp, device)
     found = _DeviceProbabilities()
-    bar = tqdm(total=total, unit="img", desc=progress, disable=progress is None, leave=False, dynamic_ncols=True)
-    with eval_mode(model) if isinstance(model, nn.Module) else nullcontext(), bar, closing(batches):
+    shown = progress_bar(total=total, unit="img", desc=progress, disable=progress is None, leave=False,
+                         dynamic_ncols=True)
+    with eval_mode(model) if isinstance(model, nn.Module) else nullcontext(), shown as bar, closing(batches):
         with torch.inference_mode(), precision.autocast():
             for images, labels in batches:
                 found.add(_as_output(model(images)), labels)

@@ -22,13 +22,13 @@ from rasterio.env import get_gdal_config, set_gdal_config
 from rasterio.transform import Affine
 from PIL import Image
 from rasterio.windows import Window
-from tqdm import tqdm
 
 from rsnet.data.decode import decode_window, picture_bands
 from rsnet.data.errors import CorruptImageError
 from rsnet.data.native_messages import held_messages
 from rsnet.data.raster import ground_pixel_size, open_raster
 from rsnet.files import DiskFullError, disk_full_named
+from rsnet.progress import progress_bar
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
@@ -175,8 +175,8 @@ def _classify(predictor: Predictor, src: Any, path: Path, indexes: list[int], si
     counts = np.zeros(grid, np.int32)
     total, classified = rows * cols, 0
     masked = _has_nodata(src)
-    with tqdm(total=total, unit="window", desc=f"mapping {path.name}", leave=False, dynamic_ncols=True,
-              disable=not progress) as bar:
+    with progress_bar(total=total, unit="window", desc=f"mapping {path.name}", leave=False, dynamic_ncols=True,
+                      disable=not progress) as bar:
         if progress:
             bar.write(f"mapping {path}: window {size} px ({rule}), stride {step} px, {total} windows", file=sys.stderr)
         for first in range(0, total, batch_size):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import re
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +189,42 @@ def test_evaluate_shows_progress_only_when_asked(capsys) -> None:
     assert "evaluating x test" in shown and "0/10" in shown and "img/s" in shown, shown  # redrawn at most every 0.1 s
     evaluate(StandInModel(num_classes=4), data, "cpu", batch_size=3)
     assert capsys.readouterr().err == ""
+
+
+class _LoggingModel(StandInModel):
+    """A StandInModel that logs a warning at every batch, while the progress bar is drawn."""
+
+    def forward(self, x: torch.Tensor):
+        logging.getLogger("rsnet.test").warning("a line logged under the bar")
+        return super().forward(x)
+
+
+@contextmanager
+def console_and_file_log(log_file: Path) -> Iterator[logging.StreamHandler]:
+    """The root logger with a console handler on stderr and a log file, as Hydra sets them up."""
+    root = logging.getLogger()
+    handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(log_file)]
+    for handler in handlers:
+        root.addHandler(handler)
+    try:
+        yield handlers[0]
+    finally:
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+
+
+def test_a_line_logged_while_a_bar_is_drawn_starts_its_own_line(capsys, tmp_path: Path) -> None:
+    """Output to a file: a log line written under a live bar is not glued to the bar's text (tqdm.write clears the
+    bar first); the log file gets the plain lines; the console handler's stream is restored after the bar."""
+    with console_and_file_log(tmp_path / "run.log") as console:
+        evaluate(_LoggingModel(num_classes=4), TensorDataset(n=6, num_classes=4), "cpu", batch_size=3,
+                 progress="evaluating x test")
+        assert console.stream is sys.stderr
+    shown = capsys.readouterr().err
+    lines = [line for line in shown.split("\n") if "a line logged under the bar" in line]
+    assert len(lines) == 2 and all(line.split("\r")[-1] == "a line logged under the bar" for line in lines), shown
+    assert (tmp_path / "run.log").read_text() == "a line logged under the bar\n" * 2
 
 
 def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, tmp_path: Path, capsys) -> None:

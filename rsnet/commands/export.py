@@ -7,12 +7,12 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path
 from rsnet.commands.overrides import check_overrides
 from rsnet.commands.values import bool_setting, int_setting
+from rsnet.progress import progress_bar
 
 
 @hydra.main(config_path=hydra_config_path(), config_name="export", version_base="1.3")
@@ -25,8 +25,8 @@ def main(cfg: DictConfig) -> None:
         from rsnet.export import EXPORT_STAGES, export_checkpoint  # here: --help answers without torch and timm
 
         # shown once the export has taken half a second: a refused setting or file prints no bar
-        with tqdm(total=EXPORT_STAGES, desc="export", leave=False, dynamic_ncols=True, disable=not progress,
-                  delay=0.5, bar_format="{desc}{n_fmt}/{total_fmt} stages done [{elapsed}]") as bar:
+        with progress_bar(total=EXPORT_STAGES, desc="export", leave=False, dynamic_ncols=True, disable=not progress,
+                          delay=0.5, bar_format="{desc}{n_fmt}/{total_fmt} stages done [{elapsed}]") as bar:
             def on_stage(name: str) -> None:  # called as each stage begins: the stages before it are done
                 bar.set_description(f"export: {name}", refresh=False)
                 bar.n = stages_begun[0]

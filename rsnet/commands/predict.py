@@ -157,16 +157,15 @@ def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, An
     """Classify ``paths`` batch by batch, printing each row as it comes: the rows, the unreadable images and the
     decode report."""
     import numpy as np
-    from tqdm import tqdm
-
     from rsnet.data.decode import DecodeReport
+    from rsnet.progress import progress_bar
 
     rows: list[dict[str, Any]] = []
     names = picture_names(paths, Path(args["images"]))
     skip_corrupt, bad, report = bool_setting("skip_corrupt", args["skip_corrupt"]), [], DecodeReport()
-    bar = tqdm(total=len(paths), unit="img", desc="classifying", leave=False, dynamic_ncols=True,
-               disable=not bool_setting("progress_bar", args["progress_bar"]))
-    with bar:
+    shown = progress_bar(total=len(paths), unit="img", desc="classifying", leave=False, dynamic_ncols=True,
+                         disable=not bool_setting("progress_bar", args["progress_bar"]))
+    with shown as bar:
         for start in range(0, len(paths), batch_size):
             batch_paths, decoded = _decode(paths[start:start + batch_size], predictor, bad, report)
             if bad and not skip_corrupt:

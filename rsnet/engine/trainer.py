@@ -11,7 +11,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from rsnet.models import backbone_data_config, build_model, options_for_size
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Claim, Strategy
+from rsnet.progress import progress_bar
 from rsnet.checkpoint import last_checkpoint, load_checkpoint
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
@@ -269,9 +270,10 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
     step = _StepRunner(ctx, config, strategy, criterion, optimizer, meter)
     prefetcher = train_prefetcher(ctx, config, epoch, data)
     # with several workers the primary sees only the images it claims: a count without a total, not a wrong estimate
-    bar = tqdm(total=len(data.train) if ctx.world_size == 1 else None, unit="img", desc=f"epoch {epoch + 1}",
-               disable=not (ctx.is_primary and config["log"]["progress_bar"]), leave=False, dynamic_ncols=True)
-    try:
+    shown = progress_bar(total=len(data.train) if ctx.world_size == 1 else None, unit="img",
+                         desc=f"epoch {epoch + 1}", disable=not (ctx.is_primary and config["log"]["progress_bar"]),
+                         leave=False, dynamic_ncols=True)
+    with closing(prefetcher), shown as bar:
         for interval in strategy.intervals(epoch):
             for batch in prefetcher.batches(strategy.claims(interval), on_stop=strategy.stop_claiming):
                 step.run(batch)
@@ -285,9 +287,6 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
                             acc=f"{100 * float(meter.correct) / max(meter.samples, 1):.1f}",
                             img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}",
                             lr=f"{meter.last_lr:.2g}")
-    finally:
-        prefetcher.close()
-        bar.close()
     strategy.end_epoch()
     return meter
 
