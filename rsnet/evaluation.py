@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -264,10 +265,14 @@ def write_confusion_csv(path: str | Path, cm: np.ndarray | Sequence[Sequence[int
 
 
 def write_confusion_png(path: str | Path, cm: np.ndarray | Sequence[Sequence[int]],
-                        class_names: Sequence[str]) -> None:
-    """Write the row-normalised confusion matrix as a PNG heat map (the TensorBoard image), atomically."""
+                        class_names: Sequence[str], title: str | None = None) -> None:
+    """Write the row-normalised confusion matrix as a PNG heat map (the TensorBoard image), atomically; a ``title``
+    is drawn above it and kept as the PNG's ``Title`` text."""
+    info = PngInfo()
+    if title:
+        info.add_text("Title", title)
     with atomic_write(path, "wb") as handle:
-        Image.fromarray(render_confusion_matrix(cm, class_names)).save(handle, format="PNG")
+        Image.fromarray(render_confusion_matrix(cm, class_names, title)).save(handle, format="PNG", pnginfo=info)
 
 
 def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str, Any]:

@@ -237,6 +237,7 @@ def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, t
     assert set(metrics["per_class_f1"]) == set(STAND_IN_CLASSES) and "macro_f1" in metrics
     assert sorted(p.name for p in out.parent.iterdir()) == ["eval.v1.json", "eval.v1_confusion.csv",
                                                             "eval.v1_confusion.png"]
+    assert Image.open(out.parent / "eval.v1_confusion.png").text["Title"].startswith("stand_in\ntest split, ensemble")
     with (out.parent / "eval.v1_confusion.csv").open() as handle:
         table = list(csv.reader(handle))
     assert table[0] == ["true/predicted", *STAND_IN_CLASSES]
@@ -248,6 +249,29 @@ def test_evaluate_script_writes_metrics_table_and_confusion_files(monkeypatch, t
     assert (f"stand_in test split (8 images): accuracy {metrics['accuracy']:.2f} % [ensemble], "
             f"kappa {metrics['kappa']:.4f}; per head: {heads}; tta none") in printed.splitlines()
     assert f"macro average        8  {metrics['macro_precision']:>9.2f}" in printed
+
+
+def test_evaluates_confusion_figure_is_titled_as_trainings(tmp_path: Path) -> None:
+    """The PNG names the run (dataset, model, backbone), the split, the head and the epoch scored, as training's
+    confusion.png does; an export names itself instead of an epoch; the title is drawn and kept as PNG text."""
+    from rsnet.commands.evaluate import figure_title
+    from rsnet.model_loading import LoadedModel, ModelSource
+
+    metrics = {"dataset": "ucmerced_mini", "reported_head": "main", "epoch": 7, "tta": "none"}
+    run = LoadedModel(StandInModel(), ModelSource(tmp_path / "best.pt", "checkpoint"), {},
+                      {"model": {"arch": "esd_mbenet"}, "backbone": {"name": "resnet18"}}, epoch=7)
+    assert figure_title(metrics, run) == ("ucmerced_mini: esd_mbenet on resnet18\n"
+                                          "test split, main branch, epoch 7 (rsnet-evaluate)")
+    export = LoadedModel(PlainClassifier(), ModelSource(tmp_path / "model.json", "export"),
+                         {"arch": "baseline", "backbone": "resnet50"})
+    assert figure_title({**metrics, "epoch": None, "reported_head": "ensemble", "tta": "d4"}, export) == \
+        "ucmerced_mini: baseline on resnet50\ntest split, ensemble, exported model, tta d4 (rsnet-evaluate)"
+    cm, names = np.array([[4, 1], [0, 3]]), ["forest", "river"]
+    write_confusion_png(tmp_path / "plain.png", cm, names)
+    write_confusion_png(tmp_path / "titled.png", cm, names, "ucmerced_mini: x\ntest split, main branch, epoch 7")
+    plain, titled = Image.open(tmp_path / "plain.png"), Image.open(tmp_path / "titled.png")
+    assert "Title" not in plain.text and titled.text["Title"].endswith("epoch 7")
+    assert titled.size[1] > plain.size[1]  # drawn above the matrix
 
 
 def test_an_older_runs_dataset_settings_are_completed_with_the_shared_defaults() -> None:

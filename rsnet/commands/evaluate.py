@@ -23,7 +23,7 @@ from rsnet.devices import resolve_device
 # the model and data code (torch, timm) is imported where the evaluation starts (main), not here: --help and a
 # refused setting answer without it
 if TYPE_CHECKING:
-    from rsnet.model_loading import ModelSource
+    from rsnet.model_loading import LoadedModel, ModelSource
 
 SCORES = ("precision", "recall", "f1")
 PLAIN_NAME = re.compile(r"\w[\w.-]*")  # a dataset name that can be part of a file name: no separator, no ..
@@ -76,8 +76,28 @@ def class_table(metrics: dict[str, Any]) -> str:
                                  for name, count, *values in rows)])
 
 
-def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) -> None:
-    """The metrics JSON at ``out``, the confusion matrix beside it as ``<stem>_confusion.csv`` and ``.png``."""
+def model_name(loaded: LoadedModel) -> str | None:
+    """``<arch> on <backbone>`` of a checkpoint (its training config) or an export (its model.json); None if unknown."""
+    config = loaded.train_config or {}
+    arch = (config.get("model") or {}).get("arch", loaded.metadata.get("arch"))
+    backbone = (config.get("backbone") or {}).get("name", loaded.metadata.get("backbone"))
+    return f"{arch} on {backbone}" if arch and backbone else None
+
+
+def figure_title(metrics: dict[str, Any], loaded: LoadedModel) -> str:
+    """The confusion figure's title, as training's: the run, then the split, the head and the epoch scored."""
+    from rsnet.engine.run_history import head_name
+
+    name = model_name(loaded)
+    scored = f"epoch {metrics['epoch']}" if metrics["epoch"] is not None else "exported model"
+    tta = ", tta d4" if metrics["tta"] != "none" else ""
+    return (f"{metrics['dataset']}: {name}" if name else metrics["dataset"]) + \
+        f"\ntest split, {head_name(metrics['reported_head'])}, {scored}{tta} (rsnet-evaluate)"
+
+
+def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str], title: str) -> None:
+    """The metrics JSON at ``out``, the confusion matrix beside it as ``<stem>_confusion.csv`` and ``.png`` (with
+    ``title``)."""
     from rsnet.evaluation import write_confusion_csv, write_confusion_png
 
     with atomic_write(out, "w") as handle:
@@ -85,7 +105,7 @@ def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str]) ->
     print(f"metrics written to {out}")
     table, image = (out.with_name(f"{out.stem}_confusion{suffix}") for suffix in (".csv", ".png"))
     write_confusion_csv(table, metrics["confusion_matrix"], class_names)
-    write_confusion_png(image, metrics["confusion_matrix"], class_names)
+    write_confusion_png(image, metrics["confusion_matrix"], class_names, title)
     print(f"confusion matrix written to {table} and {image}")
 
 
@@ -132,7 +152,7 @@ def main(cfg: DictConfig) -> None:
                        dataset=dataset["name"], train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
         print(summary(metrics))
         print(class_table(metrics))
-        write_outputs(out, metrics, class_names)
+        write_outputs(out, metrics, class_names, figure_title(metrics, loaded))
 
 
 def run() -> None:

@@ -115,10 +115,10 @@ def confusion_figure(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequ
     return figure
 
 
-def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]],
-                            class_names: Sequence[str] | None = None) -> np.ndarray:
+def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str] | None = None,
+                            title: str | None = None) -> np.ndarray:
     """:func:`confusion_figure` as a uint8 (H, W, 3) array."""
-    return figure_array(confusion_figure(cm, class_names))
+    return figure_array(confusion_figure(cm, class_names, title))
 
 
 @dataclass
