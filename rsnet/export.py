@@ -29,7 +29,7 @@ from rsnet.checkpoint import DIGEST_KEY
 from rsnet.exported_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel,
                                   buildable_config, export_files, first_line, load_exported, metadata_digest,
                                   names_export_file)
-from rsnet.model_loading import ModelSource, model_from_training_checkpoint, resolve_model_path
+from rsnet.model_loading import ModelSource, model_from_training_checkpoint, noted_for_its_run, resolve_model_path
 
 ONNX_OPSET = 18
 HEADS = ("main", "ensemble")
@@ -247,7 +247,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, format: str =
     model, payload = model_from_training_checkpoint(source.path)
     result = export_model(model, out_dir, payload, format=format, head=head, batch_size=batch_size, seed=seed,
                           on_stage=on_stage)
-    result.source = source
+    result.source = noted_for_its_run(source, payload.get("config"))
     return result
 
 

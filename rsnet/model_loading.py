@@ -3,7 +3,8 @@ that file; a folder is a run (its best.pt, else last.pt), a checkpoints folder, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,19 @@ def _run_checkpoint(folder: Path) -> ModelSource | None:
     candidates = [run_checkpoint_path(folder, name) for name in CHECKPOINT_NAMES]
     for path in [*candidates, *(folder / name for name in CHECKPOINT_NAMES)]:
         if path.is_file():
-            note = f"the best checkpoint of {folder}" if path.name == "best.pt" else \
-                f"the last checkpoint of {folder}: it has no best.pt"
-            return ModelSource(path, "checkpoint", note)
+            which = "best" if path.name == "best.pt" else "last"
+            return ModelSource(path, "checkpoint", f"the {which} checkpoint of {folder}")
     return None
+
+
+def noted_for_its_run(source: ModelSource, config: Mapping[str, Any] | None) -> ModelSource:
+    """``source`` with a run folder's missing best.pt named where the run validates (``config``'s dataset.val_ratio
+    above 0); without a validation part (the default) last.pt is the run's model and nothing more is said."""
+    val_ratio = ((config or {}).get("dataset") or {}).get("val_ratio") or 0
+    if not source.note.startswith("the last checkpoint") or not val_ratio:
+        return source
+    return replace(source, note=f"{source.note}: it has no best.pt, though the run validates (dataset.val_ratio="
+                                f"{val_ratio}): no validation has chosen an epoch yet")
 
 
 def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> ModelSource:
@@ -94,5 +104,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", setting: st
     metadata["footprint"] = checkpoint.get("footprint") or {}  # a training image's size, for maps of scenes
     dataset = (checkpoint.get("config") or {}).get("dataset") or {}
     metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
-    return LoadedModel(model.to(device), source, metadata, checkpoint.get("config"), checkpoint.get("epoch"),
-                       checkpoint[FILE_DIGEST_KEY])
+    return LoadedModel(model.to(device), noted_for_its_run(source, checkpoint.get("config")), metadata,
+                       checkpoint.get("config"), checkpoint.get("epoch"), checkpoint[FILE_DIGEST_KEY])

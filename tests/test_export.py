@@ -179,6 +179,21 @@ def test_errors(checkpoint: Path, tmp_path: Path) -> None:
         load_exported(tmp_path)
 
 
+@pytest.mark.parametrize("val_ratio", [0, 0.2])
+def test_no_best_pt_is_named_only_where_the_run_validates(val_ratio: float, tmp_path: Path) -> None:
+    """Was: every evaluate, export and predict of a run without a validation part (dataset.val_ratio=0, the
+    documented default: last.pt is the run's model) said "it has no best.pt"; now only a run that validates does."""
+    from rsnet.model_loading import load_model
+
+    run = tmp_path / "run"
+    last = write_checkpoint(run / "checkpoints" / "last.pt", config={"dataset": {"val_ratio": val_ratio}})
+    sources = [load_model(run).source, export_checkpoint(run, tmp_path / "export", format="state_dict").source]
+    plain = f"checkpoint {last} (the last checkpoint of {run})"
+    missing = f"{plain[:-1]}: it has no best.pt, though the run validates (dataset.val_ratio=0.2): no validation " \
+              "has chosen an epoch yet)"
+    assert [str(source) for source in sources] == [missing if val_ratio else plain] * 2
+
+
 def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path) -> None:
     """A path resolves to the file meant: a checkpoint is the checkpoint even beside an export's model.json, an
     export folder is the export."""
@@ -201,7 +216,7 @@ def test_model_paths_resolve_to_the_file_meant(checkpoint: Path, tmp_path: Path)
         load_exported(best)
     best.unlink()
     source = resolve_model_path(run)
-    assert source.path == last and "last checkpoint" in source.note and "no best.pt" in source.note
+    assert (source.path, source.note) == (last, f"the last checkpoint of {run}")
     assert resolve_model_path(tmp_path / "sd") == resolve_model_path(tmp_path / "sd" / "model.json")
     with pytest.raises(FileNotFoundError, match="model=.*nope does not exist"):
         resolve_model_path(tmp_path / "nope", "model")
