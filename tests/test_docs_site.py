@@ -121,6 +121,22 @@ def test_readme_links_resolve() -> None:
     assert broken_links(readme) == []
 
 
+def named_files_missing(readme: Path) -> list[str]:
+    """Files and folders that ``readme`` says the clone holds and it lacks: a Markdown file named anywhere, and the
+    paths in backticks above its section on the full datasets (placeholders such as ``<class>`` cut off)."""
+    text = readme.read_text(encoding="utf-8")
+    held = text.split("## The full datasets")[0]
+    names = set(re.findall(r"[\w./-]+\.md\b", text))
+    names |= {path.split("<")[0].split("...")[0] for path in re.findall(r"`([^`\s]*/[^`\s]*)`", held)}
+    return sorted(name for name in names
+                  if not any((root / name).exists() for root in (readme.parent, REPO)))
+
+
+def test_data_readme_names_only_what_the_clone_holds() -> None:
+    """Was: data/README.md named a ucmerced-tif-sample/ beside it and a DESIGN.md, neither in the clone."""
+    assert named_files_missing(REPO / "data" / "README.md") == []
+
+
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
                            "--site-dir", str(site)], cwd=config.parent, capture_output=True, text=True, timeout=300)
