@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
+from rsnet.run_folders import pretrained_tag
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY
@@ -97,8 +98,28 @@ def _onnx_bytes(module: nn.Module, x: Tensor) -> bytes:
     return program.model_proto.SerializeToString()
 
 
-def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> None:
-    """Write the main branch the timm way (``save_for_hf``: model.safetensors + config.json), each file atomically."""
+# what timm's pretrained config says of its published weights: true of an export only where training started from them
+PUBLISHED_WEIGHTS_KEYS = ("tag", "license", "origin_url", "paper_ids", "paper_name", "notes")
+
+
+def started_from_published_weights(model: nn.Module, metadata: dict[str, Any]) -> bool:
+    """Whether training started from timm's published weights (``backbone.pretrained=true``), as the checkpoint's
+    model config records it (a rebuilt model's own says false), else the model's."""
+    config = metadata.get("model_config") or model.model_config
+    return pretrained_tag(config.get("pretrained")) == "pretrained"
+
+
+def _without_published_weights(config_path: Path) -> None:
+    """Drop from a timm config.json what its pretrained config says of timm's published weights (tag, license, ...)."""
+    config = json.loads(config_path.read_text())
+    for key in PUBLISHED_WEIGHTS_KEYS:
+        config["pretrained_cfg"].pop(key, None)
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any], published_weights: bool) -> None:
+    """Write the main branch the timm way (``save_for_hf``: model.safetensors + config.json), each file atomically;
+    the weights' tag and license only where training started from those ``published_weights``."""
     from timm.models import save_for_hf
 
     size = int(metadata["image_size"])
@@ -108,6 +129,8 @@ def _save_timm(module: nn.Module, out_dir: Path, metadata: dict[str, Any]) -> No
     with tempfile.TemporaryDirectory(prefix=".timm-", dir=out_dir) as staging:
         save_for_hf(module, staging, model_config={"label_names": list(metadata["class_names"])},
                     safe_serialization=True, data_config=data_config)
+        if not published_weights:
+            _without_published_weights(Path(staging) / TIMM_CONFIG)
         for name in (FORMATS["timm"], TIMM_CONFIG):  # weights first: a config never names missing weights
             with atomic_write(out_dir / name) as handle:
                 handle.write((Path(staging) / name).read_bytes())
@@ -139,7 +162,7 @@ def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, 
     """Write the exported ``module`` (a state dict of the ensemble: the full ``model``) in ``format``."""
     path = out_dir / FORMATS[format]
     if format == "timm":
-        _save_timm(module, out_dir, metadata)
+        _save_timm(module, out_dir, metadata, started_from_published_weights(model, metadata))
         return path
     with atomic_write(path) as handle:
         if format == "torchscript":

@@ -10,7 +10,7 @@ import pytest
 import timm
 import torch
 from helpers import (EXPORT_CLASSES, EXPORT_SIZE, compose_command, deprecations_from_rsnet, export_recording,
-                     full_logits, load_export_script)
+                     full_logits, load_export_script, write_checkpoint)
 
 from rsnet.export import ExportResult, export_checkpoint
 from rsnet.exported_model import ExportError, load_exported
@@ -49,6 +49,21 @@ def test_timm_config_carries_labels_and_preprocessing(timm_export) -> None:
     assert model.pretrained_cfg["label_names"] == EXPORT_CLASSES
     meta = json.loads((out / "model.json").read_text())
     assert (meta["format"], meta["file"], meta["head"]) == ("timm", "model.safetensors", "main")
+
+
+@pytest.mark.parametrize("pretrained", [False, "/weights/r18.safetensors", True])
+def test_the_weights_tag_is_written_only_where_training_started_from_those_weights(pretrained, tmp_path: Path) -> None:
+    """Was: an export of a model trained from scratch carried the published weights' tag (``a1_in1k`` for
+    resnet18) and licence in its config.json; now only backbone.pretrained=true keeps them (a weights file of
+    your own is not timm's published one); the export still loads."""
+    from rsnet.models import build_model
+
+    model_config = {**build_model("esd_mbenet", "test_resnet", 3).model_config, "pretrained": pretrained}
+    checkpoint = write_checkpoint(tmp_path / "best.pt", model_config=model_config)
+    out = export_checkpoint(checkpoint, tmp_path / "export", format="timm").path.parent
+    cfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert ("tag" in cfg, "license" in cfg) == (pretrained is True,) * 2, cfg
+    assert load_model(out, setting="model").metadata["class_names"] == EXPORT_CLASSES
 
 
 def test_rsnet_loads_a_timm_export(timm_export) -> None:
