@@ -275,6 +275,21 @@ def write_confusion_png(path: str | Path, cm: np.ndarray | Sequence[Sequence[int
         Image.fromarray(render_confusion_matrix(cm, class_names, title)).save(handle, format="PNG", pnginfo=info)
 
 
+METRIC_DECIMALS = 6  # of the numbers metrics.json and eval_*.json hold: 0.6, not 0.6000000000000001
+
+
+def rounded_numbers(document: Any, decimals: int = METRIC_DECIMALS) -> Any:
+    """``document`` with every float rounded to ``decimals`` places (dicts and lists walked), as the JSON files hold
+    it; the figures in memory, which select the epoch and feed TensorBoard, keep full precision."""
+    if isinstance(document, float | np.floating):
+        return round(float(document), decimals)
+    if isinstance(document, dict):
+        return {key: rounded_numbers(value, decimals) for key, value in document.items()}
+    if isinstance(document, list | tuple):
+        return [rounded_numbers(value, decimals) for value in document]
+    return document
+
+
 def compute_metrics(result: EvalResult, class_names: Sequence[str]) -> dict[str, Any]:
     """JSON-safe metrics of an :class:`EvalResult`, accuracies in % (keys: docs/tensorboard.md, Metrics)."""
     num_classes = len(class_names)

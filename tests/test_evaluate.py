@@ -31,6 +31,7 @@ from rsnet.evaluation import (
     eval_batch_size,
     evaluate,
     precision_recall_f1,
+    rounded_numbers,
     write_confusion_csv,
     write_confusion_png,
 )
@@ -59,6 +60,22 @@ def test_metrics_by_hand() -> None:
     assert metrics["kappa"] == pytest.approx((0.9 - 0.34) / (1 - 0.34))
     # main head: cm [[3,1,0],[0,2,1],[1,0,2]]; p_o = .7; rows (4,3,3) cols (4,3,3): p_e = .34
     assert metrics["kappa/main"] == pytest.approx((0.7 - 0.34) / (1 - 0.34))
+
+
+def test_metrics_files_hold_rounded_numbers(tmp_path: Path) -> None:
+    """Was: kappa written as 0.6000000000000001. eval_*.json rounds every float to 6 places (numpy's too, in
+    nested dicts and lists); the metrics in memory keep full precision."""
+    from rsnet.commands.evaluate import write_outputs
+
+    metrics = compute_metrics(_result({"main": [0, 0, 0, 0, 1, 1, 1, 1, 1, 0]}, [0] * 5 + [1] * 5), ["a", "b"])
+    assert metrics["kappa"] == 0.6000000000000001  # p_o 0.8, p_e 0.5: (0.8 - 0.5) / 0.5 in floats
+    write_outputs(tmp_path / "eval.json", metrics, ["a", "b"], "a title")
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert (written["kappa"], written["kappa/main"], written["oa/main"]) == (0.6, 0.6, 80.0)
+    write_outputs(tmp_path / "eval.json", compute_metrics(_result({"main": [0, 1, 1]}, [0, 0, 1]), ["a", "b"]),
+                  ["a", "b"], "a title")
+    assert json.loads((tmp_path / "eval.json").read_text())["accuracy"] == 66.666667
+    assert rounded_numbers({"a": [np.float32(0.1), (1 / 3, 2)], "b": True}) == {"a": [0.1, [0.333333, 2]], "b": True}
 
 
 def test_kappa_edge_cases() -> None:

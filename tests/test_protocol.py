@@ -48,6 +48,14 @@ def train_sweep(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def floats_in(document: object) -> list[float]:
+    """Every float of a JSON document, nested dicts and lists walked."""
+    if isinstance(document, float):
+        return [document]
+    values = document.values() if isinstance(document, dict) else document if isinstance(document, list) else []
+    return [value for item in values for value in floats_in(item)]
+
+
 @pytest.mark.slow
 def test_eval_every_tests_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -55,6 +63,7 @@ def test_eval_every_tests_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [("test_accuracy" in row) for row in metrics["history"]] == [False, True, True]
     assert metrics["protocol"]["eval_every"] == 2 and metrics["accuracy"] == metrics["history"][-1]["test_accuracy"]
+    assert all(value == round(value, 6) for value in floats_in(metrics))  # 0.6, not 0.6000000000000001
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     assert [event.step for event in events.Scalars("test/oa/main")] == [2, 3]

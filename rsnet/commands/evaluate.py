@@ -98,10 +98,10 @@ def figure_title(metrics: dict[str, Any], loaded: LoadedModel) -> str:
 def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str], title: str) -> None:
     """The metrics JSON at ``out``, the confusion matrix beside it as ``<stem>_confusion.csv`` and ``.png`` (with
     ``title``)."""
-    from rsnet.evaluation import write_confusion_csv, write_confusion_png
+    from rsnet.evaluation import rounded_numbers, write_confusion_csv, write_confusion_png
 
     with atomic_write(out, "w") as handle:
-        handle.write(json.dumps(metrics, indent=2))
+        handle.write(json.dumps(rounded_numbers(metrics), indent=2))
     print(f"metrics written to {out}")
     table, image = (out.with_name(f"{out.stem}_confusion{suffix}") for suffix in (".csv", ".png"))
     write_confusion_csv(table, metrics["confusion_matrix"], class_names)

@@ -20,7 +20,7 @@ from rsnet.engine.background_writer import BackgroundWriter
 from rsnet.engine.run_history import write_history
 from rsnet.engine.sharded_eval import sharded_evaluate
 from rsnet.engine.snapshot import host_snapshot
-from rsnet.evaluation import EvalFeed, compute_metrics, eval_batch_size
+from rsnet.evaluation import EvalFeed, compute_metrics, eval_batch_size, rounded_numbers
 from rsnet.files import atomic_write
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
@@ -226,7 +226,8 @@ def protocol(config: dict[str, Any], data: DataBundle) -> dict[str, Any]:
 
 def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
                 scheduler: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json document: the test metrics of the selected (else last evaluated) epoch and the run's facts."""
+    """The metrics.json document: the test metrics of the selected (else last evaluated) epoch and the run's facts,
+    floats rounded (:func:`rounded_numbers`)."""
     epochs_done, wall, selected = state.epoch, state.wall_time_s, state.selected
     headline = selected["metrics"] if selected else state.last_metrics
     summary = {
@@ -240,7 +241,7 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
         last = state.last_metrics
         summary.update(selected_epoch=selected["epoch"], val_accuracy=selected["val_accuracy"],
                        last_epoch_test={"accuracy": last["accuracy"], "oa": last["oa"]})
-    return {**summary, "scheduler": scheduler, "history": state.history}
+    return rounded_numbers({**summary, "scheduler": scheduler, "history": state.history})
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
