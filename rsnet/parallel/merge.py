@@ -113,7 +113,7 @@ def normalized_merge(module: nn.Module, weight: float, meta: torch.Tensor | None
     integer buffers take the first member's values. Every worker calls it, with the same ``members``."""
     started = time.perf_counter()
     world, rank = dist.get_world_size(), dist.get_rank()
-    ranks = sorted(range(world) if members is None else {int(r) for r in members})
+    ranks = _member_ranks(members, world)
     if not ranks:
         raise ValueError("normalized_merge needs at least one member")
     if world == 1:
@@ -152,19 +152,32 @@ def _merge_tensors(floating: list[torch.Tensor], integer: list[torch.Tensor], in
             tensor.copy_(integer_values[offset:offset + n].round().view_as(tensor).to(tensor.dtype))
             offset += n
         for bucket in _buckets(floating, bucket_bytes):
-            flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
-            flat.mul_(share)
+            flat = _flat(bucket, comm).mul_(share)
             dist.all_reduce(flat, group=group)
-            flat = flat.to(params_device)
-            position = 0
-            for tensor in bucket:
-                n = tensor.numel()
-                average = flat[position:position + n].view_as(tensor)
-                if elastic >= 1.0:
-                    tensor.copy_(average)
-                else:
-                    tensor.lerp_(average.to(tensor.dtype), elastic)
-                position += n
+            _move_towards(bucket, flat.to(params_device), elastic)
+
+
+def _member_ranks(members: Sequence[int] | None, world: int) -> list[int]:
+    """The sorted ranks of ``members`` (None: every worker)."""
+    return sorted(range(world) if members is None else {int(r) for r in members})
+
+
+def _flat(bucket: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A bucket's tensors as one flat tensor on ``device`` (a copy)."""
+    return torch.cat([t.detach().reshape(-1) for t in bucket]).to(device)
+
+
+def _move_towards(bucket: list[torch.Tensor], flat: torch.Tensor, elastic: float) -> None:
+    """Each tensor of ``bucket`` becomes its slice of ``flat`` (elastic < 1: moves that part of the way there)."""
+    position = 0
+    for tensor in bucket:
+        n = tensor.numel()
+        target = flat[position:position + n].view_as(tensor)
+        if elastic >= 1.0:
+            tensor.copy_(target)
+        else:
+            tensor.lerp_(target.to(tensor.dtype), elastic)
+        position += n
 
 
 def broadcast_module(module: nn.Module, source: int = 0, comm_device: torch.device | str | None = None,
@@ -173,7 +186,7 @@ def broadcast_module(module: nn.Module, source: int = 0, comm_device: torch.devi
     place. Every worker calls it, with the same arguments."""
     if dist.get_world_size() == 1:
         return
-    ranks = sorted(range(dist.get_world_size()) if members is None else {int(r) for r in members} | {int(source)})
+    ranks = sorted(set(_member_ranks(members, dist.get_world_size())) | {int(source)})
     group = members_group(ranks)
     if dist.get_rank() not in ranks or len(ranks) == 1:
         return
@@ -184,14 +197,9 @@ def broadcast_module(module: nn.Module, source: int = 0, comm_device: torch.devi
     _synchronize(params_device)
     with torch.no_grad():
         for bucket in _buckets(tensors, bucket_bytes):
-            flat = torch.cat([t.detach().reshape(-1) for t in bucket]).to(comm)
+            flat = _flat(bucket, comm)
             dist.broadcast(flat, src=int(source), group=group)
-            flat = flat.to(params_device)
-            position = 0
-            for tensor in bucket:
-                n = tensor.numel()
-                tensor.copy_(flat[position:position + n].view_as(tensor))
-                position += n
+            _move_towards(bucket, flat.to(params_device), 1.0)
     _synchronize(params_device)
 
 
