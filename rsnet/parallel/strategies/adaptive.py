@@ -43,7 +43,6 @@ class Interval:
     permutation; ``warmup_*``: samples and seconds of its first steps at a batch size (one-time costs, left out of
     the speed); ``stopped``: the loop stopped taking batches (an error), so the prefetch thread claims no more."""
 
-    index: int
     low: int
     high: int
     rounds: int
@@ -97,7 +96,7 @@ class AdaptiveStrategy(Strategy):
         self._comm_s = 0.0  # this worker's communication time in its last merge of the model
         self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
         self._order = torch.empty(0, dtype=torch.long)  # the epoch's permutation of the samples
-        self._interval = Interval(0, 0, 0, self.schedule.rounds, self._claim_key(0, 0))  # the one being trained
+        self._interval = Interval(0, 0, self.schedule.rounds, self._claim_key(0, 0))  # the one being trained
         self._stepped = threading.Condition()  # after_step and stop_claiming notify the prefetch thread waiting to claim
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
 
@@ -169,7 +168,7 @@ class AdaptiveStrategy(Strategy):
             size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start,
                                              self.num_samples)
             low, high = next_interval(start, self.num_samples, size, max(self.schedule.settings.batch_min, size // 2))
-            self._interval = Interval(index, low, high, max(size // self.schedule.total_batch, 1),
+            self._interval = Interval(low, high, max(size // self.schedule.total_batch, 1),
                                       self._claim_key(epoch, index))
             yield index
             start = high
