@@ -1,36 +1,40 @@
-"""Maps of whole scenes: ``map_scene``'s window-by-window path against predict's per-file path on the same windows,
-and the memory a map takes against the raster's size.
+"""Maps of whole scenes: the map's windows/s against the model's own forward rate on random windows of the same shape,
+the reader pool's share, a slow partner, and the memory a map takes against the raster's size.
 
 Writes a ``--size`` × ``--size`` 3-band uint8 GeoTIFF (tiled, 512 px blocks, deflate), block by block so that its
 generation stays in bounded memory too: each 128 px cell is one of the bundled sample's real images, drawn at random.
 Then, measured in one run, interleaved over ``--rounds`` rounds (the order alternating):
 
-(a) ``map_scene`` on the whole grid of ``--window`` px windows (500 px on 20,000 px: 1,600 windows), read from the
-    raster on disk one window at a time;
-(b) the per-file path on the same windows: the first ``--files`` windows, written beforehand as PNG files,
-    classified as rsnet-predict classifies files (``read_image``, then ``preprocess`` / ``probabilities`` in batches);
+(a) ``map_scene`` on the whole grid of ``--window`` px windows, read from the raster on disk, with ``--readers``
+    reader threads (and, with ``--compare-readers``, with 1);
+(b) the model's forward rate: batches of random windows (already decoded, the map's batch size) classified as the map
+    classifies them (the same lanes: on a CPU one forward per core, each on one thread), and as one forward on every
+    core; the better of the two is the model's rate;
 
-windows/s of each (best round, and the range), the ratio map / per-file (best rounds), and the resident memory of a
-child process that maps the scene alone, before the map and at its peak during it (Linux: /proc/self/status),
-beside the raster's size.
-The model is an untrained ``--backbone`` baseline at ``--image-size`` px (speed only). The temporary folder holding
-the raster and the files is removed afterwards.
+windows/s of each (best round, and the range) and the ratio map / forward. With ``--partner N``: whole
+``rsnet-predict map=`` runs (start-up included), alone on one CPU worker and beside a second CPU worker slowed N times
+(SIMULATED), interleaved, and the ratio pair / alone. With memory (default): the resident memory of a child process
+that maps the scene alone, before the map and at its peak, beside the raster's size. The model is an untrained
+``--backbone`` baseline at ``--image-size`` px (speed only). The temporary folder is removed afterwards.
 
-    python benchmarks/bench_scene_map.py                               # 20,000 px, 1,600 windows of 500 px
-    python benchmarks/bench_scene_map.py --size 4000                   # a quick run: 64 windows
-    python benchmarks/bench_scene_map.py --size 1024 --window 256 --no-memory   # a smoke run (the test suite's)
-    python benchmarks/bench_scene_map.py --backbone resnet18 --image-size 128
+    python benchmarks/bench_scene_map.py --size 20000 --window 128 --backbone resnet18 --image-size 128
+    python benchmarks/bench_scene_map.py --size 20000 --window 500 --compare-readers   # test_resnet at 64 px
+    python benchmarks/bench_scene_map.py --size 4000 --window 128 --partner 300 --no-memory
+    python benchmarks/bench_scene_map.py --size 1024 --window 256 --rounds 1 --no-memory   # a smoke run (the tests')
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -76,44 +80,55 @@ def write_checkpoint(path: Path, backbone: str, image_size: int) -> Path:
                                   "std": [0.25] * 3, "epoch": 0})
 
 
-def write_window_files(raster: Path, folder: Path, window: int, count: int) -> list[Path]:
-    """The first ``count`` windows of the map's grid (row by row), each as a PNG file."""
-    from PIL import Image
-    from rasterio.windows import Window
+def map_once(predictor, raster: Path, out: Path, window: int, batch: int, readers: int) -> tuple[float, int]:
+    """Seconds to map ``raster`` afresh (its files written included) and the windows classified."""
+    from rsnet.mapping.region import map_scene
 
-    from rsnet.data.raster import open_raster
-
-    folder.mkdir()
-    paths = []
-    with open_raster(raster) as src:
-        columns = src.width // window
-        for index in range(min(count, columns * (src.height // window))):
-            row, col = divmod(index, columns)
-            pixels = src.read([1, 2, 3], window=Window(col * window, row * window, window, window))
-            paths.append(folder / f"window_{index:05d}.png")
-            Image.fromarray(np.moveaxis(pixels, 0, -1)).save(paths[-1])
-    return paths
-
-
-def per_file(predictor, paths: Sequence[Path], batch: int) -> float:
-    """Seconds to classify ``paths`` as rsnet-predict does: decode each file, then a batch at a time."""
-    from rsnet.inference import read_image
-
+    shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    for start in range(0, len(paths), batch):
-        batch_paths = paths[start:start + batch]
-        images = np.stack([read_image(path, predictor.image_size, predictor.decoding) for path in batch_paths])
-        predictor.probabilities(predictor.preprocess(images))
-    return time.perf_counter() - started
-
-
-def map_once(predictor, raster: Path, out: Path, window: int, batch: int) -> tuple[float, int]:
-    """Seconds to map ``raster`` (the three files written included) and the windows classified."""
-    from rsnet.scene_map import map_scene
-
-    started = time.perf_counter()
-    result = map_scene(predictor, raster, out, window=window, batch_size=batch, progress=False)
+    result = map_scene(predictor, raster, out, window=window, batch_size=batch, progress=False, readers=readers)
     return time.perf_counter() - started, result.windows
+
+
+def forward_rates(predictor, batch: int, batches: int) -> tuple[float, float]:
+    """Windows/s of the model on random decoded windows: on the map's lanes (one single-threaded forward per core),
+    and as one forward on every core."""
+    import torch
+
+    from rsnet.mapping.forward import WindowClassifier
+
+    classifier = WindowClassifier(predictor)
+    size = predictor.image_size
+    images = np.random.default_rng(0).integers(0, 256, (batch, size, size, 3)).astype(np.uint8)
+    cores = torch.get_num_threads()
+    classifier(images)
+    started = time.perf_counter()
+    for _ in range(batches):
+        classifier(images)
+    whole = batches * batch / (time.perf_counter() - started)
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(cores) as lanes:
+            list(lanes.map(lambda _: classifier(images), range(cores)))
+            started = time.perf_counter()
+            list(lanes.map(lambda _: classifier(images), range(batches)))
+            laned = batches * batch / (time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(cores)
+    return laned, whole
+
+
+def predict_run(raster: Path, checkpoint: Path, out: Path, window: int, batch: int, devices: str,
+                slowdown: str | None) -> float:
+    """Seconds of a whole ``rsnet-predict map=`` run (a process of its own)."""
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, str(REPO / "scripts" / "predict.py"), f"checkpoint={checkpoint}", f"images={raster}",
+               f"map={out}", f"window={window}", f"batch_size={batch}", f"device={devices}", "progress_bar=false"]
+    started = time.perf_counter()
+    done = subprocess.run(command + ([f"slowdown={slowdown}"] if slowdown else []), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return time.perf_counter() - started
 
 
 def rss_kib(field: str) -> int:
@@ -124,24 +139,30 @@ def rss_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def child_map(raster: str, checkpoint: str, window: int, batch: int) -> None:
+def child_map(raster: str, checkpoint: str, window: int, batch: int, readers: int) -> None:
     """In a child process: map the scene alone; print its resident memory (KiB) before the map and its peak during
-    the map (the peak is reset once the model is loaded: /proc/self/clear_refs), as JSON."""
+    the map (the peak is reset once the model is loaded and a small map made: /proc/self/clear_refs), as JSON."""
     from rsnet.inference import load_predictor
 
     predictor = load_predictor(checkpoint, "cpu")
-    map_once(predictor, Path(raster).parent / "warm-up.tif", Path(raster).parent / "child-warm-up", window, batch)
+    folder = Path(raster).parent
+    map_once(predictor, folder / "warm-up.tif", folder / "child-warm-up", window, batch, readers)
     before = rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    seconds, windows = map_once(predictor, Path(raster), Path(raster).parent / "child-map", window, batch)
+    seconds, windows = map_once(predictor, Path(raster), folder / "child-map", window, batch, readers)
     print(json.dumps({"before_kib": before, "peak_kib": rss_kib("VmHWM"), "seconds": seconds, "windows": windows}))
 
 
-def child_peak(raster: Path, checkpoint: Path, window: int, batch: int) -> dict:
+def child_peak(raster: Path, checkpoint: Path, window: int, batch: int, readers: int) -> dict:
     """What :func:`child_map` printed, run in a fresh interpreter."""
     done = subprocess.run([sys.executable, __file__, "--child", str(raster), str(checkpoint), "--window", str(window),
-                           "--batch", str(batch)], capture_output=True, text=True, check=True)
+                           "--batch", str(batch), "--readers", str(readers)], capture_output=True, text=True,
+                          check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _row(name: str, values: Sequence[float], count: int | str) -> str:
+    return f"| {name} | {count} | {max(values):.1f} | {min(values):.1f}–{max(values):.1f} |"
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -159,36 +180,65 @@ def bench(args: argparse.Namespace) -> None:
         generated = time.perf_counter() - started
         checkpoint = write_checkpoint(folder / "model.pt", args.backbone, args.image_size)
         predictor = load_predictor(checkpoint, "cpu")
-        files = write_window_files(raster, folder / "windows", args.window, args.files)
         print(f"scene {args.size} x {args.size} px, 3 x uint8, {raster.stat().st_size / 2**20:.0f} MiB on disk "
               f"(deflate, {BLOCK} px blocks; written in {generated:.1f} s); window {args.window} px; {args.backbone} "
-              f"at {args.image_size} px, batch {args.batch}, {torch.get_num_threads()} threads (CPU)")
+              f"at {args.image_size} px, batch {args.batch}, {torch.get_num_threads()} cores (CPU)")
         write_scene(folder / "warm-up.tif", 2 * args.window)  # a small scene: the first map loads fonts, ...
-        map_once(predictor, folder / "warm-up.tif", folder / "warm-up", args.window, args.batch)
-        per_file(predictor, files[:args.batch], args.batch)
-        rates: dict[str, list[float]] = {"map_scene": [], "per-file": []}
+        map_once(predictor, folder / "warm-up.tif", folder / "warm-up", args.window, args.batch, args.readers)
+        readers = sorted({args.readers, 1}) if args.compare_readers else [args.readers]
+        rates: dict[str, list[float]] = {**{f"map, {r} reader(s)": [] for r in readers},
+                                         "forward, lanes": [], "forward, one on every core": []}
         windows = 0
         for round_ in range(args.rounds):
-            for name in (("map_scene", "per-file") if round_ % 2 == 0 else ("per-file", "map_scene")):
-                if name == "map_scene":
-                    seconds, windows = map_once(predictor, raster, folder / "map", args.window, args.batch)
+            for name in (list(rates) if round_ % 2 == 0 else list(reversed(rates))):
+                if name.startswith("map"):
+                    count = int(name.split(", ")[1].split()[0])
+                    seconds, windows = map_once(predictor, raster, folder / "map", args.window, args.batch, count)
                     rates[name].append(windows / seconds)
-                else:
-                    rates[name].append(len(files) / per_file(predictor, files, args.batch))
-        peak = None if args.no_memory else child_peak(raster, checkpoint, args.window, args.batch)
-    raster_mib = 3 * args.size * args.size / 2**20
+                elif name == "forward, lanes":
+                    laned, whole = forward_rates(predictor, args.batch, args.forward_batches)
+                    rates["forward, lanes"].append(laned)
+                    rates["forward, one on every core"].append(whole)
+        partner = bench_partner(args, raster, checkpoint, folder) if args.partner else None
+        peak = None if args.no_memory else child_peak(raster, checkpoint, args.window, args.batch, args.readers)
     print(f"\n{args.rounds} interleaved rounds\n")
     print("| path | windows | windows/s (best) | range over rounds |")
     print("|---|---:|---:|---|")
-    for name, count in (("map_scene", windows), ("per-file", len(files))):
-        print(f"| {name} | {count:,} | {max(rates[name]):.1f} | {min(rates[name]):.1f}–{max(rates[name]):.1f} |")
-    print(f"\nmap / per-file: {max(rates['map_scene']) / max(rates['per-file']):.2f}x windows/s (best rounds)")
-    if peak is None:
-        return
-    before, during = peak["before_kib"] / 1024, peak["peak_kib"] / 1024
-    print(f"a child process mapping the scene alone: resident {before:.0f} MiB before the map (model loaded), peak "
-          f"{during:.0f} MiB during it (+{during - before:.0f} MiB) for a raster of {raster_mib:.0f} MiB "
-          f"({peak['windows']:,} windows in {peak['seconds']:.1f} s)")
+    for name, values in rates.items():
+        if values:
+            print(_row(name, values, f"{windows:,}" if name.startswith("map") else f"{args.forward_batches} batches"))
+    model_rate = max(max(rates["forward, lanes"]), max(rates["forward, one on every core"]))
+    for name in rates:
+        if name.startswith("map"):
+            count = int(name.split(", ")[1].split()[0])
+            print(f"\n{name}: {max(rates[name]) / model_rate:.2f}x the model's forward rate (best rounds); "
+                  f"{max(rates[name]) / count:.1f} windows/s per reader thread")
+    if partner is not None:
+        alone, pair = partner
+        ratios = [p / a for a, p in zip(alone, pair)]
+        print(f"\nwhole rsnet-predict map= runs (start-up included), {len(alone)} interleaved rounds: alone "
+              f"{statistics.median(alone):.1f} s ({min(alone):.1f}–{max(alone):.1f}), beside a {args.partner:g}x "
+              f"slower CPU worker {statistics.median(pair):.1f} s ({min(pair):.1f}–{max(pair):.1f}); pair / alone "
+              f"{', '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.3f}")
+    if peak is not None:
+        before, during = peak["before_kib"] / 1024, peak["peak_kib"] / 1024
+        print(f"\na child process mapping the scene alone: resident {before:.0f} MiB before the map (model loaded), "
+              f"peak {during:.0f} MiB during it (+{during - before:.0f} MiB) for a raster of "
+              f"{3 * args.size * args.size / 2**20:.0f} MiB ({peak['windows']:,} windows in {peak['seconds']:.1f} s)")
+
+
+def bench_partner(args: argparse.Namespace, raster: Path, checkpoint: Path,
+                  folder: Path) -> tuple[list[float], list[float]]:
+    """Whole-run seconds alone and beside a slowed partner, interleaved over ``args.rounds`` rounds."""
+    alone, pair = [], []
+    for round_ in range(args.rounds):
+        for kind in (("alone", "pair") if round_ % 2 == 0 else ("pair", "alone")):
+            if kind == "alone":
+                alone.append(predict_run(raster, checkpoint, folder / "alone", args.window, args.batch, "cpu", None))
+            else:
+                pair.append(predict_run(raster, checkpoint, folder / "pair", args.window, args.batch, "[cpu,cpu]",
+                                        f"[1.0,{args.partner}]"))
+    return alone, pair
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -198,14 +248,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backbone", default="test_resnet")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--readers", type=int, default=2, help="reader threads of the map")
+    parser.add_argument("--compare-readers", action="store_true", help="also map with one reader thread")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--files", type=int, default=256, help="windows written as files for the per-file path")
+    parser.add_argument("--forward-batches", type=int, default=20, help="batches timed for the forward rate")
+    parser.add_argument("--partner", type=float, default=None, help="also time whole runs beside a partner this slow")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-memory", action="store_true", help="leave out the child process measuring memory")
     parser.add_argument("--child", nargs=2, metavar=("RASTER", "CHECKPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child_map(*args.child, args.window, args.batch)
+        child_map(*args.child, args.window, args.batch, args.readers)
     else:
         bench(args)
 

@@ -71,6 +71,17 @@ def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> ModelSo
                             f"last.pt), a checkpoint file or an exported model folder (with {METADATA_FILE})")
 
 
+def model_digest(path: str | Path, setting: str = "checkpoint") -> str:
+    """A SHA-256 over the model ``path`` resolves to: its file, or every file of an export's folder (a map made with
+    another model is not resumed)."""
+    from rsnet.integrity import content_digest, file_digest
+
+    source = resolve_model_path(path, setting)
+    exported_folder = source.path.name == METADATA_FILE
+    files = sorted(p for p in source.path.parent.iterdir() if p.is_file()) if exported_folder else [source.path]
+    return content_digest([[file.name, file_digest(file)] for file in files])
+
+
 def model_from_training_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Load a checkpoint and rebuild its model (eval mode), with clear errors for files that don't fit."""
     checkpoint = load_checkpoint(path)

@@ -16,7 +16,7 @@ from rasterio.transform import Affine
 from rsnet.checkpoint import save_checkpoint
 from rsnet.data.raster import Bands
 from rsnet.inference import UnreadableImageError, load_predictor, read_image
-from rsnet.scene_map import map_scene
+from rsnet.mapping.region import map_scene
 
 NAMES = ("blue", "green", "red", "nir")
 

@@ -1,4 +1,4 @@
-"""Maps of whole scenes (rsnet.scene_map, rsnet-predict map=): a mosaic of real images classified window by window
+"""Maps of whole scenes (rsnet.mapping, rsnet-predict map=): a mosaic of real images classified window by window
 gives the classes of its tiles classified one by one, on the scene's coordinates; overlapping windows are averaged;
 multispectral rasters; one-line errors; bounded memory; the benchmark's smoke run."""
 
@@ -22,7 +22,8 @@ from rasterio.transform import Affine
 from rsnet.checkpoint import save_checkpoint
 from rsnet.data.raster import Bands, open_raster
 from rsnet.inference import load_predictor, read_image
-from rsnet.scene_map import map_scene, scene_window
+from rsnet.mapping.plan import scene_window
+from rsnet.mapping.region import map_scene
 
 CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:8]
 TILE = 128  # the sample's images: 128 px JPEGs
@@ -121,9 +122,10 @@ def test_a_mosaic_of_real_images_maps_to_the_classes_of_its_tiles_on_the_scene(p
     np.testing.assert_allclose(cells[:, 3, 5], tile, atol=1e-5)
     assert result.preview_path == tmp_path / "mosaic_preview.png"
     with Image.open(result.preview_path) as preview:
-        assert preview.format == "PNG" and preview.width > preview.height > 200  # the map and its legend beside it
+        assert preview.format == "PNG" and min(preview.size) > 400  # the map over its imagery, and the legend
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "mosaic_classes.tif", "mosaic_preview.png", "mosaic_probabilities.tif"]  # no temporary file left
+        "mosaic_areas.csv", "mosaic_classes.tif", "mosaic_map.json", "mosaic_preview.png",
+        "mosaic_probabilities.tif"]  # no temporary file, no partial map left
 
 
 def test_overlapping_windows_average_the_probabilities_of_every_window_over_a_cell(predictor, scene, tmp_path) -> None:
@@ -144,16 +146,23 @@ def test_overlapping_windows_average_the_probabilities_of_every_window_over_a_ce
     assert result.classes[3, 5] == by_hand.argmax()
 
 
-def test_partial_windows_at_the_right_and_bottom_edges_are_left_out_and_their_cells_are_nodata(predictor, scene,
-                                                                                              tmp_path) -> None:
+def test_windows_flush_with_the_right_and_bottom_edges_classify_every_cell(predictor, scene, tmp_path) -> None:
     raster = write_geotiff(tmp_path / "crop.tif", scene.mosaic[:300, :300])
     result = map_scene(predictor, raster, tmp_path / "maps", window=128, progress=False)
-    assert result.windows == 4 and result.grid == (3, 3)  # ceil(300 / 128) cells per side, 2 whole windows
-    assert (result.classes[2, :] == 255).all() and (result.classes[:, 2] == 255).all()
-    assert (result.classes[:2, :2] != 255).all()
+    assert result.windows == 9 and result.grid == (3, 3)  # windows at 0, 128 and 172 (flush); ceil(300 / 128) cells
+    assert (result.classes != 255).all()
     with rasterio.open(result.probabilities_path) as probabilities:
         cells = probabilities.read()
-    assert np.isnan(cells[:, 2, :]).all() and np.isfinite(cells[:, :2, :2]).all()
+    # the last cell (pixels 256..299, centre 278): the window flush with the corner alone
+    np.testing.assert_allclose(cells[:, 2, 2], predictor.probabilities(scene.mosaic[172:300, 172:300][None])[0].numpy(),
+                               atol=1e-5)
+    def window(row: int, col: int) -> np.ndarray:
+        return predictor.probabilities(scene.mosaic[row:row + 128, col:col + 128][None])[0].numpy()
+
+    # cell 1 (pixels 128..255, centre 192) lies in the windows at 128 and at 172: their mean
+    np.testing.assert_allclose(cells[:, 1, 1], np.mean([window(r, c) for r in (128, 172) for c in (128, 172)], 0),
+                               atol=1e-5)
+    np.testing.assert_allclose(cells[:, 0, 2], window(0, 172), atol=1e-5)
 
 
 def test_windows_mostly_over_the_scenes_nodata_are_not_classified(predictor, scene, tmp_path) -> None:
@@ -268,7 +277,7 @@ _PEAK_MEMORY_SCRIPT = """
 import sys
 from pathlib import Path
 from rsnet.inference import load_predictor
-from rsnet.scene_map import map_scene
+from rsnet.mapping.region import map_scene
 
 def peak_kib():  # this process's own peak resident memory (getrusage's carries the parent's over an exec)
     status = Path("/proc/self/status").read_text().splitlines()
@@ -276,7 +285,7 @@ def peak_kib():  # this process's own peak resident memory (getrusage's carries 
 
 checkpoint, small, large, out, read_whole = sys.argv[1:]
 predictor = load_predictor(checkpoint, "cpu")
-map_scene(predictor, small, out + "/warm-up", window=64, progress=False)  # first use: libraries, fonts, caches
+map_scene(predictor, small, out + "/warm-up", window=250, progress=False)  # first use: libraries, fonts, a preview
 before = peak_kib()
 if read_whole == "yes":  # what an unbounded reader would hold
     import rasterio
@@ -290,33 +299,34 @@ print(result.windows, peak_kib() - before)
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak resident memory from /proc")
 def test_memory_stays_bounded_by_a_batch_of_windows_not_the_raster(tmp_path: Path) -> None:
     """The process's peak resident memory (GDAL's block cache and the decoded windows included, which Python's
-    allocator tracing cannot see) grows by far less than the raster while a 6000² scene is mapped; reading the
+    allocator tracing cannot see) grows by far less than the raster while a 12000 × 6000 scene is mapped; reading the
     raster whole, as an unbounded reader would, shows in the same measure."""
     from helpers import write_checkpoint
 
-    size, block = 6000, 512
+    height, size, block = 12_000, 6000, 512
     raster = tmp_path / "large.tif"
-    with rasterio.open(raster, "w", driver="GTiff", height=size, width=size, count=3, dtype="uint8", tiled=True,
+    with rasterio.open(raster, "w", driver="GTiff", height=height, width=size, count=3, dtype="uint8", tiled=True,
                        blockxsize=block, blockysize=block, crs="EPSG:32611", transform=ORIGIN) as dst:
         for _, window in dst.block_windows(1):  # written block by block
             shade = (window.row_off + 3 * window.col_off) // block % 256
             dst.write(np.full((3, window.height, window.width), shade, np.uint8), window=window)
-    small = write_geotiff(tmp_path / "small.tif", np.zeros((128, 128, 3), np.uint8))
+    small = write_geotiff(tmp_path / "small.tif", np.zeros((1000, 1000, 3), np.uint8))  # a preview of full size
     checkpoint = write_checkpoint(tmp_path / "small.pt", arch="baseline", image_size=32)
-    raster_kib = 3 * size * size / 1024
+    raster_kib = 3 * height * size / 1024
     growth = {}
     for read_whole in ("no", "yes"):
         done = subprocess.run([sys.executable, "-c", _PEAK_MEMORY_SCRIPT, str(checkpoint), str(small), str(raster),
                                str(tmp_path / read_whole), read_whole], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        windows, growth[read_whole] = (int(value) for value in done.stdout.split())
-        assert windows == 256
-    # 39 MiB measured (GDAL's block cache, capped at a row of blocks + 16 MiB, and a batch of windows) of a 103 MiB raster
+        windows, growth[read_whole] = (int(value) for value in done.stdout.splitlines()[-1].split())
+        assert windows == 512
+    # about 64 MiB measured (as with a 6000² raster: it does not grow with the raster): GDAL's block cache (16 MiB
+    # while windows are read), two readers' strips of window rows (6.9 MiB each), the chunks in flight, the preview
     assert growth["no"] < raster_kib / 2, f"{growth['no'] / 1024:.0f} MiB more resident, {raster_kib / 1024:.0f} MiB raster"
     assert growth["yes"] > raster_kib * 0.9  # the measure sees a raster held whole
 
 
-def test_rsnet_predict_map_writes_the_three_files_of_every_image(checkpoint: Path, scene, tmp_path: Path,
+def test_rsnet_predict_map_writes_the_files_of_every_image_and_a_mosaic(checkpoint: Path, scene, tmp_path: Path,
                                                                  capsys) -> None:
     images = tmp_path / "scenes"
     images.mkdir()
@@ -326,11 +336,12 @@ def test_rsnet_predict_map_writes_the_three_files_of_every_image(checkpoint: Pat
     done = command_in_process("predict", f"checkpoint={checkpoint}", f"images={images}", f"map={maps}",
                               "progress_bar=false", capture=capsys)
     assert done.returncode == 0, done.stderr
-    assert sorted(path.name for path in maps.iterdir()) == sorted(
+    assert sorted(path.name for path in maps.iterdir()) == sorted(["mosaic_classes.vrt", *(
         f"{stem}_{suffix}" for stem in ("north", "south")
-        for suffix in ("classes.tif", "probabilities.tif", "preview.png"))
+        for suffix in ("classes.tif", "probabilities.tif", "preview.png", "areas.csv", "map.json"))])
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and lines[1].startswith(f"{images / 'south.tif'}\twrote {maps / 'south_classes.tif'}")
+    assert len(lines) == 3 and lines[1].startswith(f"{images / 'south.tif'}\twrote {maps / 'south_classes.tif'}")
+    assert lines[2] == f"wrote {maps / 'mosaic_classes.vrt'}: a mosaic of the class maps"
     assert ("2 x 3 cells, window 128 px (a training image's ground size, 38.4 m, at 0.3 m per pixel on the ground at "
             "the scene's centre)") in lines[1]
     for extra, needle in [(f"out={tmp_path / 'p.csv'}", "out= is for images classified whole"),
@@ -344,9 +355,10 @@ def test_the_benchmark_runs_at_a_small_size(capsys) -> None:
     spec = importlib.util.spec_from_file_location("bench_scene_map", REPO / "benchmarks" / "bench_scene_map.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(["--size", "1024", "--window", "256", "--rounds", "1", "--files", "4", "--no-memory"])
+    bench.main(["--size", "1024", "--window", "256", "--rounds", "1", "--forward-batches", "2", "--no-memory"])
     out = capsys.readouterr().out
-    assert "| map_scene | 16 |" in out and "| per-file | 4 |" in out and "map / per-file: " in out
+    assert "| map, 2 reader(s) | 16 |" in out and "| forward, lanes | 2 batches |" in out
+    assert "map, 2 reader(s): " in out and "x the model's forward rate (best rounds)" in out
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device whose every write is ENOSPC")
@@ -357,13 +369,18 @@ def test_a_full_disk_leaves_every_earlier_file_of_the_map_as_it_was(predictor, s
 
     maps = tmp_path / "maps"
     first = map_scene(predictor, scene.tif, maps, window=256, progress=False)
-    before = {path.name: path.read_bytes() for path in maps.iterdir()}
-    monkeypatch.setattr("rsnet.scene_map.secrets.token_hex", lambda n: "full")
+    def named_files() -> dict[str, bytes]:
+        return {path.name: path.read_bytes() for path in maps.iterdir() if not path.name.startswith(".")}
+
+    before = named_files()
+    monkeypatch.setattr("rsnet.mapping.assemble.secrets.token_hex", lambda n: "full")
     (maps / f".mosaic_{failing}.full.tmp").symlink_to("/dev/full")  # GDAL's (or PIL's) writes there all fail
     with pytest.raises(DiskFullError) as full:
         map_scene(predictor, scene.tif, maps, window=128, progress=False)
     assert str(full.value).startswith(f"no space left on device while writing {maps / f'mosaic_{failing}'}")
-    assert {path.name: path.read_bytes() for path in maps.iterdir()} == before  # nothing replaced, nothing left
+    assert named_files() == before  # nothing replaced
+    assert [path.name for path in maps.iterdir() if path.name.startswith(".")] == [
+        ".mosaic.map-partial"]  # no temporary file left; the windows classified are kept for the next try
     assert first.classes_path.is_file() and not first.classes_path.is_symlink()
     assert "_tiffSeekProc" not in capfd.readouterr().err  # libtiff's own lines: held back, rsnet's error names the file
 

@@ -1,6 +1,6 @@
 """Classify a folder of images with a training checkpoint or an exported model (``rsnet-predict``): one line per image,
 a CSV, attention maps; or, with ``map=``, map each image window by window; a shell over :mod:`rsnet.inference` and
-:mod:`rsnet.scene_map` (docs/usage.md, Prediction and Mapping a scene)."""
+:mod:`rsnet.mapping` (docs/usage.md, Prediction and Mapping a scene)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from rsnet.data.decode import DecodeReport
     from rsnet.inference import Predictor, UnreadableImageError
-    from rsnet.scene_map import SceneMap
+    from rsnet.mapping.region import SceneMap
 
 
 def _decode(paths: Sequence[Path], predictor: Predictor, bad: list[UnreadableImageError],
@@ -119,37 +119,39 @@ def predict(args: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def map_images(args: Mapping[str, Any]) -> list[SceneMap]:
     """Map every image of ``args["images"]`` window by window into the folder ``args["map"]`` (the settings of
-    conf/predict.yaml), printing one line per map written."""
+    conf/predict.yaml) on ``args["device"]`` (one device, or a list), printing one line per map written."""
     batch_size = int_setting("batch_size", args["batch_size"], 1)
     tta = tta_setting(args["tta"])
-    window, stride = (None if args[key] is None else int_setting(key, args[key], 1) for key in ("window", "stride"))
+    window, stride, readers = (None if args[key] is None else int_setting(key, args[key], 1)
+                               for key in ("window", "stride", "readers"))
     for setting in ("out", "attention_dir"):
         if args[setting]:
             raise ValueError(f"{setting}= is for images classified whole, and map= maps each image window by "
                              f"window into {args['map']}: drop {setting}=, or classify in a separate run")
     folder = check_writable_dir(Path(str(args["map"])), "map")
     progress = bool_setting("progress_bar", args["progress_bar"])
-    from rsnet.inference import list_images, load_predictor  # the model code (torch) only once the settings are good
-    from rsnet.scene_map import map_scene
+    devices = _map_devices(args["device"])
+    from rsnet.inference import list_images  # the model code (torch) only once the settings are good
+    from rsnet.mapping.region import map_scenes
+    from rsnet.model_loading import model_digest
 
     paths = list_images(str(args["images"]), bool_setting("recursive", args["recursive"]))
-    stems = Counter(path.stem for path in paths)
-    shared = [path for path in paths if stems[path.stem] > 1]
-    if shared:
-        raise ValueError(f"{shared[0]} and {shared[1]} would both be mapped to {folder / shared[0].stem}_*: rename "
-                         "one, or map them into separate folders")
-    predictor = load_predictor(str(args["checkpoint"]), resolve_device(str(args["device"])), args["head"], tta)
-    print(f"{predictor.description}: {len(predictor.class_names)} classes, {predictor.image_size} px, "
-          f"{len(paths)} images to map", file=sys.stderr)
-    maps = []
-    for path in paths:
-        scene = map_scene(predictor, path, folder, window, stride, batch_size, progress)
-        rows, cols = scene.grid
-        print(f"{path}\twrote {scene.classes_path}, _probabilities.tif, _preview.png: {rows} x {cols} cells, window "
-              f"{scene.window} px ({scene.window_rule}), stride {scene.stride} px, {scene.windows} windows in "
-              f"{scene.seconds:.1f} s", flush=True)
-        maps.append(scene)
-    return maps
+    print(f"{args['checkpoint']}: {len(paths)} image(s) to map on {', '.join(devices)}", file=sys.stderr)
+    slowdown = args.get("slowdown")
+    return map_scenes(str(args["checkpoint"]), paths, folder, window, stride, batch_size, devices, readers, progress,
+                      model_digest(str(args["checkpoint"])), {"slowdown": None if slowdown is None else list(slowdown)},
+                      head=args["head"], tta=tta, max_pixels=args.get("max_pixels"))
+
+
+def _map_devices(value: Any) -> list[str]:
+    """``device`` for map=: a name (``auto``: a GPU if any, else the CPU) or a list of them, each checked."""
+    from omegaconf import ListConfig
+
+    names = [str(name) for name in value] if isinstance(value, (list, tuple, ListConfig)) else [str(value)]
+    if not names:
+        raise ValueError("device=[]: name at least one device, e.g. device=cpu or device=[cuda:0,cpu]")
+    return [str(resolve_device(name)) if name == "auto" and len(names) == 1 else str(resolve_device(name))
+            for name in names]
 
 
 def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, Any], batch_size: int, topk: int,

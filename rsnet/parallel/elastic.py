@@ -142,6 +142,9 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
         raise
 
 
+_FORK_PROBE_S = 3.0  # a forked child that has not run a backward and a convolution by then is hung
+
+
 def start_method(devices: list[str]) -> str:
     """How the workers start: forked from the launcher where every worker is on the CPU (on Linux, CUDA untouched
     here, and a forked process can still run autograd: :func:`_autograd_survives_fork`), so that none imports torch
@@ -153,18 +156,28 @@ def start_method(devices: list[str]) -> str:
 
 
 def _autograd_survives_fork() -> bool:
-    """Whether a process forked from this one can run a backward pass: not once this process has run one (torch's
-    autograd threads do not survive a fork), e.g. a training in this process before the launch. Tried in a forked
-    child, which only runs a backward and exits."""
+    """Whether a process forked from this one can run a backward pass and a multi-threaded convolution: not once this
+    process has run a backward (torch's autograd threads do not survive a fork), e.g. a training before the launch,
+    nor once it has run operators on several threads (a forked child hangs in its parent's OpenMP thread pool), e.g.
+    a map after a prediction. Tried in a forked child, which only runs both and exits; one that has not answered
+    within :data:`_FORK_PROBE_S` seconds is taken as hung."""
     child = os.fork()
     if child == 0:  # the child: no logging, no cleanup, only the answer
         try:
             torch.ones(1, requires_grad=True).sum().backward()
+            torch.nn.functional.conv2d(torch.ones(4, 8, 32, 32), torch.ones(8, 8, 3, 3))
             os._exit(0)
         except BaseException:  # noqa: BLE001 - any failure means "spawn instead"
             os._exit(1)
-    _, status = os.waitpid(child, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + _FORK_PROBE_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.005)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return False
 
 
 def _log_beside_the_launcher(rank: int, level: int, log_files: list[str]) -> None:
