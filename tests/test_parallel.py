@@ -803,6 +803,27 @@ def test_cpu_workers_are_forked_unless_the_launcher_ran_autograd() -> None:
     assert done.stdout.split() == ["fork", "spawn", "spawn"]
 
 
+_OPENMP_FORK_SCRIPT = """
+import timm, torch
+from rsnet.parallel.elastic import start_method
+torch.set_num_threads(2)
+with torch.no_grad():  # a forward on two threads starts the OpenMP pool a forked child would hang in
+    timm.create_model("test_resnet").eval()(torch.randn(8, 3, 64, 64))
+print(start_method(["cpu", "cpu"]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_cpu_workers_are_spawned_after_a_forward_on_several_threads() -> None:
+    """A launcher that ran a forward on several threads (a prediction, then a map on [cpu, cpu] in one session):
+    its forked children hung in their first convolution; the fork probe sees the hang and the workers are spawned."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _OPENMP_FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["spawn"]
+
+
 def _start_worker(ctx) -> dict:
     """Rank 1's count of the strategies it built is ahead of rank 0's (as after a strategy built before the process
     group), and every worker draws its own initial weights; returns the prefix and the weights once the run's first

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rasterio.enums import Resampling
 from rasterio.transform import Affine
 
 from rsnet.data.raster import ground_pixel_size, rgb_composite
@@ -27,12 +26,10 @@ from rsnet.mapping.grid import WindowGrid
 from rsnet.mapping.palette import colour_table
 from rsnet.mapping.partial import PartialMap
 from rsnet.mapping.plan import ScenePlan, open_scene
-from rsnet.mapping.reader import gdal_cache_limit
 from rsnet.mapping.preview import PreviewGeometry, write_preview
 
 BLOCK_ROWS = 256  # rows of cells computed and written at a time
 PREVIEW_CELLS = 900  # the preview's class grid: at most this many cells a side (every k-th), as the figure draws it
-PREVIEW_PIXELS = 900  # the preview's imagery: at most this many pixels a side, as the figure draws it
 
 
 @dataclass(frozen=True)
@@ -45,17 +42,16 @@ class SceneSummary:
     shares: tuple[float, ...]
 
 
-def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str], rgb: Sequence[int] | None,
+def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
                    settings: Mapping[str, Any]) -> SceneSummary:
-    """Write every output of ``plan`` from ``partial`` (complete); ``rgb``: the positions among the bands read of
-    the imagery's red, green and blue (None: the bands read are the picture's own)."""
+    """Write every output of ``plan`` from ``partial`` (complete)."""
     outputs = plan.outputs
     nodata = 255 if len(names) <= 255 else 65535
     every = max(1, -(-max(plan.grid.cells) // PREVIEW_CELLS))  # the preview draws every k-th cell
     with open_scene(plan.path) as src:
         crs, transform = src.crs, src.transform
         geometry = _geometry(src, plan, every)
-        imagery = _imagery(src, plan, rgb)
+    imagery = _imagery(*partial.read_canvas())
     cell_transform = transform @ Affine.scale(plan.grid.step, plan.grid.step)
     with _staged(list(outputs.values())) as staged, tempfile.TemporaryDirectory(dir=plan.out_dir,
                                                                                  prefix=".map-scratch-") as scratch:
@@ -162,20 +158,13 @@ def _geometry(src: Any, plan: ScenePlan, every: int) -> PreviewGeometry:
     return PreviewGeometry(scene, map_bounds, src.crs.to_string(), "m" if factor == 1 else unit, factor)
 
 
-def _imagery(src: Any, plan: ScenePlan, rgb: Sequence[int] | None) -> np.ndarray:
-    """The scene's RGB composite (uint8, at most :data:`PREVIEW_PIXELS` a side), white where it has no data."""
-    scale = max(1.0, max(src.height, src.width) / PREVIEW_PIXELS)
-    shape = (max(1, round(src.height / scale)), max(1, round(src.width / scale)))
-    bands = list(plan.indexes) if rgb is None else [plan.indexes[i] for i in rgb]
-    rows = src.block_shapes[0][0] * 2
-    with gdal_cache_limit(src.width * rows * src.count * np.dtype(src.dtypes[0]).itemsize):
-        pixels = np.moveaxis(src.read(bands, out_shape=(len(bands), *shape), resampling=Resampling.average), 0, -1)
-        mask = src.dataset_mask(out_shape=shape) if plan.masked else None
-    if pixels.shape[2] == 1:
-        pixels = np.repeat(pixels, 3, axis=2)
-    picture = pixels[..., :3] if pixels.dtype == np.uint8 else rgb_composite(pixels, range(3))
-    if mask is not None:
-        picture = np.where(mask[..., None] > 0, picture, 255).astype(np.uint8)
+def _imagery(samples: np.ndarray, data: np.ndarray | None) -> np.ndarray:
+    """The preview's uint8 RGB picture of the canvas's samples (8-bit as they are, others stretched 2-98 %; gray as
+    gray), white where the scene has no data."""
+    pixels = np.repeat(samples, 3, axis=2) if samples.shape[2] == 1 else samples
+    picture = pixels if pixels.dtype == np.uint8 else rgb_composite(pixels, range(3))
+    if data is not None:
+        picture = np.where(data[..., None], picture, 255).astype(np.uint8)
     return picture
 
 

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rsnet.files import atomic_write, disk_full_named
+from rsnet.mapping.imagery import Canvas, CanvasPiece
 
 SETTINGS = "settings.json"
 PROBABILITIES = "windows.f32"
 FLAGS = "chunks.done"
+IMAGERY = "imagery.raw"  # the preview's canvas: rows × columns × bands samples
+IMAGERY_DATA = "imagery.mask"  # one byte per canvas pixel: 1 where the scene has data (a masked scene)
 
 
 def partial_folder(out_dir: Path, stem: str) -> Path:
@@ -30,23 +34,28 @@ class PartialMap:
     """The probabilities (``windows`` × ``classes`` float32, NaN for a window not classified) and the chunk flags of
     one scene, in ``folder``."""
 
-    def __init__(self, folder: Path, windows: int, classes: int, chunks: int) -> None:
-        self.folder, self.windows, self.classes, self.chunks = folder, windows, classes, chunks
+    def __init__(self, folder: Path, windows: int, classes: int, chunks: int, canvas: Canvas) -> None:
+        self.folder, self.windows, self.classes, self.chunks, self.canvas = folder, windows, classes, chunks, canvas
         self._row_bytes = classes * 4
-        self._fds: tuple[int, int] | None = None
+        self._pixel_bytes = len(canvas.bands) * np.dtype(canvas.dtype).itemsize
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # the lanes store chunks at the same time
 
     @classmethod
-    def prepare(cls, folder: Path, settings: Mapping[str, Any], windows: int, classes: int, chunks: int) -> PartialMap:
+    def prepare(cls, folder: Path, settings: Mapping[str, Any], windows: int, classes: int, chunks: int,
+                canvas: Canvas) -> PartialMap:
         """The partial map in ``folder`` where an earlier run with the same ``settings`` left one, else a new one
         (a folder of other settings is replaced). The settings are written last: a folder without them is
         incomplete and started afresh."""
-        partial = cls(folder, windows, classes, chunks)
+        partial = cls(folder, windows, classes, chunks, canvas)
         if partial.recorded_settings() == dict(settings):
             return partial
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
+        pixels = canvas.shape[0] * canvas.shape[1]
         with disk_full_named(folder / PROBABILITIES):
-            for name, size in ((PROBABILITIES, windows * classes * 4), (FLAGS, chunks)):
+            for name, size in ((PROBABILITIES, windows * classes * 4), (FLAGS, chunks),
+                               (IMAGERY, pixels * partial._pixel_bytes), (IMAGERY_DATA, pixels)):
                 with open(folder / name, "wb") as handle:
                     handle.truncate(size)  # sparse: zeros, i.e. no chunk done
         with atomic_write(folder / SETTINGS, "w") as handle:
@@ -59,36 +68,54 @@ class PartialMap:
         except (OSError, ValueError):
             return None
 
-    def _open(self) -> tuple[int, int]:
-        if self._fds is None:
-            self._fds = (os.open(self.folder / PROBABILITIES, os.O_RDWR), os.open(self.folder / FLAGS, os.O_RDWR))
-        return self._fds
+    def _fd(self, name: str) -> int:
+        with self._lock:
+            if name not in self._fds:
+                self._fds[name] = os.open(self.folder / name, os.O_RDWR)
+            return self._fds[name]
 
     def close(self) -> None:
-        if self._fds is not None:
-            for fd in self._fds:
-                os.close(fd)
-            self._fds = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
     def done_chunks(self) -> np.ndarray:
         """A flag per chunk: whether its probabilities are on disk."""
         return np.fromfile(self.folder / FLAGS, np.uint8, count=self.chunks).astype(bool)
 
     def is_done(self, chunk: int) -> bool:
-        return os.pread(self._open()[1], 1, chunk) == b"\x01"
+        return os.pread(self._fd(FLAGS), 1, chunk) == b"\x01"
 
-    def write_chunk(self, chunk: int, first_window: int, probabilities: np.ndarray) -> None:
-        """Store the probabilities of ``chunk``'s windows (from ``first_window`` on), then flag it done."""
-        data, flags = self._open()
+    def write_chunk(self, chunk: int, first_window: int, probabilities: np.ndarray,
+                    pieces: Sequence[CanvasPiece]) -> None:
+        """Store the probabilities of ``chunk``'s windows (from ``first_window`` on) and its pieces of the preview's
+        canvas, then flag it done."""
         payload = np.ascontiguousarray(probabilities, np.float32).tobytes()
         with disk_full_named(self.folder / PROBABILITIES):
-            _write_all(data, payload, first_window * self._row_bytes)
-            _write_all(flags, b"\x01", chunk)
+            _write_all(self._fd(PROBABILITIES), payload, first_window * self._row_bytes)
+            for piece in pieces:
+                self._write_piece(piece)
+            _write_all(self._fd(FLAGS), b"\x01", chunk)
+
+    def _write_piece(self, piece: CanvasPiece) -> None:
+        width = self.canvas.shape[1]
+        for offset, values in enumerate(piece.values):
+            pixel = (piece.row + offset) * width + piece.col
+            _write_all(self._fd(IMAGERY), np.ascontiguousarray(values).tobytes(), pixel * self._pixel_bytes)
+            if piece.data is not None:
+                _write_all(self._fd(IMAGERY_DATA), piece.data[offset].astype(np.uint8).tobytes(), pixel)
 
     def read_windows(self, first: int, stop: int) -> np.ndarray:
         """The probabilities of windows ``first`` to ``stop`` - 1, (count, classes)."""
-        data = os.pread(self._open()[0], (stop - first) * self._row_bytes, first * self._row_bytes)
+        data = os.pread(self._fd(PROBABILITIES), (stop - first) * self._row_bytes, first * self._row_bytes)
         return np.frombuffer(data, np.float32).reshape(stop - first, self.classes)
+
+    def read_canvas(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The preview's canvas, (rows, columns, bands) samples, and where the scene is masked its data flags."""
+        rows, cols = self.canvas.shape
+        values = np.fromfile(self.folder / IMAGERY, self.canvas.dtype).reshape(rows, cols, len(self.canvas.bands))
+        data = np.fromfile(self.folder / IMAGERY_DATA, np.uint8).reshape(rows, cols) > 0
+        return values, data if self.canvas.masked else None
 
     def remove(self) -> None:
         self.close()

@@ -5,6 +5,7 @@ and nothing is written."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from rasterio.enums import MaskFlags
 from rsnet.data.decode import picture_bands
 from rsnet.data.raster import ground_pixel_size, open_raster
 from rsnet.mapping.grid import WindowGrid
+from rsnet.mapping.imagery import Canvas
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
@@ -33,10 +35,17 @@ class ScenePlan:
     window_rule: str
     grid: WindowGrid
     masked: bool
+    dtype: str  # the samples of the bands read
 
     @property
     def stem(self) -> str:
         return self.path.stem
+
+    def canvas(self, rgb: Sequence[int] | None) -> Canvas:
+        """The preview's canvas of the scene: the bands read at positions ``rgb`` (a multispectral model's red, green
+        and blue), else the picture's own (gray or RGB)."""
+        bands = tuple(rgb) if rgb is not None else tuple(range(min(3, len(self.indexes))))
+        return Canvas(self.grid.height, self.grid.width, bands, self.dtype, self.masked)
 
     @property
     def outputs(self) -> dict[str, Path]:
@@ -57,7 +66,8 @@ def plan_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | o
         step = size if stride is None else whole("stride", stride)
         _check_fits(raster, src, size, step, "" if window is not None else f" ({rule})")
         plan = ScenePlan(raster, out_dir, tuple(indexes), rule, WindowGrid(src.height, src.width, size, step,
-                                                                            batch_size), has_nodata(src))
+                                                                            batch_size), has_nodata(src),
+                         src.dtypes[indexes[0] - 1])
     for path in plan.outputs.values():
         if path.is_dir():
             raise ValueError(f"{path} is a folder, and the map of {raster} writes a file there: move the folder, or "

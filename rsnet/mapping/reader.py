@@ -18,6 +18,7 @@ from rasterio.windows import Window
 
 from rsnet.data.decode import decode_window
 from rsnet.data.errors import CorruptImageError
+from rsnet.mapping.imagery import Canvas, CanvasPiece
 from rsnet.mapping.plan import ScenePlan, open_scene
 
 if TYPE_CHECKING:
@@ -32,14 +33,15 @@ class ChunkPixels:
     chunk: int
     images: np.ndarray
     kept: np.ndarray  # bool per window of the chunk
+    canvas: list[CanvasPiece]  # the preview's imagery the chunk's strips hold
 
 
 class ChunkReader:
     """Reads the chunks of one scene on ``threads`` reader threads; :meth:`submit` returns a future of
     :class:`ChunkPixels`."""
 
-    def __init__(self, predictor: Predictor, plan: ScenePlan, threads: int) -> None:
-        self.predictor, self.plan = predictor, plan
+    def __init__(self, predictor: Predictor, plan: ScenePlan, canvas: Canvas, threads: int) -> None:
+        self.predictor, self.plan, self.canvas = predictor, plan, canvas
         self._local = threading.local()
         self._handles: list[Any] = []
         self._lock = threading.Lock()
@@ -60,11 +62,14 @@ class ChunkReader:
         """The decoded windows of ``chunk``."""
         grid, src = self.plan.grid, self._source()
         corners = [grid.corner(w) for w in grid.chunk_windows(chunk)]
-        images, kept = [], []
+        images, kept, pieces = [], [], []
         for row, in_row in groupby(corners, key=lambda corner: corner[0]):
             cols = [col for _, col in in_row]
             strip = self._strip(src, row, cols[0], cols[-1] + grid.size - cols[0])
             mask = src.dataset_mask(window=Window(cols[0], row, strip.shape[2], grid.size)) if self.plan.masked else None
+            piece = self.canvas.piece(strip, mask, row, cols[0])
+            if piece is not None:
+                pieces.append(piece)
             for col in cols:
                 x = col - cols[0]
                 if mask is not None and np.count_nonzero(mask[:, x:x + grid.size]) * 2 < grid.size * grid.size:
@@ -74,7 +79,7 @@ class ChunkReader:
                 images.append(self._decode(strip[:, :, x:x + grid.size], row, col))
         size = self.predictor.image_size
         stacked = np.stack(images) if images else np.empty((0, size, size, 3), np.uint8)
-        return ChunkPixels(chunk, stacked, np.array(kept, bool))
+        return ChunkPixels(chunk, stacked, np.array(kept, bool), pieces)
 
     def _source(self) -> Any:
         src = getattr(self._local, "src", None)
@@ -97,6 +102,18 @@ class ChunkReader:
                                  self.plan.path)
         except CorruptImageError as error:
             raise ValueError(f"cannot map {self.plan.path} at pixel ({col}, {row}): {error.reason}") from error
+
+
+@contextmanager
+def block_cache(plan: ScenePlan, readers: int) -> Iterator[None]:
+    """GDAL's block cache held to a strip of window rows and the rows of blocks it touches, per reader, while the
+    scene's windows are read: a block that two consecutive strips share is decoded once (with a smaller cache,
+    windows that do not line up with the blocks decode them twice: 1.3-1.4x the reading time, measured)."""
+    with open_scene(plan.path) as src:
+        rows = plan.grid.size + 2 * src.block_shapes[0][0]
+        strip = src.width * rows * src.count * max(np.dtype(dtype).itemsize for dtype in src.dtypes)
+    with gdal_cache_limit(max(1, readers) * strip):
+        yield
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from rsnet.mapping.claims import ClaimBoard
 from rsnet.mapping.forward import WindowClassifier
 from rsnet.mapping.partial import PartialMap, partial_folder
 from rsnet.mapping.plan import ScenePlan
-from rsnet.mapping.reader import ChunkReader, gdal_cache_limit
+from rsnet.mapping.reader import ChunkReader, block_cache
 from rsnet.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -95,10 +95,10 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
             if board.left_out:
                 break
             settings = options.settings[index]
-            if _prepare(store, board, index, plan, settings, len(names)):
+            if _prepare(store, board, index, plan, settings, len(names), rgb):
                 continue
             partial = PartialMap(partial_folder(plan.out_dir, plan.stem), plan.grid.windows, len(names),
-                                 plan.grid.chunks)
+                                 plan.grid.chunks, plan.canvas(rgb))
             _classify_scene(ctx, store, board, classifier, lanes, index, plan, partial, options.readers, meter, bar)
             if int(store.add(f"map/{index}/done", 0)) == plan.grid.chunks and _elected(store, f"map/{index}/write"):
                 written.append(writer.submit(_write_scene, store, index, plan, partial, names, rgb, settings))
@@ -152,7 +152,8 @@ def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifie
     in_flight: deque[tuple[int, Future]] = deque()
     exhausted = False
     meter.start()
-    with gdal_cache_limit(0), ChunkReader(classifier.predictor, plan, readers) as reader:
+    with block_cache(plan, readers), \
+            ChunkReader(classifier.predictor, plan, partial.canvas, readers) as reader:
         while True:
             while not exhausted and len(in_flight) < lanes.count + readers:
                 held = sum(len(grid.chunk_windows(chunk)) for chunk, _ in in_flight)
@@ -188,7 +189,7 @@ def _classify_chunk(ctx: WorkerContext, store: Any, classifier: WindowClassifier
     with lanes.lane():
         probabilities[pixels.kept] = classifier(pixels.images)
     _simulated_delay(ctx, time.perf_counter() - tick)
-    partial.write_chunk(chunk, plan.grid.chunk_windows(chunk).start, probabilities)
+    partial.write_chunk(chunk, plan.grid.chunk_windows(chunk).start, probabilities, pixels.canvas)
     store.add(f"map/{index}/done", 1)
     store.add("map/classified", len(pixels.kept))
     meter.add(len(pixels.kept))
@@ -216,7 +217,7 @@ def _simulated_delay(ctx: WorkerContext, seconds: float, board: ClaimBoard | Non
 
 
 def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, settings: dict[str, Any],
-             classes: int) -> bool:
+             classes: int, rgb: list[int] | None) -> bool:
     """Whether scene ``index`` is complete already; one worker (the first to get here) checks it against its record
     and, if not complete, opens (or starts afresh) its partial map; the others wait for its answer."""
     key = f"map/{index}/ready"
@@ -231,7 +232,7 @@ def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, setting
                   flush=True)
         else:
             PartialMap.prepare(partial_folder(plan.out_dir, plan.stem), settings, plan.grid.windows, classes,
-                               plan.grid.chunks).close()
+                               plan.grid.chunks, plan.canvas(rgb)).close()
         store.set(key, "complete" if complete else "partial")
     return store.get(key) == b"complete"
 
@@ -249,7 +250,7 @@ def verified_complete(plan: ScenePlan, settings: dict[str, Any]) -> bool:
 def _write_scene(store: Any, index: int, plan: ScenePlan, partial: PartialMap, names: list[str],
                  rgb: list[int] | None, settings: dict[str, Any]) -> None:
     started = time.perf_counter()
-    summary = assemble_scene(plan, partial, names, rgb, settings)
+    summary = assemble_scene(plan, partial, names, settings)
     partial.remove()
     record = {"grid": list(summary.grid), "windows": summary.windows, "shares": list(summary.shares)}
     _publish(store, index, False, record, started)
