@@ -111,6 +111,7 @@ def test_a_mosaic_of_real_images_maps_to_the_classes_of_its_tiles_on_the_scene(p
     with rasterio.open(scene.tif) as src, rasterio.open(result.classes_path) as classes:
         assert classes.crs == src.crs and classes.transform == src.transform @ Affine.scale(128)
         assert classes.dtypes == ("uint8",) and classes.nodata == 255
+        assert classes.tags(ns="IMAGE_STRUCTURE")["LAYOUT"] == "COG" and classes.block_shapes == [(512, 512)]
         assert json.loads(classes.tags()["class_names"]) == CLASSES
         assert (classes.read(1) == result.classes).all()
     with rasterio.open(result.probabilities_path) as probabilities:
