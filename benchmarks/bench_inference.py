@@ -1,7 +1,8 @@
 """Inference cost of the bare backbone, the pruned main branch and the full multi-branch models.
 
     python benchmarks/bench_inference.py [--backbone resnet50] [--size 224] [--batch 8] [--reps 5] [--threads N]
-    python benchmarks/bench_inference.py --table [--backbones vgg16 resnet50 densenet121]
+        [--main-pool avg|gem|avgmax|grid2]
+    python benchmarks/bench_inference.py --table [--backbones vgg16 resnet50 densenet121] [--main-pool ...]
 
 Default: CPU images/s of (a) timm.create_model(backbone) -- the bare classifier, (b) the main branch
 extracted from an ESD-MBENet model, (c) full ESD-MBENet, (d) full MGML-FENet, measured in interleaved
@@ -10,6 +11,8 @@ the fastest round of each model (least disturbed by other load; the median is pr
 images/s and the ratios pruned/bare (expected 1.00) and full/pruned cost.
 ``--table``: parameters and forward FLOPs (torch.utils.flop_counter, one 224 px image) of each model x
 backbone: full model, pruned main branch, bare backbone, as a Markdown table.
+``--main-pool``: the multi-branch models' (and in the table the baseline's) ``model.options.main_pool``, so the pruned
+main branch of each candidate pooling is measured against the bare classifier (which pools by global average).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from rsnet.models import build_model
+from rsnet.models.backbones import MAIN_POOLS
 from rsnet.models.main_branch import extract_main_branch
 
 NUM_CLASSES = 45  # NWPU-RESISC45
@@ -40,7 +44,7 @@ def flops(model: torch.nn.Module, size: int) -> int:
     return counter.get_total_flops()
 
 
-def table(backbones: list[str], size: int) -> None:
+def table(backbones: list[str], size: int, main_pool: str = "avg") -> None:
     print("| model | backbone | full params (M) | full GFLOPs | pruned params (M) | pruned GFLOPs | "
           "bare params (M) | bare GFLOPs |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -49,22 +53,23 @@ def table(backbones: list[str], size: int) -> None:
         bare_p, bare_f = params(bare), flops(bare, size)
         del bare
         for arch in ("baseline", "esd_mbenet", "mgml_fenet"):
-            model = build_model(arch, backbone, NUM_CLASSES).eval()
+            model = build_model(arch, backbone, NUM_CLASSES, main_pool=main_pool).eval()
             pruned = extract_main_branch(model)
             row = [params(model), flops(model, size), params(pruned), flops(pruned, size), bare_p, bare_f]
             cells = [f"{v / 1e6:.2f}" if i % 2 == 0 else f"{v / 1e9:.2f}" for i, v in enumerate(row)]
-            print(f"| {arch} | {backbone} | " + " | ".join(cells) + " |", flush=True)
+            name = arch if main_pool == "avg" else f"{arch} (main_pool={main_pool})"
+            print(f"| {name} | {backbone} | " + " | ".join(cells) + " |", flush=True)
             del model, pruned
 
 
-def bench(backbone: str, size: int, batch: int, reps: int, warmup: int) -> None:
+def bench(backbone: str, size: int, batch: int, reps: int, warmup: int, main_pool: str = "avg") -> None:
     torch.manual_seed(0)
-    esd = build_model("esd_mbenet", backbone, NUM_CLASSES).eval()
+    esd = build_model("esd_mbenet", backbone, NUM_CLASSES, main_pool=main_pool).eval()
     models = {
         "bare": timm.create_model(backbone, num_classes=NUM_CLASSES).eval(),
         "pruned": extract_main_branch(esd),
         "esd_mbenet": esd,
-        "mgml_fenet": build_model("mgml_fenet", backbone, NUM_CLASSES).eval(),
+        "mgml_fenet": build_model("mgml_fenet", backbone, NUM_CLASSES, main_pool=main_pool).eval(),
     }
     x = torch.randn(batch, 3, size, size)
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -80,7 +85,8 @@ def bench(backbone: str, size: int, batch: int, reps: int, warmup: int) -> None:
                 times[name].append(time.perf_counter() - start)
     rate = {name: batch / min(t) for name, t in times.items()}
     print(f"backbone {backbone}, {size} px, batch {batch}, {reps} interleaved rounds, "
-          f"{torch.get_num_threads()} threads (CPU)")
+          f"{torch.get_num_threads()} threads (CPU), main_pool={main_pool}; pruned params / bare: "
+          f"{params(models['pruned']) / params(models['bare']):.4f}")
     for name in names:
         spread = (max(times[name]) - min(times[name])) / statistics.median(times[name])
         print(f"  {name:<11} {rate[name]:8.2f} images/s  (best {1000 * min(times[name]):.1f} ms/batch, median "
@@ -100,13 +106,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--table", action="store_true", help="print the parameter / FLOP table instead")
     parser.add_argument("--backbones", nargs="+", default=["vgg16", "resnet50", "densenet121"])
+    parser.add_argument("--main-pool", default="avg", choices=MAIN_POOLS,
+                        help="model.options.main_pool of the models whose main branch is pruned (default avg)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.table:
-        table(args.backbones, args.size)
+        table(args.backbones, args.size, args.main_pool)
     else:
-        bench(args.backbone, args.size, args.batch, args.reps, args.warmup)
+        bench(args.backbone, args.size, args.batch, args.reps, args.warmup, args.main_pool)
 
 
 if __name__ == "__main__":

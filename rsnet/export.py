@@ -24,7 +24,8 @@ from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.run_folders import pretrained_tag
-from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch
+from rsnet.models.backbones import TIMM_MAIN_POOLS
+from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch, main_pool_of
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY
 from rsnet.exported_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel,
@@ -182,10 +183,12 @@ def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
     return path
 
 
-def check_export_settings(format: str, head: str) -> str:
-    """The format to write (``auto`` resolved); a format or head rsnet cannot write or lacks packages for is refused."""
+def check_export_settings(format: str, head: str, main_pool: str = "avg") -> str:
+    """The format to write (``auto`` resolved: timm for the main branch where timm builds its pool, else state_dict);
+    a format or head rsnet cannot write or lacks packages for is refused, and so is format=timm for a main branch
+    whose ``main_pool`` (the model's) timm cannot build from a config.json."""
     if format == "auto":
-        format = "timm" if head == "main" else "state_dict"
+        format = "timm" if head == "main" and main_pool in TIMM_MAIN_POOLS else "state_dict"
     if format not in FORMATS:
         raise ExportError(f"format must be auto or one of {sorted(FORMATS)}, got {format!r}")
     if head not in HEADS:
@@ -193,6 +196,10 @@ def check_export_settings(format: str, head: str) -> str:
     if format == "timm" and head != "main":
         raise ExportError("format=timm writes the main branch (a plain timm classifier); the ensemble is no timm "
                           "model: use head=main, or format=torchscript|onnx|state_dict for head=ensemble")
+    if format == "timm" and main_pool not in TIMM_MAIN_POOLS:
+        raise ExportError(f"format=timm writes a plain timm classifier, and timm has no pool for the model's "
+                          f"model.options.main_pool={main_pool} (it builds {', '.join(TIMM_MAIN_POOLS)} only): use "
+                          "format=state_dict (rsnet loads it), torchscript or onnx")
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -215,11 +222,12 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
                  on_stage: Callable[[str], None] = _no_report) -> ExportResult:
     """Export ``model`` (an rsnet model) and check the exported logits against the full model's; ``on_stage`` is
     called with the name of each stage as it begins (a progress bar)."""
-    format = check_export_settings(format, head)
+    config = model.model_config
+    main_pool = main_pool_of(config)
+    format = check_export_settings(format, head, main_pool)
     out_dir = Path(out_dir)
     check_export_dir(out_dir)
     model = model.eval()
-    config = model.model_config
     backbone = registry_backbone(config["backbone"])
     image_size = int(metadata["image_size"])
     x = _reference_batch(image_size, batch_size, seed, int(config.get("in_chans", 3)))
@@ -234,7 +242,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
             "mean": [float(v) for v in metadata["mean"]], "std": [float(v) for v in metadata["std"]],
             "high_bit_depth": metadata.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH),
             "backbone": backbone, "num_classes": int(config["num_classes"]), "arch": config["arch"],
-            "model_config": {**config, "backbone": backbone, "pretrained": False},
+            "main_pool": main_pool, "model_config": {**config, "backbone": backbone, "pretrained": False},
             "output_size": int(reference.shape[-1]),
             **({"bands": metadata["bands"]} if metadata.get("bands") else {}),
             **({"footprint": metadata["footprint"]} if metadata.get("footprint") else {}),
@@ -286,7 +294,8 @@ def attention_model(exported: ExportedModel) -> nn.Module:
     channels = int((meta.get("model_config") or {}).get("in_chans", 3))  # a multispectral model's bands
     try:
         if meta["head"] == "main":
-            model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]), channels)
+            model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]), channels,
+                                              main_pool_of(meta.get("model_config")))
         else:
             model = build_model(**buildable_config(meta)).eval()
             model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)

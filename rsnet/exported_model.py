@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from rsnet.checkpoint import DIGEST_KEY, check_normalisation
 from rsnet.integrity import file_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
+from rsnet.models.main_branch import main_branch_classifier, main_pool_of
 
 log = logging.getLogger(__name__)
 
@@ -255,10 +256,10 @@ def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | to
                               "the checkpoint again") from error
         if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
             raise ExportError(f"{file} holds no state dict (names of tensors); export the checkpoint again")
-        if meta["head"] == "main":
-            in_chans = meta.get("model_config", {}).get("in_chans")
-            module = timm.create_model(meta["backbone"], pretrained=False, num_classes=meta["num_classes"],
-                                       **({"in_chans": in_chans} if in_chans else {}))
+        if meta["head"] == "main":  # timm.create_model(backbone, num_classes=N), pooled as the model was trained
+            config = meta.get("model_config") or {}
+            module = main_branch_classifier(meta["backbone"], meta["num_classes"], main_pool_of(config),
+                                            int(config.get("in_chans") or 3))
         else:
             module = EnsembleLogits(build_model(**buildable_config(meta)))
             state = {f"model.{k}": v for k, v in state.items()}

@@ -65,3 +65,16 @@ def test_unfinished_runs_are_skipped_and_nothing_left_is_an_error(tmp_path: Path
     path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": 3}))
     with pytest.raises(ValueError, match="no finished run"):
         report([tmp_path])
+
+
+def test_a_run_from_before_a_setting_was_added_is_averaged_with_runs_that_record_its_old_value(tmp_path: Path) -> None:
+    """model.options.main_pool came after runs were made: a run without it pooled as ``avg`` does, so it joins the
+    row of new runs recording ``avg`` and not that of ``grid2``."""
+    for seed, pool in ((0, None), (1, "avg"), (2, "grid2")):
+        folder = tmp_path / f"seed{seed}"
+        write_run(folder, seed=seed, train_ratio=0.5, accuracy=70.0 + seed)
+        options = "" if pool is None else f"  options:\n    main_pool: {pool}\n"
+        (folder / ".hydra").mkdir()
+        (folder / ".hydra" / "config.yaml").write_text(f"model:\n  arch: esd_mbenet\n{options}")
+    groups = collect([tmp_path])
+    assert sorted(sorted(run.summary["seed"] for run in runs) for runs in groups.values()) == [[0, 1], [2]]

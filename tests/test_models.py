@@ -58,6 +58,24 @@ def test_model(arch: str, backbone: str) -> None:
         build_model(**model.model_config).load_state_dict(model.state_dict())
 
 
+@pytest.mark.parametrize("main_pool", ["gem", "avgmax", "grid2"])
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_pruned_main_branch_of_every_main_pool(arch: str, main_pool: str) -> None:
+    """As test_model's last check, for the main pools other than avg (tests/test_main_pool.py: the rest)."""
+    torch.manual_seed(0)
+    model = build_model(arch, "test_resnet", NUM_CLASSES, main_pool=main_pool).eval()
+    x = batch()
+    with torch.no_grad():
+        out = model(x)
+        plain = extract_main_branch(model)
+        assert (plain(x) - out.main_logits).abs().max() <= 1e-5
+        linear = model.cam_classifiers()["main"]  # CAM contract of a wider classifier: through cam_inputs
+        terms = model.cam_inputs("main", out.features["main"])
+        assert torch.allclose(linear(terms.mean(dim=(2, 3))), out.main_logits, atol=1e-5)
+    assert type(plain) is type(timm.create_model("test_resnet"))
+    build_model(**model.model_config).load_state_dict(model.state_dict())
+
+
 def test_copy_branches_and_options() -> None:
     model = build_model("esd_mbenet", "test_resnet", 3, aux_branch="copy", num_branches=4)
     out = model(batch())
@@ -67,7 +85,7 @@ def test_copy_branches_and_options() -> None:
     with pytest.raises(ValueError, match=r"^aux_branch must be one of \('dilated', 'copy'\), got 'nope'$"):
         build_model("esd_mbenet", "test_resnet", 3, aux_branch="nope")
     with pytest.raises(ValueError, match=r"^unknown option\(s\) \['grids'\] for arch 'baseline'; "
-                                         r"valid: \['drop_rate'\]$"):
+                                         r"valid: \['drop_rate', 'main_pool'\]$"):
         build_model("baseline", "test_resnet", 3, grids=[1])
     with pytest.raises(ValueError, match=r"model.arch=.resnet. is not known; valid: baseline, esd_mbenet, mgml_fenet"):
         build_model("resnet", "test_resnet", 3)

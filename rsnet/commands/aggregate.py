@@ -30,6 +30,8 @@ CONFIG_RECORD = Path(".hydra") / "config.yaml"
 IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_batch_size", "prefetch", "channels_last",
                     "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "dataset.max_pixels",
                     "trainer.devices", "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
+# Settings added after runs were made, with the value a run that lacks them had: such a run is compared as having it.
+ADDED_SETTINGS = {"model.options.main_pool": "avg"}
 # Shown in the table's own columns (from metrics.json).
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")
@@ -122,6 +124,9 @@ def compared_settings(summary: dict[str, Any], config: dict[str, Any] | None, pa
     recorded = ({CONFIG_RECORD.as_posix(): "missing"} if config is None else
                 {name: value for name, value in flat_settings(config).items()
                  if not is_one_of(name, IGNORED_SETTINGS + COLUMN_SETTINGS)})
+    if config is not None:
+        for name, value in ADDED_SETTINGS.items():
+            recorded.setdefault(name, value)
     recorded.update(recorded_facts(summary))
     if config is None and "data" not in recorded:
         recorded["run"] = str(path.parent)

@@ -163,12 +163,23 @@ def check_top_level_keys(config: dict[str, Any], known: set[str]) -> None:
 # eval_batch_size, log.*, may change on resume).
 RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "dataset.bands", "model.arch",
                 "model.options", "model.loss", "backbone.name", "seed")
+# model.options added to conf/model after runs were started, with the value a run whose config lacks one ran with
+LATER_MODEL_OPTIONS = {"main_pool": "avg"}
+
+
+def _identity_value(config: dict[str, Any], key: str) -> Any:
+    """``key``'s value in ``config``; model.options with :data:`LATER_MODEL_OPTIONS` filled in where it lacks them."""
+    value = _lookup(config, key)
+    if key == "model.options" and isinstance(value, dict):
+        value = {**LATER_MODEL_OPTIONS, **value}
+    return value
 
 
 def check_resume_identity(config: dict[str, Any], saved: dict[str, Any], checkpoint: Path) -> None:
-    """Refuse to resume a run under settings that define another run (:data:`RUN_IDENTITY`)."""
+    """Refuse to resume a run under settings that define another run (:data:`RUN_IDENTITY`); an option added since
+    the run started counts as the value it ran with (:data:`LATER_MODEL_OPTIONS`)."""
     for key in RUN_IDENTITY:
-        now, before = _lookup(config, key), _lookup(saved, key)
+        now, before = _identity_value(config, key), _identity_value(saved, key)
         if now != before:
             raise ConfigError(f"resume=true: {key}={now!r} but the run in {checkpoint} has {key}={before!r}; "
                               f"resuming keeps {', '.join(RUN_IDENTITY)} — pass the run's value, or start a new run "

@@ -22,9 +22,11 @@ class ESDMBENet(RSNetModel):
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  num_branches: int = 3, aux_branch: str = "dilated", dilations: Sequence[int] | None = None,
-                 fam_width: int | None = None, image_size: int | None = None, in_chans: int = 3) -> None:
+                 fam_width: int | None = None, image_size: int | None = None, in_chans: int = 3,
+                 main_pool: str = "avg") -> None:
         """``image_size``: the training image size the FAM dilations are fitted to (``rsnet.models.geometry``);
-        None keeps ``dilations`` as given, in pixels of S3."""
+        None keeps ``dilations`` as given, in pixels of S3. ``main_pool``: how the main branch pools S4 into its
+        classifier (avg | gem | avgmax | grid2; docs/models.md); the auxiliary and ensemble heads average."""
         if not isinstance(num_branches, int) or num_branches < 2:
             raise ValueError(f"num_branches must be an int >= 2 (main + auxiliaries), got {num_branches!r}")
         if aux_branch not in AUX_BRANCHES:
@@ -33,8 +35,9 @@ class ESDMBENet(RSNetModel):
         if len(dilations) != num_branches - 1 or min(dilations) < 1:
             raise ValueError(f"dilations needs {num_branches - 1} positive ints (one per auxiliary branch), "
                              f"got {dilations}")
-        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, num_branches=num_branches,
-                         aux_branch=aux_branch, dilations=dilations, fam_width=fam_width, image_size=image_size)
+        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, main_pool=main_pool,
+                         num_branches=num_branches, aux_branch=aux_branch, dilations=dilations, fam_width=fam_width,
+                         image_size=image_size)
         if image_size is not None:
             s3_side = feature_map_sides(backbone, image_size)[2]
             dilations = [fit_dilation(d, s3_side) for d in dilations]

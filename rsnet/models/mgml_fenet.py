@@ -20,17 +20,18 @@ class MGMLFENet(RSNetModel):
 
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512,
-                 image_size: int | None = None, in_chans: int = 3) -> None:
+                 image_size: int | None = None, in_chans: int = 3, main_pool: str = "avg") -> None:
         """``image_size``: the training image size each level's pooling grids are fitted to
-        (``rsnet.models.geometry``); None pools every level over ``grids`` as given."""
+        (``rsnet.models.geometry``); None pools every level over ``grids`` as given. ``main_pool``: how the main
+        branch pools S4 into its classifier (avg | gem | avgmax | grid2; docs/models.md), exported with it."""
         levels = sorted({int(level) for level in levels})
         grids = [int(g) for g in grids]
         if not levels or min(levels) < 1 or max(levels) > 4:
             raise ValueError(f"levels must be a non-empty subset of [1, 2, 3, 4] (S1..S4), got {levels}")
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
-        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, levels=levels, grids=grids,
-                         ffb_width=int(ffb_width), image_size=image_size)
+        super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, main_pool=main_pool, levels=levels,
+                         grids=grids, ffb_width=int(ffb_width), image_size=image_size)
         self.levels, self.grids = levels, grids
         sides = feature_map_sides(backbone, image_size) if image_size is not None else None
         self.level_grids = {level: fit_grids(grids, sides[level - 1]) if sides else grids for level in levels}

@@ -67,8 +67,21 @@ def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
 
 def class_activation_maps(model: nn.Module, images: Tensor, class_idx: int | Tensor | None = None,
                           size: tuple[int, int] | None = None) -> dict[str, Tensor]:
-    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: its prediction), (B, H, W) in [0, 1]."""
+    """CAM of every head in ``model.cam_classifiers()`` at ``class_idx`` (None: its prediction), (B, H, W) in [0, 1].
+
+    The CAM of class k at a pixel is ``weight[k] . model.cam_inputs(head, features[head])`` there: maps whose means
+    over the map are the classifier's inputs, so the CAM's mean is the logit less the bias, as for GAP -> Linear
+    (where they are the feature map itself). A main branch pooled otherwise (``model.options.main_pool``) spreads
+    each input over the pixels it pooled: gem in proportion to ``x ** p``; avgmax the average over the map and each
+    channel's maximum at its arg-max pixel; grid2 each cell's average over that cell (the classifier's weights of
+    each of the four cells applied to that cell's pixels; cells overlap by a row or column where a side is odd)."""
     return _maps_and_logits(model, images, class_idx, size)[0]
+
+
+def _cam_inputs(model: nn.Module, head: str, features: Tensor) -> Tensor:
+    """``model.cam_inputs(head, features)``; the map itself for a model without it (GAP -> Linear heads only)."""
+    cam_inputs = getattr(model, "cam_inputs", None)
+    return features if cam_inputs is None else cam_inputs(head, features)
 
 
 def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor | None,
@@ -82,9 +95,9 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
         for head, linear in heads.items():
             if _needs_last_spatial_map(output, head):
                 continue
-            features = output.features[head]
+            features = _cam_inputs(model, head, output.features[head])  # (B, D, h, w), D = linear.in_features
             classes = _target_classes(output.logits[head], class_idx)
-            weights = linear.weight[classes].to(features.dtype)  # (B, C)
+            weights = linear.weight[classes].to(features.dtype)  # (B, D)
             cam = torch.einsum("bc,bchw->bhw", weights, features)
             maps[head] = normalize_maps(cam, size)
     cams = {head: maps[head] if head in maps else grad_cam(model, images, head, class_idx, size) for head in heads}
