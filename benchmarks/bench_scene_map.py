@@ -8,12 +8,12 @@ Then, measured in one run, interleaved over ``--rounds`` rounds (the order alter
 (a) ``map_scene`` on the whole grid of ``--window`` px windows, read from the raster on disk, with ``--readers``
     reader threads (and, with ``--compare-readers``, with 1);
 (b) the model's forward rate: batches of random windows (already decoded, the map's batch size) classified as the map
-    classifies them (the same lanes: on a CPU one forward per core, each on one thread), and as one forward on every
-    core; the better of the two is the model's rate;
+    classifies them (the same lanes: on a CPU one forward per core, each on one thread; a GPU's one lane), and as one
+    forward on every core; the better of the two is the model's rate;
 
-windows/s of each (best round, and the range) and the ratio map / forward. With ``--partner N``: whole
-``rsnet-predict map=`` runs (start-up included), alone on one CPU worker and beside a second CPU worker slowed N times
-(SIMULATED), interleaved, and the ratio pair / alone. With memory (default): the resident memory of a child process
+windows/s of each (best round, and the range) and the ratio map / forward. With ``--partner N`` (or
+``--beside-cpu``): whole ``rsnet-predict map=`` runs (start-up included) on ``--device`` alone and beside a CPU worker
+(slowed N times, SIMULATED), interleaved, and the ratio pair / alone. With memory (default): the resident memory of a child process
 that maps the scene alone, before the map and at its peak, beside the raster's size. The model is an untrained
 ``--backbone`` baseline at ``--image-size`` px (speed only). The temporary folder is removed afterwards.
 
@@ -21,6 +21,8 @@ that maps the scene alone, before the map and at its peak, beside the raster's s
     python benchmarks/bench_scene_map.py --size 20000 --window 500 --compare-readers   # test_resnet at 64 px
     python benchmarks/bench_scene_map.py --size 4000 --window 128 --partner 300 --no-memory
     python benchmarks/bench_scene_map.py --size 1024 --window 256 --rounds 1 --no-memory   # a smoke run (the tests')
+    python benchmarks/bench_scene_map.py --device cuda --size 20000 --window 128 --backbone resnet18 --image-size 128 \
+        --batch 256 --beside-cpu --rounds 2 --no-memory                                   # a GPU, and a GPU + the CPU
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ def map_once(predictor, raster: Path, out: Path, window: int, batch: int, reader
 
 
 def forward_rates(predictor, batch: int, batches: int) -> tuple[float, float]:
-    """Windows/s of the model on random decoded windows: on the map's lanes (one single-threaded forward per core),
-    and as one forward on every core."""
+    """Windows/s of the model on random decoded windows: on the map's lanes (on a CPU one single-threaded forward per
+    core; on a GPU its one lane), and as one forward on every core (a GPU: the same)."""
     import torch
 
     from rsnet.mapping.forward import WindowClassifier
@@ -104,8 +106,10 @@ def forward_rates(predictor, batch: int, batches: int) -> tuple[float, float]:
     classifier(images)
     started = time.perf_counter()
     for _ in range(batches):
-        classifier(images)
+        classifier(images)  # returns the probabilities on the host: the GPU has finished
     whole = batches * batch / (time.perf_counter() - started)
+    if predictor.device.type == "cuda":
+        return whole, whole
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(cores) as lanes:
@@ -119,7 +123,7 @@ def forward_rates(predictor, batch: int, batches: int) -> tuple[float, float]:
 
 
 def predict_run(raster: Path, checkpoint: Path, out: Path, window: int, batch: int, devices: str,
-                slowdown: str | None) -> float:
+                slowdown: str | None = None) -> float:
     """Seconds of a whole ``rsnet-predict map=`` run (a process of its own)."""
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(REPO / "scripts" / "predict.py"), f"checkpoint={checkpoint}", f"images={raster}",
@@ -179,10 +183,11 @@ def bench(args: argparse.Namespace) -> None:
         write_scene(raster, args.size)
         generated = time.perf_counter() - started
         checkpoint = write_checkpoint(folder / "model.pt", args.backbone, args.image_size)
-        predictor = load_predictor(checkpoint, "cpu")
+        predictor = load_predictor(checkpoint, args.device)
+        where = torch.cuda.get_device_name(predictor.device) if predictor.device.type == "cuda" else "CPU"
         print(f"scene {args.size} x {args.size} px, 3 x uint8, {raster.stat().st_size / 2**20:.0f} MiB on disk "
               f"(deflate, {BLOCK} px blocks; written in {generated:.1f} s); window {args.window} px; {args.backbone} "
-              f"at {args.image_size} px, batch {args.batch}, {torch.get_num_threads()} cores (CPU)")
+              f"at {args.image_size} px, batch {args.batch}, {torch.get_num_threads()} cores; {where}")
         write_scene(folder / "warm-up.tif", 2 * args.window)  # a small scene: the first map loads fonts, ...
         map_once(predictor, folder / "warm-up.tif", folder / "warm-up", args.window, args.batch, args.readers)
         readers = sorted({args.readers, 1}) if args.compare_readers else [args.readers]
@@ -199,7 +204,7 @@ def bench(args: argparse.Namespace) -> None:
                     laned, whole = forward_rates(predictor, args.batch, args.forward_batches)
                     rates["forward, lanes"].append(laned)
                     rates["forward, one on every core"].append(whole)
-        partner = bench_partner(args, raster, checkpoint, folder) if args.partner else None
+        partner = bench_partner(args, raster, checkpoint, folder) if args.partner or args.beside_cpu else None
         peak = None if args.no_memory else child_peak(raster, checkpoint, args.window, args.batch, args.readers)
     print(f"\n{args.rounds} interleaved rounds\n")
     print("| path | windows | windows/s (best) | range over rounds |")
@@ -216,9 +221,10 @@ def bench(args: argparse.Namespace) -> None:
     if partner is not None:
         alone, pair = partner
         ratios = [p / a for a, p in zip(alone, pair)]
-        print(f"\nwhole rsnet-predict map= runs (start-up included), {len(alone)} interleaved rounds: alone "
-              f"{statistics.median(alone):.1f} s ({min(alone):.1f}–{max(alone):.1f}), beside a {args.partner:g}x "
-              f"slower CPU worker {statistics.median(pair):.1f} s ({min(pair):.1f}–{max(pair):.1f}); pair / alone "
+        beside = f"a {args.partner:g}x slower CPU worker" if args.partner else "a CPU worker"
+        print(f"\nwhole rsnet-predict map= runs (start-up included), {len(alone)} interleaved rounds: {args.device} "
+              f"alone {statistics.median(alone):.1f} s ({min(alone):.1f}–{max(alone):.1f}), beside {beside} "
+              f"{statistics.median(pair):.1f} s ({min(pair):.1f}–{max(pair):.1f}); pair / alone "
               f"{', '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.3f}")
     if peak is not None:
         before, during = peak["before_kib"] / 1024, peak["peak_kib"] / 1024
@@ -229,15 +235,18 @@ def bench(args: argparse.Namespace) -> None:
 
 def bench_partner(args: argparse.Namespace, raster: Path, checkpoint: Path,
                   folder: Path) -> tuple[list[float], list[float]]:
-    """Whole-run seconds alone and beside a slowed partner, interleaved over ``args.rounds`` rounds."""
+    """Whole-run seconds on ``args.device`` alone and beside a CPU worker (``args.partner``: SIMULATED that many times
+    slower), interleaved over ``args.rounds`` rounds."""
+    device = "cuda:0" if args.device.startswith("cuda") else args.device
+    slowdown = f"[1.0,{args.partner}]" if args.partner else None
     alone, pair = [], []
     for round_ in range(args.rounds):
         for kind in (("alone", "pair") if round_ % 2 == 0 else ("pair", "alone")):
             if kind == "alone":
-                alone.append(predict_run(raster, checkpoint, folder / "alone", args.window, args.batch, "cpu", None))
+                alone.append(predict_run(raster, checkpoint, folder / "alone", args.window, args.batch, device))
             else:
-                pair.append(predict_run(raster, checkpoint, folder / "pair", args.window, args.batch, "[cpu,cpu]",
-                                        f"[1.0,{args.partner}]"))
+                pair.append(predict_run(raster, checkpoint, folder / "pair", args.window, args.batch,
+                                        f"[{device},cpu]", slowdown))
     return alone, pair
 
 
@@ -252,13 +261,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--compare-readers", action="store_true", help="also map with one reader thread")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--forward-batches", type=int, default=20, help="batches timed for the forward rate")
-    parser.add_argument("--partner", type=float, default=None, help="also time whole runs beside a partner this slow")
+    parser.add_argument("--device", default="cpu", help="where the map and the forward rate run (cpu, cuda)")
+    parser.add_argument("--partner", type=float, default=None,
+                        help="also time whole runs beside a CPU worker SIMULATED this many times slower")
+    parser.add_argument("--beside-cpu", action="store_true", help="also time whole runs beside a CPU worker (a GPU's)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-memory", action="store_true", help="leave out the child process measuring memory")
     parser.add_argument("--child", nargs=2, metavar=("RASTER", "CHECKPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    import torch
+
     if args.child:
         child_map(*args.child, args.window, args.batch, args.readers)
+    elif args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench_scene_map: no CUDA device visible, nothing measured (run it with --device cpu for the CPU)")
     else:
         bench(args)
 

@@ -46,6 +46,11 @@ SITE = Path("/tmp/rsnet-lease-site")
 # name, seconds at most, arguments on the GPU, arguments of the CPU stand-in; most wanted first. Placeholders: ROOT
 # (--root, aid-dev), REAL (the real-size set built from it), OUT (--out)
 STEPS: list[tuple[str, int, list[str], list[str]]] = [
+    ("scene_map", 240,  # a map on the GPU vs its forward rate, then the GPU alone vs beside the CPU (whole runs)
+     ["bench_scene_map.py", "--device", "cuda", "--size", "20000", "--window", "128", "--backbone", "resnet18",
+      "--image-size", "128", "--batch", "256", "--rounds", "2", "--beside-cpu", "--no-memory"],
+     ["bench_scene_map.py", "--size", "1024", "--window", "256", "--rounds", "1", "--forward-batches", "2",
+      "--no-memory"]),
     ("real_size_epoch", 280,  # the GPU alone, then with the CPU beside it, evaluated every epoch; each run <= 130 s
      ["gpu_throughput.py", "--root", "REAL", "--backbone", "resnet50", "--batch-size", "256", "--sizes", "224",
       "--configs", "1gpu", "gpu+cpu", "--epochs", "4", "--eval-every", "1", "--timeout", "130"],
@@ -88,7 +93,9 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
      ["bench_recipe.py", "--device", "cpu", "--root", "ROOT", "--image-size", "32", "--backbone", "test_resnet",
       "--epochs", "1", "--seeds", "0", "--rows", "plain,mgml_fenet", "--lanes", "2"]),
 ]
-ALONE = {"recipe_224"}  # steps that fill a lease of their own, so left out of the default list
+# steps left out of the default list: the recipe check fills a lease of its own; the step benchmark was measured on
+# an H200 (docs/benchmarks.md) and makes room for the map's (8 files come back at most)
+ALONE = {"recipe_224", "bench_step_resnet50"}
 
 
 def install_wheels(wheels: Path) -> str | None:

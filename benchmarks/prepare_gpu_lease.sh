@@ -17,7 +17,7 @@ packages=$("$PY" - <<'PYTHON'
 from importlib.metadata import version
 names = ["albumentations", "albucore", "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
          "typing_extensions", "simsimd", "stringzilla", "hydra-core", "omegaconf", "matplotlib", "contourpy",
-         "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "filelock"]
+         "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "filelock", "colorcet"]
 print(" ".join(f"{name}=={version(name)}" for name in names))
 PYTHON
 )

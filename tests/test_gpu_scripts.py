@@ -189,8 +189,8 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
         assert gpu_lease.main() == 0
     assert "real-size set: 20160 images (10080 for training)" in printed.getvalue()  # 180 images linked 112 times
     names = [step[0] for step in gpu_lease.STEPS if step[0] not in gpu_lease.ALONE]
-    assert names == ["real_size_epoch", "bench_eval", "bench_compile_resnet50", "bench_compile_resnet18",
-                     "bench_epoch_end", "gpu_profile", "bench_step_resnet50"]
+    assert names == ["scene_map", "real_size_epoch", "bench_eval", "bench_compile_resnet50", "bench_compile_resnet18",
+                     "bench_epoch_end", "gpu_profile"]
     for name in names:
         assert f"== {name}: exit 0" in printed.getvalue()
         assert "no CUDA device visible" in (out / f"{name}.md").read_text()

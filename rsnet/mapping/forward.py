@@ -1,6 +1,7 @@
 """Decoded windows to class probabilities on the worker's device, handed over as training's batches are: on a GPU
 the samples travel in their own type from pinned memory without blocking, are normalised there, and the model runs
-channels_last under autocast; on a CPU, as rsnet-predict classifies files."""
+channels_last under autocast (bfloat16 where the GPU has it, else float16); on a CPU, as rsnet-predict classifies
+files."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class WindowClassifier:
             self._std = torch.tensor(predictor.std, device=self.device).reshape(shape) * scale
             if isinstance(predictor.full_model, torch.nn.Module):
                 predictor.full_model.to(memory_format=torch.channels_last)
+            self._half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         if len(images) == 0:
@@ -38,7 +40,7 @@ class WindowClassifier:
         host = torch.from_numpy(np.ascontiguousarray(images)).pin_memory()
         batch = host.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
         batch = ((batch - self._mean) / self._std).contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.inference_mode(), torch.autocast("cuda", dtype=self._half):
             logits = self.predictor.forward(batch)
         return torch.softmax(logits.float(), dim=1).cpu().numpy()
 
