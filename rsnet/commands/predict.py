@@ -150,8 +150,7 @@ def _map_devices(value: Any) -> list[str]:
     names = [str(name) for name in value] if isinstance(value, (list, tuple, ListConfig)) else [str(value)]
     if not names:
         raise ValueError("device=[]: name at least one device, e.g. device=cpu or device=[cuda:0,cpu]")
-    return [str(resolve_device(name)) if name == "auto" and len(names) == 1 else str(resolve_device(name))
-            for name in names]
+    return [str(resolve_device(name)) for name in names]
 
 
 def _classify_all(predictor: Predictor, paths: list[Path], args: Mapping[str, Any], batch_size: int, topk: int,

@@ -171,7 +171,7 @@ def _imagery(samples: np.ndarray, data: np.ndarray | None) -> np.ndarray:
 @contextmanager
 def _staged(paths: Sequence[Path]) -> Iterator[list[Path]]:
     """Temporary paths beside ``paths``, for the block to write and verify; only when the block has written every
-    one of them do they replace ``paths`` (the record, last, last), so a scene's files are put in place all complete
+    one of them do they replace ``paths`` (in their order: the record last), so a scene's files are put in place all complete
     or not at all; the temporary files are removed in any case."""
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     staged = [path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp") for path in paths]

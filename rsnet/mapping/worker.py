@@ -5,10 +5,9 @@ a scene's last chunk writes its outputs on a writer thread while it goes on with
 from __future__ import annotations
 
 import json
-import logging
 import socket
-import threading
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -33,8 +32,6 @@ from rsnet.progress import progress_bar
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
     from rsnet.parallel.worker import WorkerContext
-
-log = logging.getLogger("rsnet.map")
 
 PROBE_WINDOWS = 4  # windows a device classifies to measure its speed before its first claim (several devices)
 
@@ -101,7 +98,7 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
                                  plan.grid.chunks, plan.canvas(rgb))
             _classify_scene(ctx, store, board, classifier, lanes, index, plan, partial, options.readers, meter, bar)
             if int(store.add(f"map/{index}/done", 0)) == plan.grid.chunks and _elected(store, f"map/{index}/write"):
-                written.append(writer.submit(_write_scene, store, index, plan, partial, names, rgb, settings))
+                written.append(writer.submit(_write_scene, store, index, plan, partial, names, settings))
             else:
                 partial.close()
             for future in written:
@@ -223,10 +220,10 @@ def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, setting
     key = f"map/{index}/ready"
     if _elected(store, f"map/{index}/prepare"):
         started = time.perf_counter()
-        complete = verified_complete(plan, settings)
+        record = verified_record(plan, settings)
+        complete = record is not None
         if complete:
             board.count_claimed(plan.grid.windows)
-            record = json.loads(plan.outputs["map.json"].read_text())
             _publish(store, index, True, record, started)
             print(f"{plan.path}\tcomplete already (its files match {plan.outputs['map.json'].name}): skipped",
                   flush=True)
@@ -237,18 +234,20 @@ def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, setting
     return store.get(key) == b"complete"
 
 
-def verified_complete(plan: ScenePlan, settings: dict[str, Any]) -> bool:
-    """Whether every output of ``plan`` is on disk as its record says, made with ``settings``."""
+def verified_record(plan: ScenePlan, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of ``plan``'s complete map where every output is on disk as it says, made with ``settings``;
+    else None."""
     try:
         record = json.loads(plan.outputs["map.json"].read_text())
-        return record["settings"] == settings and all(
+        complete = record["settings"] == settings and all(
             file_digest(plan.outputs[suffix]) == digest for suffix, digest in record["files"].items())
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return None
+    return record if complete else None
 
 
 def _write_scene(store: Any, index: int, plan: ScenePlan, partial: PartialMap, names: list[str],
-                 rgb: list[int] | None, settings: dict[str, Any]) -> None:
+                 settings: dict[str, Any]) -> None:
     started = time.perf_counter()
     summary = assemble_scene(plan, partial, names, settings)
     partial.remove()
