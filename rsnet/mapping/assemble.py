@@ -66,7 +66,8 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
                   RasterLayout(*plan.grid.cells, 1, class_rows.dtype.name, nodata, crs, cell_transform, "mode",
                                ("class index (its name: tag class_names)",), {"class_names": json.dumps(list(names))},
                                colour_table(len(names), nodata)), error_name=outputs["classes.tif"])
-        write_area_table(files["areas.csv"], names, tally, pixel_area_m2(crs, transform), error_name=outputs["areas.csv"])
+        write_area_table(files["areas.csv"], names, tally, pixel_area_m2(crs, transform),
+                         error_name=outputs["areas.csv"])
         shares = tally.pixels / max(tally.pixels.sum(), 1)
         write_preview(files["preview.png"], np.array(class_rows[::every, ::every]), nodata, names, shares,
                       f"{plan.path.name}: window {plan.grid.size} px, stride {plan.grid.step} px", geometry, imagery,
@@ -171,8 +172,8 @@ def _imagery(samples: np.ndarray, data: np.ndarray | None) -> np.ndarray:
 @contextmanager
 def _staged(paths: Sequence[Path]) -> Iterator[list[Path]]:
     """Temporary paths beside ``paths``, for the block to write and verify; only when the block has written every
-    one of them do they replace ``paths`` (in their order: the record last), so a scene's files are put in place all complete
-    or not at all; the temporary files are removed in any case."""
+    one of them do they replace ``paths`` (in their order: the record last), so a scene's files are put in place all
+    complete or not at all; the temporary files are removed in any case."""
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     staged = [path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp") for path in paths]
     try:

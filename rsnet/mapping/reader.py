@@ -66,7 +66,8 @@ class ChunkReader:
         for row, in_row in groupby(corners, key=lambda corner: corner[0]):
             cols = [col for _, col in in_row]
             strip = self._strip(src, row, cols[0], cols[-1] + grid.size - cols[0])
-            mask = src.dataset_mask(window=Window(cols[0], row, strip.shape[2], grid.size)) if self.plan.masked else None
+            window = Window(cols[0], row, strip.shape[2], grid.size)
+            mask = src.dataset_mask(window=window) if self.plan.masked else None
             piece = self.canvas.piece(strip, mask, row, cols[0])
             if piece is not None:
                 pieces.append(piece)
