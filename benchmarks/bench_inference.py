@@ -1,8 +1,9 @@
 """Inference cost of the bare backbone, the pruned main branch and the full multi-branch models.
 
     python benchmarks/bench_inference.py [--backbone resnet50] [--size 224] [--batch 8] [--reps 5] [--threads N]
-        [--main-pool avg|gem|avgmax|grid2]
+        [--main-pool avg|gem|avgmax|grid2] [--main-heads s2_g4 ...]
     python benchmarks/bench_inference.py --table [--backbones vgg16 resnet50 densenet121] [--main-pool ...]
+        [--main-heads ...]
 
 Default: CPU images/s of (a) timm.create_model(backbone) -- the bare classifier, (b) the main branch
 extracted from an ESD-MBENet model, (c) full ESD-MBENet, (d) full MGML-FENet, measured in interleaved
@@ -13,6 +14,8 @@ images/s and the ratios pruned/bare (expected 1.00) and full/pruned cost.
 backbone: full model, pruned main branch, bare backbone, as a Markdown table.
 ``--main-pool``: the multi-branch models' (and in the table the baseline's) ``model.options.main_pool``, so the pruned
 main branch of each candidate pooling is measured against the bare classifier (which pools by global average).
+``--main-heads``: MGML-FENet's ``model.options.main_heads``; its pruned main branch (the backbone's classifier averaged
+with those FC-FG heads, one forward) is measured against the bare classifier as well.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def flops(model: torch.nn.Module, size: int) -> int:
     return counter.get_total_flops()
 
 
-def table(backbones: list[str], size: int, main_pool: str = "avg") -> None:
+def table(backbones: list[str], size: int, main_pool: str = "avg", main_heads: list[str] | None = None) -> None:
     print("| model | backbone | full params (M) | full GFLOPs | pruned params (M) | pruned GFLOPs | "
           "bare params (M) | bare GFLOPs |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -53,23 +56,30 @@ def table(backbones: list[str], size: int, main_pool: str = "avg") -> None:
         bare_p, bare_f = params(bare), flops(bare, size)
         del bare
         for arch in ("baseline", "esd_mbenet", "mgml_fenet"):
-            model = build_model(arch, backbone, NUM_CLASSES, main_pool=main_pool).eval()
+            heads = {"main_heads": main_heads, "image_size": size} if arch == "mgml_fenet" and main_heads else {}
+            model = build_model(arch, backbone, NUM_CLASSES, main_pool=main_pool, **heads).eval()
             pruned = extract_main_branch(model)
             row = [params(model), flops(model, size), params(pruned), flops(pruned, size), bare_p, bare_f]
             cells = [f"{v / 1e6:.2f}" if i % 2 == 0 else f"{v / 1e9:.2f}" for i, v in enumerate(row)]
-            name = arch if main_pool == "avg" else f"{arch} (main_pool={main_pool})"
+            name = arch + "".join(f" ({key}={value})" for key, value in (("main_pool", main_pool),
+                                                                          ("main_heads", heads.get("main_heads")))
+                                  if value not in (None, "avg"))
             print(f"| {name} | {backbone} | " + " | ".join(cells) + " |", flush=True)
             del model, pruned
 
 
-def bench(backbone: str, size: int, batch: int, reps: int, warmup: int, main_pool: str = "avg") -> None:
+def bench(backbone: str, size: int, batch: int, reps: int, warmup: int, main_pool: str = "avg",
+          main_heads: list[str] | None = None) -> None:
     torch.manual_seed(0)
     esd = build_model("esd_mbenet", backbone, NUM_CLASSES, main_pool=main_pool).eval()
+    mgml = build_model("mgml_fenet", backbone, NUM_CLASSES, main_pool=main_pool, image_size=size,
+                       main_heads=main_heads or []).eval()
     models = {
         "bare": timm.create_model(backbone, num_classes=NUM_CLASSES).eval(),
         "pruned": extract_main_branch(esd),
+        **({"pruned_mgml": extract_main_branch(mgml)} if main_heads else {}),
         "esd_mbenet": esd,
-        "mgml_fenet": build_model("mgml_fenet", backbone, NUM_CLASSES, main_pool=main_pool).eval(),
+        "mgml_fenet": mgml,
     }
     x = torch.randn(batch, 3, size, size)
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -92,6 +102,10 @@ def bench(backbone: str, size: int, batch: int, reps: int, warmup: int, main_poo
         print(f"  {name:<11} {rate[name]:8.2f} images/s  (best {1000 * min(times[name]):.1f} ms/batch, median "
               f"{1000 * statistics.median(times[name]):.1f} ms, spread {100 * spread:.0f}%)")
     print(f"pruned / bare throughput: {rate['pruned'] / rate['bare']:.3f} (target 1.00 +/- 0.03)")
+    if main_heads:
+        print(f"pruned MGML-FENet main branch (main_heads={main_heads}) / bare: throughput "
+              f"{rate['pruned_mgml'] / rate['bare']:.3f}, parameters "
+              f"{params(models['pruned_mgml']) / params(models['bare']):.4f}")
     for name in ("esd_mbenet", "mgml_fenet"):
         print(f"{name} full / pruned cost: {rate['pruned'] / rate[name]:.2f}x time per image")
 
@@ -108,13 +122,16 @@ def main() -> None:
     parser.add_argument("--backbones", nargs="+", default=["vgg16", "resnet50", "densenet121"])
     parser.add_argument("--main-pool", default="avg", choices=MAIN_POOLS,
                         help="model.options.main_pool of the models whose main branch is pruned (default avg)")
+    parser.add_argument("--main-heads", nargs="+", metavar="HEAD",
+                        help="MGML-FENet's model.options.main_heads (e.g. s2_g4): its pruned main branch is measured "
+                        "too")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.table:
-        table(args.backbones, args.size, args.main_pool)
+        table(args.backbones, args.size, args.main_pool, args.main_heads)
     else:
-        bench(args.backbone, args.size, args.batch, args.reps, args.warmup, args.main_pool)
+        bench(args.backbone, args.size, args.batch, args.reps, args.warmup, args.main_pool, args.main_heads)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ to the baseline (baseline images/s ÷ model images/s, from the same runs), then 
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 --json a.json &
     OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 --json b.json
     python benchmarks/bench_recipe.py --report a.json b.json
+    # eurosat-ms-dev (200 real Sentinel-2 patches, 13 bands, 64 px: dataset=image_folder dataset.bands=all), rsnet rows
+    python benchmarks/bench_recipe.py --dataset eurosat-ms-dev --rows baseline,esd_mbenet,mgml_fenet --seeds 0,1,2,3,4
+    # what a main branch averaging some of MGML-FENet's heads would score, from each run's checkpoint
+    python benchmarks/bench_recipe.py --rows mgml_fenet --head-sets main+fem_s2_g4 main+fem_s4_g2+fem_s3_g2+fem_s2_g4
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from rsnet.commands.aggregate import mean_std
 
 REPO = Path(__file__).resolve().parents[1]
 AID_DEV = REPO.parent / "shared" / "data" / "aid-dev" / "AID"
+EUROSAT_MS_DEV = REPO.parent / "shared" / "data" / "eurosat-ms-dev"
+# the development sets: where each lies and the dataset settings a user would give for it
+DATASETS = {"aid-dev": (AID_DEV, ["dataset=aid"]),
+            "eurosat-ms-dev": (EUROSAT_MS_DEV, ["dataset=image_folder", "dataset.bands=all"])}
 RSNET_ROWS = ("baseline", "esd_mbenet", "mgml_fenet")
 
 
@@ -103,7 +111,7 @@ def plain_loop(seed: int, args: argparse.Namespace) -> dict:
 
 def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict:
     """``scripts/train.py`` with the shipped defaults on aid-dev; test OA of the main branch and the ensemble."""
-    overrides = ["dataset=aid", f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
+    overrides = [*DATASETS[args.dataset][1], f"dataset.root={args.root}", f"dataset.image_size={args.image_size}",
                  f"dataset.train_ratio={args.train_ratio}", f"backbone={args.backbone}", f"model={model}",
                  f"epochs={args.epochs}", f"seed={seed}", "log.progress_bar=false", f"hydra.run.dir={run_dir}",
                  # evaluation and TensorBoard images only at the end: they cost time and change no weight
@@ -114,16 +122,46 @@ def rsnet_run(model: str, seed: int, args: argparse.Namespace, run_dir: Path) ->
     if done.returncode != 0:
         raise SystemExit(f"{model} seed {seed} failed:\n{done.stderr[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"],
-            "heads": metrics["oa"]}
+    figures = {"main": metrics["oa"]["main"], "ensemble": metrics["accuracy"], "images_per_s": metrics["images_per_s"],
+               "heads": metrics["oa"]}
+    if args.head_sets:
+        figures["head_sets"] = head_set_accuracies(run_dir, args.head_sets)
+    return figures
+
+
+def head_set_accuracies(run_dir: Path, head_sets: list[str]) -> dict[str, float]:
+    """Test OA of the logits' mean over each set of heads ("main+fem_s4_g2+..."; the heads a set names but this model
+    lacks make it skipped) of the run's last checkpoint on the run's own test split: what a main branch that averaged
+    those heads would score. The mean is taken of log-probabilities, whose arg-max is that of the logits' mean."""
+    from rsnet.data.datasets import build_datasets_from_config
+    from rsnet.data.raster import bands_from_metadata
+    from rsnet.evaluation import evaluate
+    from rsnet.model_loading import load_model
+
+    loaded = load_model(run_dir / "checkpoints" / "last.pt")
+    dataset = dict(loaded.train_config["dataset"], bands=bands_from_metadata(loaded.metadata.get("bands")))
+    data = build_datasets_from_config(dataset, loaded.train_config["seed"], image_size=loaded.metadata["image_size"],
+                                      split_file=run_dir / "split.json", mean=loaded.metadata["mean"],
+                                      std=loaded.metadata["std"])
+    result = evaluate(loaded.model, data.test, "cpu", batch_size=64)
+    log_probabilities = {head: np.log(np.clip(p, 1e-12, None)) for head, p in result.probabilities.items()}
+    accuracies = {}
+    for head_set in head_sets:
+        heads = head_set.split("+")
+        if all(head in log_probabilities for head in heads):
+            mean = sum(log_probabilities[head] for head in heads)
+            accuracies[head_set] = 100.0 * float((mean.argmax(1) == result.targets).mean())
+    return accuracies
 
 
 def lane_command(args: argparse.Namespace, row: str, seed: int, json_path: Path) -> list[str]:
     """This script for one run (one row, one seed), with the measuring settings of ``args``."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--root", str(args.root), "--rows", row,
+    command = [sys.executable, str(Path(__file__).resolve()), "--dataset", args.dataset, "--root", str(args.root),
+               "--rows", row,
                "--seeds", str(seed), "--epochs", str(args.epochs), "--image-size", str(args.image_size),
                "--train-ratio", str(args.train_ratio), "--backbone", args.backbone, "--batch", str(args.batch),
-               "--device", args.device, "--json", str(json_path)]
+               "--device", args.device, "--json", str(json_path),
+               *(["--head-sets", *args.head_sets] if args.head_sets else [])]
     return command + [part for override in args.set for part in ("--set", override)]
 
 
@@ -229,11 +267,22 @@ def report(results: dict[str, list[dict]]) -> None:
             verdicts.append((f"{row} main within 1 point of its ensemble", gap <= 1.0, f"gap {gap:+.2f} points"))
     for name, ok, figure in verdicts:
         print(f"{'PASS' if ok else 'MISS'}  {name}: {figure}")
+    for row, runs in results.items():
+        head_sets = [head_set for head_set in runs[0].get("head_sets", {})
+                     if all(head_set in r["head_sets"] for r in runs)]
+        if head_sets:
+            print(f"\n| {row}: mean of the heads' logits | OA (%) | gap to the ensemble (per seed) |\n|---|---|---|")
+        for head_set in head_sets:
+            gaps = [r["ensemble"] - r["head_sets"][head_set] for r in runs]
+            print(f"| {head_set} | {mean_std([r['head_sets'][head_set] for r in runs])} | "
+                  f"{statistics.mean(gaps):.2f} ({', '.join(f'{gap:.2f}' for gap in gaps)}) |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, default=AID_DEV, help="aid-dev's AID folder")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="aid-dev",
+                        help="aid-dev (RGB, 150 px) or eurosat-ms-dev (13 bands, 64 px: rsnet rows only)")
+    parser.add_argument("--root", type=Path, help="the set's folder (default: its place beside the project)")
     parser.add_argument("--rows", default="plain," + ",".join(RSNET_ROWS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=30)
@@ -243,6 +292,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="batch of the plain loop (rsnet uses its batch_size)")
     parser.add_argument("--set", action="append", default=[], help="extra override for the rsnet rows (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--head-sets", nargs="+", default=[], metavar="HEAD+HEAD",
+                        help="also score the mean of each set of heads' logits on the test split (e.g. "
+                        "main+fem_s4_g2+fem_s3_g2+fem_s2_g4): what a main branch averaging them would score")
     parser.add_argument("--lanes", type=int, default=1, help="runs at a time, each a process of its own (one GPU "
                         "takes several: 6 processes trained 3 seeds x 4 rows at 224 px in 4 min on an H200); "
                         "images/s are then shared, not a speed figure")
@@ -267,9 +319,13 @@ def main() -> None:
             merged.update(json.loads(path.read_text()))
         report(merged)
         return
+    args.root = args.root or DATASETS[args.dataset][0]
     if not args.root.is_dir():
-        raise SystemExit(f"skipped: the AID development subset is not at '{args.root}' (pass --root DIR)")
+        raise SystemExit(f"skipped: the {args.dataset} development set is not at '{args.root}' (pass --root DIR)")
     rows = [row.strip() for row in args.rows.split(",") if row.strip()]
+    if "plain" in rows and args.dataset != "aid-dev":
+        raise SystemExit(f"the plain loop reads RGB aid-dev only: pass --rows {','.join(RSNET_ROWS)} "
+                         f"for {args.dataset}")
     seeds = [int(seed) for seed in args.seeds.split(",")]
     if args.lanes > 1:
         with tempfile.TemporaryDirectory(prefix="bench_recipe_lanes_") as tmp:
@@ -283,7 +339,8 @@ def main() -> None:
                 figures = plain_loop(seed, args) if row == "plain" else rsnet_run(row, seed, args,
                                                                                    Path(tmp) / f"{row}_seed{seed}")
                 results[row].append(figures)
-                heads = ", ".join(f"{head} {oa:.2f}" for head, oa in figures.get("heads", {}).items())
+                heads = ", ".join(f"{head} {oa:.2f}" for head, oa in
+                                  {**figures.get("heads", {}), **figures.get("head_sets", {})}.items())
                 print(f"{row} seed {seed}: main {figures['main']:.2f} %, ensemble {figures['ensemble']:.2f} %, "
                       f"{figures['images_per_s']:.1f} img/s ({time.perf_counter() - started:.0f} s)"
                       + (f"; heads: {heads}" if heads else ""), flush=True)

@@ -8,7 +8,7 @@ import io
 import json
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +25,7 @@ from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.run_folders import pretrained_tag
 from rsnet.models.backbones import TIMM_MAIN_POOLS
-from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch, main_pool_of
+from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch, main_heads_of, main_pool_of
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY
 from rsnet.exported_model import (FORMATS, METADATA_FILE, TIMM_CONFIG, EnsembleLogits, ExportError, ExportedModel,
@@ -183,12 +183,13 @@ def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
     return path
 
 
-def check_export_settings(format: str, head: str, main_pool: str = "avg") -> str:
-    """The format to write (``auto`` resolved: timm for the main branch where timm builds its pool, else state_dict);
+def check_export_settings(format: str, head: str, main_pool: str = "avg", main_heads: Sequence[str] = ()) -> str:
+    """The format to write (``auto`` resolved: timm for the main branch where timm builds it, else state_dict);
     a format or head rsnet cannot write or lacks packages for is refused, and so is format=timm for a main branch
-    whose ``main_pool`` (the model's) timm cannot build from a config.json."""
+    whose ``main_pool`` (the model's) timm cannot build from a config.json or that averages ``main_heads``."""
+    timm_builds = main_pool in TIMM_MAIN_POOLS and not main_heads
     if format == "auto":
-        format = "timm" if head == "main" and main_pool in TIMM_MAIN_POOLS else "state_dict"
+        format = "timm" if head == "main" and timm_builds else "state_dict"
     if format not in FORMATS:
         raise ExportError(f"format must be auto or one of {sorted(FORMATS)}, got {format!r}")
     if head not in HEADS:
@@ -200,6 +201,10 @@ def check_export_settings(format: str, head: str, main_pool: str = "avg") -> str
         raise ExportError(f"format=timm writes a plain timm classifier, and timm has no pool for the model's "
                           f"model.options.main_pool={main_pool} (it builds {', '.join(TIMM_MAIN_POOLS)} only): use "
                           "format=state_dict (rsnet loads it), torchscript or onnx")
+    if format == "timm" and head == "main" and main_heads:
+        raise ExportError(f"format=timm writes a plain timm classifier, and this main branch also averages the heads "
+                          f"model.options.main_heads={list(main_heads)}: use format=state_dict (rsnet loads it), "
+                          "torchscript or onnx")
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -224,7 +229,7 @@ def export_model(model: nn.Module, out_dir: str | Path, metadata: dict[str, Any]
     called with the name of each stage as it begins (a progress bar)."""
     config = model.model_config
     main_pool = main_pool_of(config)
-    format = check_export_settings(format, head, main_pool)
+    format = check_export_settings(format, head, main_pool, main_heads_of(config))
     out_dir = Path(out_dir)
     check_export_dir(out_dir)
     model = model.eval()
@@ -295,7 +300,8 @@ def attention_model(exported: ExportedModel) -> nn.Module:
     try:
         if meta["head"] == "main":
             model = baseline_from_main_branch(state, meta["backbone"], int(meta["num_classes"]), channels,
-                                              main_pool_of(meta.get("model_config")))
+                                              main_pool_of(meta.get("model_config")),
+                                              main_heads_of(meta.get("model_config")))
         else:
             model = build_model(**buildable_config(meta)).eval()
             model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()}, strict=True)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from rsnet.checkpoint import DIGEST_KEY, check_normalisation
 from rsnet.integrity import file_digest, load_weights, unreadable_reason
 from rsnet.models import build_model
-from rsnet.models.main_branch import main_branch_classifier, main_pool_of
+from rsnet.models.main_branch import main_branch_classifier, main_heads_of, main_pool_of
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def _load_export_module(file: Path, meta: dict[str, Any], map_location: str | to
         if meta["head"] == "main":  # timm.create_model(backbone, num_classes=N), pooled as the model was trained
             config = meta.get("model_config") or {}
             module = main_branch_classifier(meta["backbone"], meta["num_classes"], main_pool_of(config),
-                                            int(config.get("in_chans") or 3))
+                                            int(config.get("in_chans") or 3), main_heads_of(config))
         else:
             module = EnsembleLogits(build_model(**buildable_config(meta)))
             state = {f"model.{k}": v for k, v in state.items()}

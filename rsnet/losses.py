@@ -110,7 +110,9 @@ class MultiBranchLoss(nn.Module):
                 raise KeyError(f"teacher head {teacher!r} is not a head of this model ({sorted(output.logits)})")
             weight = sigmoid_rampup(epoch, self.rampup_epochs)
             zero = ce_total.new_zeros(())
-            kd = distillation_kl(output.main_logits, output.logits[teacher], self.temperature) if self.alpha else zero
+            kd = zero
+            if self.alpha:
+                kd = distillation_kl(output.student_logits, output.logits[teacher], self.temperature)
             has_maps = FEATURE_STUDENT in output.features and FEATURE_TEACHER in output.features
             fd = zero
             if self.beta and self.feature_loss != "none" and has_maps:

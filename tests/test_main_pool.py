@@ -259,3 +259,23 @@ def test_a_checkpoint_with_a_bad_value_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match=f"^{BAD}$") as caught:
         model_from_training_checkpoint(bad)
     assert len(str(caught.value).splitlines()) == 1 and re.search("main_pool", str(caught.value))
+
+
+@pytest.mark.parametrize("p", [3.0, 12.0, 40.0])
+def test_gem_stays_finite_on_large_maps_and_exponents(p: float) -> None:
+    """x ** p overflowed float32 for large activations or a large learned p (NaN losses on 13-band images); the pool
+    divides each channel by its maximum first and gives the exact GeM (float64 reference), gradients finite."""
+    pool = GeneralizedMeanPool2d(p=p)
+    x = (torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(3)) * 5e3).requires_grad_(True)
+    out = pool(x)
+    reference = x.detach().double().pow(p).mean(dim=(2, 3)).pow(1 / p)
+    assert torch.isfinite(out).all() and torch.allclose(out.double(), reference, rtol=1e-4)
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(pool.p.grad).all()
+
+
+def test_gem_uses_an_exponent_of_at_least_one() -> None:
+    """A learned p below 1 pools as the average (p = 1), never as p -> 0 (whose 1 / p overflows)."""
+    pool = GeneralizedMeanPool2d(p=0.01)
+    x = torch.rand(2, 3, 5, 5, generator=torch.Generator().manual_seed(4)) + 0.1
+    assert torch.allclose(pool(x), x.mean(dim=(2, 3)), atol=1e-6)

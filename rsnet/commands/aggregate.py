@@ -31,7 +31,7 @@ IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_bat
                     "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "dataset.max_pixels",
                     "trainer.devices", "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals")
 # Settings added after runs were made, with the value a run that lacks them had: such a run is compared as having it.
-ADDED_SETTINGS = {"model.options.main_pool": "avg"}
+ADDED_SETTINGS = {"model.options.main_pool": "avg", "model.options.main_heads": []}
 # Shown in the table's own columns (from metrics.json).
 COLUMN_SETTINGS = ("dataset.name", "dataset.train_ratio", "dataset.val_ratio", "dataset.image_size",
                    "backbone.pretrained", "epochs", "model.arch", "backbone.name", "trainer.name")

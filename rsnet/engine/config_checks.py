@@ -164,7 +164,7 @@ def check_top_level_keys(config: dict[str, Any], known: set[str]) -> None:
 RUN_IDENTITY = ("dataset.name", "dataset.train_ratio", "dataset.image_size", "dataset.bands", "model.arch",
                 "model.options", "model.loss", "backbone.name", "seed")
 # model.options added to conf/model after runs were started, with the value a run whose config lacks one ran with
-LATER_MODEL_OPTIONS = {"main_pool": "avg"}
+LATER_MODEL_OPTIONS = {"main_pool": "avg", "main_heads": []}
 
 
 def _identity_value(config: dict[str, Any], key: str) -> Any:

@@ -217,7 +217,8 @@ def check_main_pool(main_pool: Any) -> str:
 
 class GeneralizedMeanPool2d(nn.Module):
     """GeM (Radenović et al.): per channel ``mean(clamp(x, eps) ** p) ** (1 / p)`` over the map, ``p`` learnable
-    (init 3; p = 1 is the average, p -> inf the maximum); computed in float32 (x ** 3 overflows float16)."""
+    (init 3; used as at least 1: p = 1 is the average, p -> inf the maximum); computed in float32 on the map divided
+    by each channel's maximum, so that no power overflows (x ** p did for large maps and p: NaN losses)."""
 
     pool_type = "gem"
 
@@ -227,9 +228,16 @@ class GeneralizedMeanPool2d(nn.Module):
         self.eps = eps
         self.flatten = flatten
 
+    def _powered(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x / peak) ** p`` in [0, 1], the channels' peaks and p (at least 1), in float32."""
+        p = self.p.float().clamp(min=1.0)
+        x = x.float().clamp(min=self.eps)
+        peak = x.amax(dim=(-2, -1), keepdim=True)
+        return (x / peak).pow(p), peak, p
+
     def forward(self, x: Tensor) -> Tensor:
-        p = self.p.float()
-        pooled = x.float().clamp(min=self.eps).pow(p).mean(dim=(-2, -1), keepdim=True).pow(1.0 / p).to(x.dtype)
+        powered, peak, p = self._powered(x)
+        pooled = (powered.mean(dim=(-2, -1), keepdim=True).pow(1.0 / p) * peak).to(x.dtype)
         return pooled.flatten(1) if self.flatten else pooled
 
     def feat_mult(self) -> int:
@@ -241,8 +249,7 @@ class GeneralizedMeanPool2d(nn.Module):
     def spatial_terms(self, x: Tensor) -> Tensor:
         """(B, C, h, w) maps whose mean over the map is this pool's output: each channel's GeM spread over the map in
         proportion to ``clamp(x, eps) ** p`` (p = 1: the map itself, the CAM of an average)."""
-        p = self.p.float()
-        powered = x.float().clamp(min=self.eps).pow(p)
+        powered = self._powered(x)[0]
         share = powered / powered.mean(dim=(-2, -1), keepdim=True)
         return (share * self.forward(x).float().reshape(*x.shape[:2], 1, 1)).to(x.dtype)
 

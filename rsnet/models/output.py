@@ -16,11 +16,17 @@ class MultiBranchOutput:
     features: dict[str, Tensor] = field(default_factory=dict)
     main: str = "main"
     ensemble: str | None = None
+    student: str | None = None  # the head self-distillation trains (None: the main branch)
 
     @property
     def main_logits(self) -> Tensor:
         """Logits of the main branch."""
         return self.logits[self.main]
+
+    @property
+    def student_logits(self) -> Tensor:
+        """Logits of the head the self-distillation trains: the main branch's, or ``student``'s where it is set."""
+        return self.logits[self.student or self.main]
 
     @property
     def prediction_logits(self) -> Tensor:

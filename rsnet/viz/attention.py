@@ -53,9 +53,12 @@ def normalize_maps(maps: Tensor, size: tuple[int, int] | None = None) -> Tensor:
 
 
 def _needs_last_spatial_map(output: MultiBranchOutput, head: str) -> bool:
-    """True for a main head that is not GAP -> Linear of S4 (VGG's pool5 -> ConvMlp): drawn on S4 instead."""
+    """True for a main head whose map is coarser than S4 (VGG's pool5 -> ConvMlp): drawn on S4 instead. (A main
+    branch averaging heads of several levels gives the finest of their maps: drawn on it.)"""
     features = output.features
-    return head == output.main and "stage4" in features and features[head] is not features["stage4"]
+    if head != output.main or "stage4" not in features or features[head] is features["stage4"]:
+        return False
+    return features[head].shape[-2:].numel() < features["stage4"].shape[-2:].numel()
 
 
 def attention_source(output: MultiBranchOutput, head: str) -> Tensor:
@@ -93,7 +96,7 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
         output = _forward(model, images)
         maps: dict[str, Tensor] = {}
         for head, linear in heads.items():
-            if _needs_last_spatial_map(output, head):
+            if linear is None or _needs_last_spatial_map(output, head):  # no single classifier: Grad-CAM
                 continue
             features = _cam_inputs(model, head, output.features[head])  # (B, D, h, w), D = linear.in_features
             classes = _target_classes(output.logits[head], class_idx)
