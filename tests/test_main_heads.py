@@ -74,6 +74,17 @@ def test_the_main_branch_averages_its_classifier_with_the_heads(heads: list[str]
     build_model(**model.model_config).load_state_dict(model.state_dict())  # the config rebuilds the model
 
 
+@pytest.mark.parametrize("backbone", ["test_efficientnet", "test_byobnet", "vgg11"])
+def test_the_pruned_branch_of_other_heads_of_timm(backbone: str) -> None:
+    """global_pool -> classifier (efficientnet), a ClassifierHead (byobnet) and VGG's pre-logits ConvMlp, whose
+    weights the backbone also holds under a name of its own: the pruned branch takes them all (strict load)."""
+    torch.manual_seed(0)
+    model = build_model("mgml_fenet", backbone, CLASSES, image_size=32, main_heads=["s2_g4"]).eval()
+    x = batch(size=32)
+    with torch.no_grad():
+        assert (extract_main_branch(model)(x) - model(x).main_logits).abs().max() <= 1e-5
+
+
 def test_a_grid_finer_than_its_map_is_fitted_as_the_heads_are() -> None:
     model = model_with_heads(["s4_g4", "s2_g4"], size=32)  # test_resnet at 32 px: S4 is 1 x 1
     assert model.model_config["main_heads"] == model.main_heads == ["s4_g1", "s2_g4"]

@@ -98,7 +98,7 @@ def extract_main_branch(model: nn.Module) -> nn.Module:
     plain = main_branch_classifier(config["backbone"], config["num_classes"], main_pool_of(config),
                                    int(config.get("in_chans", 3)), heads)
     if heads:
-        prefixes = ("backbone.net.", *(f"fem.{head}." for head in heads))
+        prefixes = ("backbone.", *(f"fem.{head}." for head in heads))  # the backbone's own keys (VGG's pre-logits too)
         plain.load_state_dict({key: value for key, value in model.state_dict().items() if key.startswith(prefixes)},
                               strict=True)
     else:
