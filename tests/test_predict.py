@@ -252,8 +252,8 @@ def test_a_rebuilt_export_that_disagrees_with_the_export_is_refused(esd_checkpoi
     rsnet.export.export_checkpoint(esd_checkpoint[1], tmp_path / "exported", format="state_dict")
     exported = rsnet.exported_model.load_exported(tmp_path / "exported")
 
-    def other_weights(state, backbone, num_classes, in_chans=3, main_pool="avg"):
-        model = baseline_from_main_branch(state, backbone, num_classes, in_chans, main_pool)
+    def other_weights(state, backbone, num_classes, in_chans=3, main_pool="avg", main_heads=()):
+        model = baseline_from_main_branch(state, backbone, num_classes, in_chans, main_pool, main_heads)
         torch.nn.init.normal_(model.backbone.classifier.weight, std=1.0)
         return model
 
