@@ -89,6 +89,11 @@ def test_a_grid_finer_than_its_map_is_fitted_as_the_heads_are() -> None:
     model = model_with_heads(["s4_g4", "s2_g4"], size=32)  # test_resnet at 32 px: S4 is 1 x 1
     assert model.model_config["main_heads"] == model.main_heads == ["s4_g1", "s2_g4"]
     assert build_model(**model.model_config).main_heads == ["s4_g1", "s2_g4"]
+    twice = model_with_heads(["s4_g4", "s4_g2", "s4_g1"], size=32)  # all three are s4_g1 there: averaged once
+    assert twice.main_heads == ["s4_g1"]
+    x = batch(size=32)
+    with torch.no_grad():
+        assert (extract_main_branch(twice.eval())(x) - twice(x).main_logits).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["s5_g4", "s2_g3", "fem_s2_g4", "main"])

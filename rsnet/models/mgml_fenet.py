@@ -46,7 +46,8 @@ class MGMLFENet(RSNetModel):
         self.fem = nn.ModuleDict({
             f"s{level}_g{grid}": FullChannelGenerator(c, grid, num_classes, drop_rate)
             for level, c in zip(levels, channels) for grid in self.level_grids[level]})
-        self.main_heads = [fitted_head(head, levels, grids, self.level_grids) for head in main_heads]
+        # fitted, equal ones kept once (as the grids are): the exported branch holds each head once
+        self.main_heads = list(dict.fromkeys(fitted_head(head, levels, grids, self.level_grids) for head in main_heads))
         self.model_config["main_heads"] = list(self.main_heads)  # as fitted: build_model(**model_config) rebuilds it
 
     def forward(self, x: Tensor) -> MultiBranchOutput:
