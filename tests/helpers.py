@@ -305,13 +305,21 @@ def write_checkpoint(path: Path, arch: str = "esd_mbenet", classes: list[str] = 
                      **overrides: object) -> Path:
     """A training checkpoint of a seeded ``arch`` on test_resnet (``EXPORT_SIZE`` px); ``overrides`` replace its
     entries."""
-    from rsnet.checkpoint import save_checkpoint
     from rsnet.models import build_model
 
     torch.manual_seed(0)
-    model = build_model(arch, "test_resnet", len(classes))
+    return save_model_checkpoint(path, build_model(arch, "test_resnet", len(classes)), classes, **overrides)
+
+
+def save_model_checkpoint(path: Path, model: nn.Module, classes: list[str] = EXPORT_CLASSES,
+                          without: str | None = None, **overrides: object) -> Path:
+    """A training checkpoint of ``model`` (put in eval mode; ``EXPORT_SIZE`` px) whose model_config lacks the setting
+    ``without`` (None: none), as rsnet wrote before that setting; ``overrides`` replace its entries."""
+    from rsnet.checkpoint import save_checkpoint
+
     model.eval()
-    payload = {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": classes,
+    config = {key: value for key, value in model.model_config.items() if key != without}
+    payload = {"model_config": config, "model_state": model.state_dict(), "class_names": classes,
                "image_size": EXPORT_SIZE, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2], "epoch": 0, **overrides}
     return save_checkpoint(path, payload)
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import EXPORT_CLASSES, EXPORT_SIZE, run_train, training_config
+from helpers import EXPORT_CLASSES, EXPORT_SIZE, full_logits, run_train, save_model_checkpoint, training_config
 
-from rsnet.checkpoint import save_checkpoint
 from rsnet.engine.config_checks import ConfigError, check_resume_identity
 from rsnet.export import attention_model, export_checkpoint
 from rsnet.exported_model import METADATA_FILE, ExportError, load_exported
@@ -115,25 +114,13 @@ def test_attention_maps_of_the_main_branch_are_drawn_by_grad_cam() -> None:
 def write_heads_checkpoint(path: Path, heads: list[str] | None) -> Path:
     """A checkpoint of a seeded MGML-FENet with ``main_heads=heads`` (None: a model_config without the key, as rsnet
     wrote before the setting)."""
-    model = model_with_heads(heads or []).eval()
-    config = dict(model.model_config)
-    if heads is None:
-        del config["main_heads"]
-    payload = {"model_config": config, "model_state": model.state_dict(), "class_names": EXPORT_CLASSES,
-               "image_size": EXPORT_SIZE, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2], "epoch": 0}
-    return save_checkpoint(path, payload)
-
-
-def main_logits(checkpoint: Path, x: torch.Tensor) -> torch.Tensor:
-    model, _ = model_from_training_checkpoint(checkpoint)
-    with torch.no_grad():
-        return model.eval()(x).main_logits
+    return save_model_checkpoint(path, model_with_heads(heads or []), without="main_heads" if heads is None else None)
 
 
 def test_export_round_trip(tmp_path: Path) -> None:
     checkpoint = write_heads_checkpoint(tmp_path / "best.pt", ["s2_g4", "s3_g2"])
     x = batch(3)
-    reference = main_logits(checkpoint, x)
+    reference = full_logits(checkpoint, x, "main")
     for fmt in ("auto", "state_dict", "torchscript"):
         out = tmp_path / fmt
         result = export_checkpoint(checkpoint, out, format=fmt)
@@ -159,7 +146,7 @@ def test_onnx_export(tmp_path: Path) -> None:
     result = export_checkpoint(checkpoint, tmp_path / "out", format="onnx")
     x = batch(3)
     with torch.no_grad():
-        assert (load_exported(tmp_path / "out")(x) - main_logits(checkpoint, x)).abs().max() <= 1e-5
+        assert (load_exported(tmp_path / "out")(x) - full_logits(checkpoint, x, "main")).abs().max() <= 1e-5
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
 
 

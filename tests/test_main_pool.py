@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from helpers import EXPORT_CLASSES, EXPORT_SIZE, training_config
+from helpers import EXPORT_CLASSES, EXPORT_SIZE, full_logits, save_model_checkpoint, training_config
 from timm.layers import SelectAdaptivePool2d
 
 from rsnet.checkpoint import DIGEST_KEY, save_checkpoint
@@ -156,25 +156,14 @@ def write_pool_checkpoint(path: Path, pool: str | None, arch: str = "mgml_fenet"
         for name, parameter in model.named_parameters():
             if name.endswith("global_pool.p"):
                 parameter.fill_(2.5)
-    config = dict(model.model_config)
-    if pool is None:
-        del config["main_pool"]
-    payload = {"model_config": config, "model_state": model.state_dict(), "class_names": EXPORT_CLASSES,
-               "image_size": EXPORT_SIZE, "mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2], "epoch": 0}
-    return save_checkpoint(path, payload)
-
-
-def main_logits(checkpoint: Path, x: torch.Tensor) -> torch.Tensor:
-    model, _ = model_from_training_checkpoint(checkpoint)
-    with torch.no_grad():
-        return model(x).main_logits
+    return save_model_checkpoint(path, model, without=None if pool else "main_pool")
 
 
 @pytest.mark.parametrize("pool", POOLS)
 def test_export_round_trip(pool: str, tmp_path: Path) -> None:
     checkpoint = write_pool_checkpoint(tmp_path / f"{pool}.pt", pool)
     x = batch(3, EXPORT_SIZE)
-    reference = main_logits(checkpoint, x)
+    reference = full_logits(checkpoint, x, "main")
     formats = ["auto", "state_dict", "torchscript"] + (["timm"] if pool in ("avg", "avgmax") else [])
     for fmt in formats:
         out = tmp_path / fmt
@@ -214,7 +203,7 @@ def test_onnx_export_of_each_pool(pool: str, tmp_path: Path) -> None:
     result = export_checkpoint(checkpoint, tmp_path / "out", format="onnx")
     x = batch(3, EXPORT_SIZE)
     with torch.no_grad():
-        assert (load_exported(tmp_path / "out")(x) - main_logits(checkpoint, x)).abs().max() <= 1e-5
+        assert (load_exported(tmp_path / "out")(x) - full_logits(checkpoint, x, "main")).abs().max() <= 1e-5
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
 
 
@@ -226,7 +215,7 @@ def test_a_checkpoint_without_the_setting_loads_as_avg(arch: str, tmp_path: Path
     model, _ = model_from_training_checkpoint(old)
     assert model.model_config["main_pool"] == "avg" and model.backbone.pool is None
     x = batch(3, EXPORT_SIZE)
-    assert torch.equal(main_logits(old, x), main_logits(new, x))
+    assert torch.equal(full_logits(old, x, "main"), full_logits(new, x, "main"))
     plain = extract_main_branch(model)
     assert type(plain.global_pool) is SelectAdaptivePool2d and plain.global_pool.pool_type == "avg"
 
@@ -246,7 +235,7 @@ def test_an_export_without_the_setting_loads_as_avg(fmt: str, tmp_path: Path) ->
     path.write_text(json.dumps(meta, indent=2))
     x = batch(3, EXPORT_SIZE)
     with torch.no_grad():
-        assert (load_exported(out)(x) - main_logits(checkpoint, x)).abs().max() <= 1e-5
+        assert (load_exported(out)(x) - full_logits(checkpoint, x, "main")).abs().max() <= 1e-5
     assert attention_model(load_exported(out)).model_config["main_pool"] == "avg"
 
 
