@@ -13,18 +13,23 @@ conftest.py.
   exported-style model), ``TensorDataset``; checkpoints: ``checkpoint_payload`` (for predict), ``write_checkpoint``
   (a real test_resnet model, for export);
 - export: ``full_logits``, ``export_recording``, ``deprecations_from_rsnet``;
-- ``DictStore``: an in-memory stand-in for the c10d store's counter.
+- ``DictStore``: an in-memory stand-in for the c10d store's counter;
+- waiting on events: ``wait_for`` (a condition such as a file or a store key, with a ceiling only a hang reaches),
+  ``wait_for_exit`` (a process that is not this one's child ends).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import os
+import select
 import subprocess
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 import pytest
@@ -366,3 +371,39 @@ class DictStore:
     def add(self, key: str, amount: int) -> int:
         self.values[key] = self.values.get(key, 0) + amount
         return self.values[key]
+
+
+# ------------------------------------------------------------------------------------------- waiting on events
+
+HANG_S = 240.0  # the ceiling of a wait on an event: only a hang reaches it, however busy the machine
+
+
+def wait_for(condition: Callable[[], object], what: str, ceiling_s: float = HANG_S,
+             alive: subprocess.Popen | None = None) -> object:
+    """Return ``condition()``'s first truthy value, checked every few milliseconds (a file written, a store key set:
+    events another process makes, which no in-process primitive can signal); fail naming ``what`` when ``ceiling_s``
+    passes, or at once when ``alive`` ends first. The ceiling is not a measure of anything: it only ends a hang."""
+    deadline = time.monotonic() + ceiling_s
+    while not (value := condition()):
+        if alive is not None and alive.poll() is not None:
+            pytest.fail(f"{what}: the process ended first (exit code {alive.returncode})")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {ceiling_s:.0f} s (a hang)")
+        time.sleep(0.005)
+    return value
+
+
+def wait_for_exit(pid: int, what: str, ceiling_s: float = HANG_S) -> None:
+    """Block until process ``pid`` (not necessarily this one's child) has ended: its pidfd becomes readable at the
+    exit, no polling; fail naming ``what`` when ``ceiling_s`` passes first."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        poller = select.poll()
+        poller.register(descriptor, select.POLLIN)
+        if not poller.poll(int(ceiling_s * 1000)):
+            pytest.fail(f"{what}: process {pid} still runs after {ceiling_s:.0f} s (a hang)")
+    finally:
+        os.close(descriptor)
