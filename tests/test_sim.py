@@ -104,6 +104,19 @@ def test_batch_sizes_converge_to_speed_shares():
     assert sum(result.worker_samples) == scenario.samples  # every position is trained exactly once
 
 
+def test_a_pair_at_two_to_one_claims_two_to_one_with_equal_updates():
+    """test_parallel.py's two processes at 2 : 1 (B = 48, 4 rounds a merge, 960 samples, 3 epochs) on the simulated
+    clock, for what real processes show only as fast as the machine lets them: the fast worker claims about twice
+    the samples, both do the same number of updates in every interval after the first, and the sizes settle."""
+    scenario = replace(pair(2.0, c=0.001, worker_batch=24), samples=960, epochs=3)
+    result = sim.simulate_adaptive(scenario)
+    assert len(result.sizes) == 3 * 960 // 192 and result.sizes[0] == [24, 24]
+    assert result.sizes[1:] == [[32, 16]] * (len(result.sizes) - 1)  # b_0 / b_1 = 2, settled at once
+    assert 1.9 <= result.worker_samples[0] / result.worker_samples[1] <= 2.1
+    assert all(updates == [4, 4] for updates in result.interval_updates[1:])
+    assert sum(result.worker_samples) == 3 * 960
+
+
 def test_static_split_can_measure_in_its_first_epoch():
     scenario = replace(pair(3.0, worker_batch=32), epochs=3)  # speeds 3 : 1, B = 64
     measured_first = sim.simulate_static(scenario, measuring_epochs=1)

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import select
 import signal
 import sys
 import tempfile
@@ -21,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.multiprocessing as mp
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -58,7 +58,7 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     """Run one worker per device of ``settings`` under the elastic agent; return rank 0's result or raise
     :class:`WorkerError` naming the root cause."""
     world = len(settings.devices)
-    method = start_method(settings.devices)  # before the watchdog's thread: a fork is tried there
+    method = start_method(worker_fn)
     context = mp.get_context("spawn")
     clocks, pids = context.Array("d", world, lock=False), context.Array("i", world, lock=False)
     watchdog = _Watchdog(clocks, pids, settings.timeout_s)
@@ -116,17 +116,17 @@ def _ctrl_c_for_the_launcher() -> Iterator[None]:
 
 
 def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings,
-                 log_level: int, log_files: list[str], clocks: Any, pids: Any, parent: int,
+                 log_level: int, log_files: list[str], clocks: Any, pids: Any, launcher: int,
                  folder: str) -> bytes | None:
     """A worker as the agent starts it (RANK, LOCAL_RANK, MASTER_* in its environment): ignore Ctrl-C, die with
     the launcher, beat, log, run; a failure leaves its reason, traceback and exception in ``folder``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C that came while it was blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _die_with_parent(parent)
+    launcher_runs = _die_with_launcher(launcher)
     rank = int(os.environ["RANK"])
     pids[rank] = os.getpid()
-    threading.Thread(target=_beat, args=(clocks, rank, parent), name="rsnet-heartbeat", daemon=True).start()
-    logging.getLogger().handlers.clear()  # forked: the launcher's handlers, without this worker's tag
+    threading.Thread(target=_beat, args=(clocks, rank, launcher_runs), name="rsnet-heartbeat", daemon=True).start()
+    logging.getLogger().handlers.clear()  # the fork server's handlers, without this worker's tag
     _log_beside_the_launcher(rank, log_level, log_files)
     try:
         result = run_torchrun_worker(worker_fn, args, kwargs, settings)
@@ -142,42 +142,22 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
         raise
 
 
-_FORK_PROBE_S = 3.0  # a forked child that has not run a backward and a convolution by then is hung
+def start_method(worker_fn: Callable[..., Any]) -> str:
+    """How the workers start: from a fork server where the platform has one (Linux, macOS), else spawned.
 
-
-def start_method(devices: list[str]) -> str:
-    """How the workers start: forked from the launcher where every worker is on the CPU (on Linux, CUDA untouched
-    here, and a forked process can still run autograd: :func:`_autograd_survives_fork`), so that none imports torch
-    and rsnet again (seconds of a 2-core machine's start); else spawned, which CUDA needs."""
-    cpu_only = all(str(device).startswith("cpu") for device in devices)
-    if cpu_only and sys.platform.startswith("linux") and not torch.cuda.is_initialized() and _autograd_survives_fork():
-        return "fork"
-    return "spawn"
-
-
-def _autograd_survives_fork() -> bool:
-    """Whether a process forked from this one can run a backward pass and a multi-threaded convolution: not once this
-    process has run a backward (torch's autograd threads do not survive a fork), e.g. a training before the launch,
-    nor once it has run operators on several threads (a forked child hangs in its parent's OpenMP thread pool), e.g.
-    a map after a prediction. Tried in a forked child, which only runs both and exits; one that has not answered
-    within :data:`_FORK_PROBE_S` seconds is taken as hung."""
-    child = os.fork()
-    if child == 0:  # the child: no logging, no cleanup, only the answer
-        try:
-            torch.ones(1, requires_grad=True).sum().backward()
-            torch.nn.functional.conv2d(torch.ones(4, 8, 32, 32), torch.ones(8, 8, 3, 3))
-            os._exit(0)
-        except BaseException:  # noqa: BLE001 - any failure means "spawn instead"
-            os._exit(1)
-    deadline = time.monotonic() + _FORK_PROBE_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(child, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        time.sleep(0.005)
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
-    return False
+    The fork server is a fresh, single-threaded interpreter that imports torch, rsnet's worker code and
+    ``worker_fn``'s module once, then forks a worker per device: no worker imports them again (seconds of a 2-core
+    machine's start), and none inherits a lock that another thread of the launcher held at the moment of a fork
+    (the launcher runs the elastic agent's store, the watchdog and torch's pools: a worker forked from it could
+    hang for ever in, e.g., glibc's resolver lock or a parent's OpenMP pool). It has never run CUDA, so GPU workers
+    start from it too."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    preload = ["rsnet.parallel.elastic"]
+    if worker_fn.__module__ not in ("__main__", "__mp_main__"):
+        preload.append(worker_fn.__module__)
+    mp.set_forkserver_preload(preload)  # heeded when the server starts: at this process's first launch
+    return "forkserver"
 
 
 def _log_beside_the_launcher(rank: int, level: int, log_files: list[str]) -> None:
@@ -199,23 +179,43 @@ def _exit_without_teardown() -> None:
     os._exit(0)
 
 
-def _die_with_parent(parent: int) -> None:
-    """End this worker the moment its launcher ``parent`` ends, however it ends: SIGKILL from the kernel on Linux
-    (``prctl(PR_SET_PDEATHSIG)``), elsewhere :func:`_beat` within ``HEARTBEAT_S``."""
+def _die_with_launcher(launcher: int) -> Callable[[], bool]:
+    """End this worker when its launcher ends, however it ends; returns the check :func:`_beat` runs every beat.
+
+    A worker's parent is the fork server, which exits when the launcher does: ``prctl(PR_SET_PDEATHSIG)`` has the
+    kernel SIGKILL the worker then (Linux). The heartbeat also watches the launcher itself, through a pidfd where
+    there is one (no reused pid can pass for it), else by its pid."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl in this libc: the heartbeat's check remains
             pass
-    if os.getppid() != parent:
+    try:
+        descriptor = os.pidfd_open(launcher)
+    except ProcessLookupError:
         os._exit(1)
+    except (AttributeError, OSError):  # no pidfd here: ask by the pid
+        return lambda: _pid_runs(launcher)
+    poller = select.poll()
+    poller.register(descriptor, select.POLLIN)
+    return lambda: not poller.poll(0)  # readable once the launcher has ended
 
 
-def _beat(clocks: Any, rank: int, parent: int) -> None:
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # runs, as another user
+        pass
+    return True
+
+
+def _beat(clocks: Any, rank: int, launcher_runs: Callable[[], bool]) -> None:
     """Stamp ``rank``'s slot of the shared clock table until the process ends (a daemon thread); end the worker
     when its launcher is gone instead of leaving it waiting in a collective until the timeout."""
     while True:
-        if os.getppid() != parent:
+        if not launcher_runs():
             os._exit(1)
         clocks[rank] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of this machine
         time.sleep(HEARTBEAT_S)
@@ -232,27 +232,33 @@ def _picklable(error: BaseException) -> BaseException | None:
 
 class _Watchdog(threading.Thread):
     """The launcher's reader of the clock table: the first worker silent for ``timeout_s`` (stopped, e.g. by
-    SIGSTOP or Ctrl-Z, or hung holding the interpreter) is named in ``stopped`` and killed, which the agent sees."""
+    SIGSTOP or Ctrl-Z, or hung holding the interpreter) is named in ``stopped`` and killed, which the agent sees.
+    ``clock``: the heartbeats' clock (CLOCK_MONOTONIC, which every process of the machine shares)."""
 
-    def __init__(self, clocks: Any, pids: Any, timeout_s: float) -> None:
+    def __init__(self, clocks: Any, pids: Any, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="rsnet-watchdog", daemon=True)
-        self.clocks, self.pids, self.timeout_s = clocks, pids, timeout_s
+        self.clocks, self.pids, self.timeout_s, self.clock = clocks, pids, timeout_s, clock
         self.stopped: dict[int, str] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(HEARTBEAT_S):
-            for rank, last in enumerate(self.clocks):
-                silent = time.monotonic() - last
-                if last and self.pids[rank] and not self.stopped and silent >= self.timeout_s:
-                    # named before the kill: the agent may see the death before this thread runs again
-                    self.stopped[rank] = (f"stopped responding: no heartbeat for {silent:.0f} s (the process is "
-                                          "stopped, e.g. by SIGSTOP or Ctrl-Z, hung, or starved of CPU); the other "
-                                          "workers waited for it")
-                    try:
-                        os.kill(self.pids[rank], signal.SIGKILL)
-                    except ProcessLookupError:  # it ended meanwhile: the agent has seen it
-                        del self.stopped[rank]
+            self.check()
+
+    def check(self) -> None:
+        """Name and kill the first worker whose last beat is ``timeout_s`` old (one a run: the others only waited)."""
+        now = self.clock()
+        for rank, last in enumerate(self.clocks):
+            silent = now - last
+            if last and self.pids[rank] and not self.stopped and silent >= self.timeout_s:
+                # named before the kill: the agent may see the death before this thread runs again
+                self.stopped[rank] = (f"stopped responding: no heartbeat for {silent:.0f} s (the process is "
+                                      "stopped, e.g. by SIGSTOP or Ctrl-Z, hung, or starved of CPU); the other "
+                                      "workers waited for it")
+                try:
+                    os.kill(self.pids[rank], signal.SIGKILL)
+                except ProcessLookupError:  # it ended meanwhile: the agent has seen it
+                    del self.stopped[rank]
 
 
 def _root_cause(failed: ChildFailedError, stopped: dict[int, str], folder: Path, devices: list[str]) -> WorkerError:

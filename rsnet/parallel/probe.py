@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import torch
 
-ProbeStep = Callable[[int], None]  # one training step on ``batch_size`` synthetic samples, on the worker's device
+# One training step on ``batch_size`` synthetic samples, on the worker's device; it returns the seconds its own work
+# took where it times itself (a simulated device, or events on a stream of its own), None to be timed by the wall clock.
+ProbeStep = Callable[[int], float | None]
 
 PROBE_TIMED_STEPS = 2  # steps timed after the first (whose one-time costs are no measure of the speed)
 
@@ -76,10 +78,11 @@ class SpeedProbe:
 
     def _timed_step(self) -> float:
         started = time.perf_counter()
-        self.step(self.batch_size)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - started
+        seconds = self.step(self.batch_size)
+        if seconds is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - started
         if self.slowdown > 1.0:
             time.sleep((self.slowdown - 1.0) * seconds)
             seconds *= self.slowdown
