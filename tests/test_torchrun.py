@@ -1,8 +1,8 @@
 """Started by torchrun: the worker's store on the rendezvous endpoint, and scripts/train.py end to end.
 
 The store tests run one worker in this process with the environment torchrun (or a user, or SLURM)
-would set; the end-to-end tests run ``torchrun --standalone --nproc-per-node=2`` on two CPU workers, and two
-torchrun agents as two nodes of one machine (``--nnodes=2``, c10d rendezvous on 127.0.0.1) that train and resume.
+would set; the end-to-end test runs two torchrun agents as two nodes of one machine (``--nnodes=2``, c10d
+rendezvous on 127.0.0.1) that train and resume.
 """
 
 from __future__ import annotations
@@ -135,34 +135,6 @@ def _skip_unless_torchrun_works() -> None:
         pytest.skip(f"torchrun --standalone does not work in this environment ({reason})")
 
 
-def _train(run_dir: Path) -> subprocess.CompletedProcess:
-    command = [*TORCHRUN, str(REPO / "scripts" / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]
-    done = _run(command)
-    if done is None or done.returncode != 0:
-        _skip_unless_torchrun_works()
-        output = "(timed out)" if done is None else f"{done.stdout}\n{done.stderr}"
-        pytest.fail(f"{' '.join(command)} failed:\n{output}")
-    return done
-
-
-@pytest.mark.slow
-def test_torchrun_trains_two_workers_and_rank_0_writes_the_run(tmp_path: Path) -> None:
-    """Exit 0 on every rank; the run's outputs as rsnet's own launch writes them (the end-to-end tests of
-    test_train_e2e.py check those in full); only rank 0 writes Hydra's files and the log."""
-    done = _train(tmp_path / "torchrun")
-    output = done.stdout + done.stderr
-    assert "ChildFailedError" not in output and "Traceback" not in output, output
-    assert output.count("run dir: ") == 1, output  # only the primary prints the final figures
-    run_dir = tmp_path / "torchrun"
-    assert (run_dir / "checkpoints" / "last.pt").is_file()
-    assert (run_dir / ".hydra" / "config.yaml").is_file()
-    assert (run_dir / "train.log").read_text().count("[rsnet.data.datasets]") == 1  # rank 0's line only
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert [row["epoch"] for row in metrics["history"]] == [1] and metrics["epochs"] == 1
-    workers = metrics["scheduler"]["workers"]
-    assert len(workers) == 2 and sum(w["samples"] for w in workers) == metrics["train_samples"]
-
-
 def _two_nodes(run_dir: Path, *overrides: str) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents on this machine as two nodes of one CPU worker each (c10d rendezvous on 127.0.0.1);
     both must exit 0."""
@@ -184,14 +156,21 @@ def _two_nodes(run_dir: Path, *overrides: str) -> list[subprocess.CompletedProce
 @pytest.mark.slow
 def test_two_torchrun_nodes_agree_on_a_backend_train_and_resume(tmp_path: Path) -> None:
     """``--nnodes=2``: the two nodes' workers form one run (rank 0 writes it), agree on the backend through the store,
-    and a second launch with resume=true continues from the first one's checkpoint."""
+    and a second launch with resume=true continues from the first one's checkpoint. (One proof of rsnet's torchrun
+    path: ``--standalone --nproc-per-node=2`` starts the same workers through the same environment.)"""
     run_dir = tmp_path / "nodes"
     runs = _two_nodes(run_dir, "trainer.merge_rounds=1")
     output = "".join(done.stdout + done.stderr for done in runs)
+    assert "ChildFailedError" not in output and "Traceback" not in output, output
     assert "backend gloo, agreed by the 2 workers through the store" in output, output
-    assert output.count("run dir: ") == 1, output  # one primary over the two nodes
+    assert output.count("run dir: ") == 1, output  # one primary over the two nodes prints the final figures
+    # the run's outputs as rsnet's own launch writes them (test_train_e2e.py checks those in full); only rank 0
+    # writes Hydra's files and the log
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "train.log").read_text().count("[rsnet.data.datasets]") == 1  # rank 0's line only
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["epochs"] == 1 and len(metrics["scheduler"]["workers"]) == 2
+    assert [row["epoch"] for row in metrics["history"]] == [1]
     assert sum(w["samples"] for w in metrics["scheduler"]["workers"]) == metrics["train_samples"]
     runs = _two_nodes(run_dir, "trainer.merge_rounds=1", "epochs=2", "resume=true")
     assert "resumed from" in "".join(done.stdout + done.stderr for done in runs)

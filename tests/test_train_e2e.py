@@ -12,12 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, command_in_process, run_train
+from helpers import REPO, command_in_process, run_train, wait_for
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -390,10 +389,7 @@ def test_ctrl_c_says_how_to_resume_without_a_traceback(tmp_path: Path, devices: 
                                 "epochs=50", f"trainer.devices={devices}", f"hydra.run.dir={run_dir}"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True, preexec_fn=_default_ctrl_c)
-    deadline = time.monotonic() + 240
-    while not (run_dir / "checkpoints" / "last.pt").exists() and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint within 240 s"
-        time.sleep(0.2)
+    wait_for((run_dir / "checkpoints" / "last.pt").exists, "the run's first checkpoint", alive=process)
     os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the group
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr

@@ -145,15 +145,15 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
 def start_method(worker_fn: Callable[..., Any]) -> str:
     """How the workers start: from a fork server where the platform has one (Linux, macOS), else spawned.
 
-    The fork server is a fresh, single-threaded interpreter that imports torch, rsnet's worker code and
-    ``worker_fn``'s module once, then forks a worker per device: no worker imports them again (seconds of a 2-core
-    machine's start), and none inherits a lock that another thread of the launcher held at the moment of a fork
-    (the launcher runs the elastic agent's store, the watchdog and torch's pools: a worker forked from it could
-    hang for ever in, e.g., glibc's resolver lock or a parent's OpenMP pool). It has never run CUDA, so GPU workers
-    start from it too."""
+    The fork server is a fresh, single-threaded interpreter that imports once what the workers need — every rsnet
+    module this process has imported (the trainer's or the map's code, timm, torch) and ``worker_fn``'s module —
+    then forks a worker per device: no worker imports them again (seconds each on a 2-core machine), and none
+    inherits a lock that another thread of the launcher held at the moment of a fork (the launcher runs the elastic
+    agent's store, the watchdog, torch's pools: a worker forked from it could hang for ever, e.g. in glibc's resolver
+    lock or in the parent's OpenMP pool). It has never run CUDA, so GPU workers start from it too."""
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
-    preload = ["rsnet.parallel.elastic"]
+    preload = sorted(name for name in sys.modules if name == "rsnet" or name.startswith("rsnet."))
     if worker_fn.__module__ not in ("__main__", "__mp_main__"):
         preload.append(worker_fn.__module__)
     mp.set_forkserver_preload(preload)  # heeded when the server starts: at this process's first launch
