@@ -61,7 +61,8 @@ def check_slowdown(slowdown: Sequence[float] | None, num_workers: int) -> list[f
 def launch(worker_fn: Callable[..., Any], devices: Sequence[str], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
            slowdown: Sequence[float] | None = None, backend: str | None = None, cpu_threads: int | None = None,
            **kwargs: Any) -> Any:
-    """Run ``worker_fn(ctx, *args, **kwargs)`` (module-level) once per device of ``devices`` (under torchrun: this
+    """Run ``worker_fn(ctx, *args, **kwargs)`` (module-level, in a file: the workers import it by name, as a script
+    calling this needs ``if __name__ == "__main__":``) once per device of ``devices`` (under torchrun: this
     node's); return rank 0's result. ``slowdown``: simulated, per rank; ``backend``: default :func:`choose_backend`;
     ``cpu_threads``: default a fair share. Raises :class:`WorkerError` naming a failed worker."""
     devices = [str(d) for d in devices]
