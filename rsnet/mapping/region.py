@@ -118,16 +118,13 @@ def map_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | os
 
 
 def _planning_predictor(spec: PredictorSpec) -> Predictor:
-    """The model on the CPU for planning the scenes, loaded on one thread: the workers may be forked from this
-    process, and a forked process hangs in an OpenMP thread pool its parent had started."""
+    """The model on the CPU for planning the scenes: its image size, footprint, bands and classes (no window is
+    classified here). Each worker loads the model itself on its device; the workers are started from a fork server
+    (a fresh single-threaded interpreter), never forked from this process, so none inherits its thread pools and the
+    model loads here as it does anywhere else."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return spec.load(torch.device("cpu"))
-    finally:
-        torch.set_num_threads(threads)
+    return spec.load(torch.device("cpu"))
 
 
 def _settings(plan: ScenePlan, predictor: Predictor, model_id: str) -> dict[str, Any]:

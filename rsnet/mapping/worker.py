@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -119,25 +119,26 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
 
 class _Meter:
     """A worker's windows/s (the probe's until it has classified a chunk): windows classified over the seconds it
-    spent classifying scenes (its lanes at work together)."""
+    spent classifying scenes (its lanes at work together), read on ``clock`` (seconds; a test feeds its own)."""
 
-    def __init__(self, speed: float) -> None:
+    def __init__(self, speed: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.speed, self.windows, self.busy = speed, 0, 0.0
+        self._clock = clock
         self._since: float | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        self._since = time.perf_counter()
+        self._since = self._clock()
 
     def stop(self) -> None:
         if self._since is not None:
-            self.busy += time.perf_counter() - self._since
+            self.busy += self._clock() - self._since
             self._since = None
 
     def add(self, windows: int) -> None:
         with self._lock:
             self.windows += windows
-            seconds = self.busy + (time.perf_counter() - self._since if self._since is not None else 0.0)
+            seconds = self.busy + (self._clock() - self._since if self._since is not None else 0.0)
             self.speed = self.windows / max(seconds, 1e-9)
 
 
@@ -193,24 +194,30 @@ def _classify_chunk(ctx: WorkerContext, store: Any, classifier: WindowClassifier
     board.publish_speed(meter.speed)
 
 
-def _probe(ctx: WorkerContext, classifier: WindowClassifier, board: ClaimBoard, batch: int) -> float:
-    """This device's windows/s on random windows, published before its first claim (several devices)."""
+def _simulated_delay(ctx: WorkerContext, seconds: float, board: ClaimBoard | None = None,
+                     clock: Callable[[], float] = time.perf_counter,
+                     sleep: Callable[[float], None] = time.sleep) -> None:
+    """A SIMULATED slow device (``slowdown``): sleep (slowdown - 1) × ``seconds``; a probe's sleep ends early once
+    every window of the map is claimed (``board``). ``clock`` and ``sleep``: the time it is served on (a test feeds
+    its own)."""
+    until = clock() + (ctx.slowdown - 1.0) * seconds
+    while clock() < until:
+        if board is not None and board.remaining() <= 0:
+            return
+        sleep(min(0.02, max(until - clock(), 0.0)))
+
+
+def _probe(ctx: WorkerContext, classifier: WindowClassifier, board: ClaimBoard, batch: int,
+           delay: Callable[[WorkerContext, float, ClaimBoard | None], None] = _simulated_delay) -> float:
+    """This device's windows/s on random windows (``classifier.probe``'s seconds, stretched by the SIMULATED
+    ``slowdown``), published before its first claim (several devices). ``delay``: how the slowdown is served
+    (a test feeds its own)."""
     windows = min(PROBE_WINDOWS, batch)
     seconds = classifier.probe(windows)
-    _simulated_delay(ctx, seconds, board)
+    delay(ctx, seconds, board)
     speed = windows / (seconds * ctx.slowdown)
     board.publish_speed(speed)
     return speed
-
-
-def _simulated_delay(ctx: WorkerContext, seconds: float, board: ClaimBoard | None = None) -> None:
-    """A SIMULATED slow device (``slowdown``): sleep (slowdown - 1) × ``seconds``; a probe's sleep ends early once
-    every window of the map is claimed (``board``)."""
-    until = time.perf_counter() + (ctx.slowdown - 1.0) * seconds
-    while time.perf_counter() < until:
-        if board is not None and board.remaining() <= 0:
-            return
-        time.sleep(min(0.02, max(until - time.perf_counter(), 0.0)))
 
 
 def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, settings: dict[str, Any],
