@@ -6,19 +6,20 @@ the next epoch's end; the run's end waits for the writes; both settings write th
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, run_train, training_config, write_checkpoint
+from helpers import HANG_S, REPO, run_train, training_config, wait_for, write_checkpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.checkpoint import DIGEST_KEY, FILE_DIGEST_KEY, load_checkpoint
@@ -33,13 +34,37 @@ TINY = ["backbone=test_resnet", "dataset.image_size=32", "batch_size=32", "log.p
 # --------------------------------------------------------------------------------------------- the writer
 
 
+class _LazyWriter(BackgroundWriter):
+    """A background writer whose jobs start only once its caller waits for them (:meth:`wait`, or :meth:`close` at
+    the end): as late as a writer may run them, so whatever the caller reads before it waits finds none of them done
+    (a slow disk without a time in it: the order of events is fixed, however busy the machine). Its thread keeps the
+    test's CPU priority (the production writer's lowest one would wait for every busy process of the machine)."""
+
+    def __init__(self, background: bool = True) -> None:
+        super().__init__(background, lowest_priority=False)
+        self.waited = threading.Event()
+
+    def submit(self, job: Any) -> None:
+        if not self.background:
+            super().submit(job)
+            return
+        super().submit(lambda: (self.waited.wait(), job()))
+
+    def wait(self) -> None:
+        self.waited.set()
+        try:
+            super().wait()
+        finally:
+            self.waited.clear()  # the jobs submitted from now on wait for the next wait
+
+
 def test_jobs_run_in_order_off_the_callers_thread_and_wait_returns_when_all_ran() -> None:
     ran: list[tuple[int, str]] = []
-    with BackgroundWriter() as writer:
+    with _LazyWriter() as writer:
         for number in range(5):
-            writer.submit(lambda number=number: (time.sleep(0.01),
-                                                 ran.append((number, threading.current_thread().name))))
-        writer.wait()
+            writer.submit(lambda number=number: ran.append((number, threading.current_thread().name)))
+        assert ran == []  # submitted, not run on the caller's thread
+        writer.wait()  # the jobs could start only now: all five ran before it returned
         assert [number for number, _ in ran] == list(range(5))
         assert {name for _, name in ran} == {"rsnet-writer"}
 
@@ -61,8 +86,8 @@ def test_leaving_on_an_error_waits_for_the_writes_and_the_error_in_flight_wins()
     ran: list[int] = []
     interrupt = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt) as caught:
-        with BackgroundWriter() as writer:
-            writer.submit(lambda: (time.sleep(0.2), ran.append(1)))
+        with _LazyWriter() as writer:
+            writer.submit(lambda: ran.append(1))  # runs only once the way out waits for it
             raise interrupt
     assert caught.value is interrupt and ran == [1]
 
@@ -96,8 +121,8 @@ def test_a_divergence_names_the_checkpoint_the_writer_was_still_writing(tmp_path
 
     last = tmp_path / "checkpoints" / "last.pt"
     write_checkpoint(last, epoch=1)
-    writer = BackgroundWriter()
-    writer.submit(lambda: (time.sleep(0.3), write_checkpoint(last, epoch=2)))
+    writer = _LazyWriter()
+    writer.submit(lambda: write_checkpoint(last, epoch=2))  # written only once the writer is waited for
     with pytest.raises(NonFiniteLossError) as caught:
         with _divergence_naming_the_written_checkpoint(writer, tmp_path):
             raise NonFiniteLossError("the loss became NaN at epoch 3; the run stops. "
@@ -110,7 +135,7 @@ def test_a_divergence_names_the_checkpoint_the_writer_was_still_writing(tmp_path
 
 
 _KILLED_CHILD = """
-import io, sys, time
+import io, sys, threading
 sys.path.insert(0, {tests!r})
 import torch
 from helpers import run_train
@@ -119,13 +144,13 @@ real_save = torch.save
 
 
 def slow_save(obj, handle, *args, **kwargs):
-    if isinstance(obj, dict) and obj.get("epoch") == 2:  # epoch 2's last.pt: half its bytes, then a long stall
+    if isinstance(obj, dict) and obj.get("epoch") == 2:  # epoch 2's last.pt: half its bytes, then a stall to the kill
         buffer = io.BytesIO()
         real_save(obj, buffer, *args, **kwargs)
         handle.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         handle.flush()
         open({marker!r}, "w").close()
-        time.sleep(600)
+        threading.Event().wait()  # never set: the write never ends
     real_save(obj, handle, *args, **kwargs)
 
 
@@ -142,16 +167,13 @@ def test_a_kill_mid_write_leaves_the_previous_last_pt_which_resumes(tmp_path: Pa
     process = subprocess.Popen([sys.executable, "-c", child], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert process.poll() is None, process.communicate()[0]
-            assert time.monotonic() < deadline, "epoch 2's checkpoint write did not start within 240 s"
-            time.sleep(0.1)
+        wait_for(lambda: marker.exists() or process.poll() is not None, "epoch 2's checkpoint write starting")
+        assert marker.exists(), process.communicate()[0]  # else the child ended first: its output
         half_written = list((run_dir / "checkpoints").glob(".last.pt.*.tmp"))
         assert len(half_written) == 1 and half_written[0].stat().st_size > 0
     finally:
         os.killpg(process.pid, signal.SIGKILL)
-        process.communicate(timeout=60)
+        process.communicate(timeout=HANG_S)
     last = run_dir / "checkpoints" / "last.pt"
     assert load_checkpoint(last)["epoch"] == 1  # verified (SHA-256): the previous epoch's, complete
     assert json.loads((run_dir / "metrics.json").read_text())["epochs"] == 1
@@ -178,6 +200,7 @@ def test_a_full_disk_in_a_write_stops_the_run_in_one_line_by_the_next_epochs_end
         real_save(obj, handle, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk_at_epoch_2)
+    monkeypatch.setattr(trainer, "BackgroundWriter", functools.partial(BackgroundWriter, lowest_priority=False))
     monkeypatch.setattr(trainer, "train_one_epoch", lambda ctx, config, epoch, *rest: (
         trained.append(epoch + 1), real_epoch(ctx, config, epoch, *rest))[1])
     run_dir = tmp_path / "run"
@@ -194,12 +217,48 @@ def test_a_full_disk_in_a_write_stops_the_run_in_one_line_by_the_next_epochs_end
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
 
 
+@pytest.fixture(scope="module")
+def two_epoch_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[Path, dict[str, Any]]]:
+    """A 2-epoch run (``TINY``) of each setting of log.background_writes (True, False): its run dir and what train()
+    returned. The background run's writer is a :class:`_LazyWriter`: each epoch's writes run only when the training
+    thread waits for them (the next epoch's end, or the run's end), after the next epoch has changed the live model."""
+    from rsnet.engine import trainer
+
+    runs = {}
+    for background in (True, False):
+        run_dir = tmp_path_factory.mktemp("runs") / f"background_{background}"
+        config = {**training_config(*TINY, "epochs=2", f"log.background_writes={str(background).lower()}"),
+                  "run_dir": str(run_dir)}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trainer, "BackgroundWriter", _LazyWriter)
+            runs[background] = (run_dir, trainer.train(config))
+    return runs
+
+
 @pytest.mark.slow
-def test_resume_from_a_background_written_run_trains_as_from_a_synchronous_one(tmp_path: Path) -> None:
+def test_the_runs_end_waits_for_the_last_epochs_writes(two_epoch_runs: dict[bool, tuple[Path, dict[str, Any]]]
+                                                       ) -> None:
+    """The last epoch's writes start only when the run's end waits for them (:class:`_LazyWriter`): when train()
+    returns, last.pt, metrics.json and history.csv hold that epoch all the same, and train() returns metrics.json's
+    document."""
+    run_dir, summary = two_epoch_runs[True]
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 2
+    assert json.loads((run_dir / "metrics.json").read_text()) == json.loads(json.dumps(summary))
+    assert summary["epochs"] == 2 and [row["epoch"] for row in summary["history"]] == [1, 2]
+    assert (run_dir / "history.csv").read_text().splitlines()[-1].startswith("2,")
+
+
+@pytest.mark.slow
+def test_resume_from_a_background_written_run_trains_as_from_a_synchronous_one(
+        two_epoch_runs: dict[bool, tuple[Path, dict[str, Any]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rsnet.engine import trainer
+
+    monkeypatch.setattr(trainer, "BackgroundWriter", _LazyWriter)
     results = {}
     for background in ("true", "false"):
-        run_dir = tmp_path / background
-        assert run_train(run_dir, *TINY, "epochs=2", f"log.background_writes={background}") == 0
+        run_dir = tmp_path / background  # a copy: the module's runs stay as they ended
+        shutil.copytree(two_epoch_runs[background == "true"][0], run_dir)
         assert run_train(run_dir, *TINY, "epochs=3", "resume=true", f"log.background_writes={background}") == 0
         results[background] = (load_checkpoint(run_dir / "checkpoints" / "last.pt"),
                                json.loads((run_dir / "metrics.json").read_text()))
@@ -212,34 +271,11 @@ def test_resume_from_a_background_written_run_trains_as_from_a_synchronous_one(t
         [(row["epoch"], row["test_accuracy"]) for row in sync_metrics["history"]]
 
 
-@pytest.mark.slow
-def test_the_runs_end_waits_for_the_last_epochs_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last epoch's checkpoint is written slowly: when train() returns, last.pt, metrics.json and history.csv
-    hold that epoch all the same, and train() returns metrics.json's document."""
-    from rsnet.engine.trainer import train
-
-    real_save = torch.save
-
-    def slow_save(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(obj, dict) and obj.get("epoch") == 2:
-            time.sleep(1.5)
-        real_save(obj, handle, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "save", slow_save)
-    run_dir = tmp_path / "run"
-    config = {**training_config(*TINY, "epochs=2", "log.background_writes=true"), "run_dir": str(run_dir)}
-    summary = train(config)
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 2
-    assert json.loads((run_dir / "metrics.json").read_text()) == json.loads(json.dumps(summary))
-    assert summary["epochs"] == 2 and [row["epoch"] for row in summary["history"]] == [1, 2]
-    assert (run_dir / "history.csv").read_text().splitlines()[-1].startswith("2,")
-
-
 class _HeldWriter(BackgroundWriter):
-    """A background writer whose jobs start once ``go`` is set."""
+    """A background writer whose jobs start once ``go`` is set (by the test, once it has changed the live state)."""
 
     def __init__(self, go: threading.Event) -> None:
-        super().__init__(background=True)
+        super().__init__(background=True, lowest_priority=False)  # the test's priority, as _LazyWriter's
         self.go = go
 
     def submit(self, job: Any) -> None:
@@ -264,6 +300,7 @@ def _both_settings_epoch_end(ctx: Any, config: dict[str, Any], folder: Path) -> 
     optimizer.step()  # momentum buffers in the payload
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], 0)
     evaluation = evaluate_epoch(ctx, config, data, model, 1)
+    attention_ids = pick_attention_images(data.test.labels, 2)  # one page of overlays per head (each page costs)
     run_dirs = {}
     for background in (False, True):
         run_dir = run_dirs[background] = folder / f"background_{background}"
@@ -273,7 +310,7 @@ def _both_settings_epoch_end(ctx: Any, config: dict[str, Any], folder: Path) -> 
         with TensorBoardLogger(run_dir / "tensorboard") as tb, \
                 (_HeldWriter(go) if background else BackgroundWriter(background=False)) as writer:
             finish_epoch(run_config, data, model, optimizer, strategy, scalars, state, tb,
-                         pick_attention_images(data.test.labels), evaluation, writer)
+                         attention_ids, evaluation, writer)
             if background:  # what the next epoch changes while the writer works
                 with torch.no_grad():
                     for parameter in model.parameters():

@@ -1,13 +1,15 @@
-"""The inference scripts (export, evaluate, predict) as a user runs them: which model a path means, and one-line
-errors for bad settings, unwritable outputs and unreadable images (exit status 2) and a full disk (1)."""
+"""The inference commands (export, evaluate, predict) as a user runs them, each command's code in this process with
+the settings Hydra composes from its command line (the installed commands run as processes in test_install.py):
+which model a path means, and one-line errors for bad settings, unwritable outputs and unreadable images (exit
+status 2) and a full disk (1)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +25,6 @@ from rsnet.models import build_model
 SIZE = 32
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 NOT_ROOT = pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-FULL_DISK = ("import errno, os, runpy, sys\n"
-             "def full(fd): raise OSError(errno.ENOSPC, 'No space left on device')\n"
-             "os.fsync = full\n"
-             "sys.argv = sys.argv[1:]\n"
-             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +48,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def script(name: str, *args: str, full_disk: bool = False) -> subprocess.CompletedProcess:
-    """Run scripts/<name> from the repository root (with ``full_disk``: every fsync fails with ENOSPC)."""
-    command = ["-c", FULL_DISK] if full_disk else []
-    return subprocess.run([sys.executable, *command, str(REPO / "scripts" / name), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+def script(name: str, *args: str, capture: pytest.CaptureFixture) -> subprocess.CompletedProcess:
+    """scripts/<name> (export_main_branch.py: the export command) with these command-line settings, in this process:
+    its exit status and what it printed."""
+    return command_in_process("export" if name == "export_main_branch.py" else name, *args, capture=capture)
 
 
 def model_args(name: str, run: Path, images: Path) -> list[str]:
@@ -70,40 +66,47 @@ def one_line_error(result: subprocess.CompletedProcess, status: int = 2) -> str:
     return lines[0]
 
 
-def test_export_into_a_run_is_refused(run: Path) -> None:
+def test_export_into_a_run_is_refused(run: Path, capsys: pytest.CaptureFixture) -> None:
     """Was: out=<run>/checkpoints wrote model.pt there, and later predict model=.../best.pt used it."""
     checkpoints = run / "checkpoints"
     before = {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()}
     error = one_line_error(script("export_main_branch.py", f"checkpoint={run}", "format=state_dict",
-                                  f"out={checkpoints}"))
+                                  f"out={checkpoints}", capture=capsys))
     assert error == (f"error: out={checkpoints} holds training checkpoints (best.pt); an export there would overwrite "
                      f"or shadow them: pass another path, e.g. out={run / 'export'}")
     assert {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()} == before
 
 
-def test_a_checkpoint_file_is_that_file_even_beside_an_export(run: Path, images: Path) -> None:
+def test_a_checkpoint_file_is_that_file_even_beside_an_export(run: Path, images: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
     """Was: predict model=.../best.pt silently ran the model.pt exported beside it."""
-    result = script("predict.py", f"checkpoint={run / 'checkpoints' / 'best.pt'}", f"images={images}")
+    result = script("predict.py", f"checkpoint={run / 'checkpoints' / 'best.pt'}", f"images={images}", capture=capsys)
     assert result.returncode == 0, result.stderr
     assert f"checkpoint {run / 'checkpoints' / 'best.pt'}: esd_mbenet" in result.stderr
     assert len(result.stdout.splitlines()) == 2
 
 
-def test_evaluate_reads_a_run_folder(run: Path, tmp_path: Path) -> None:
+def test_evaluate_reads_a_run_folder(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Was: checkpoint=<run> was taken for an export folder."""
     out = tmp_path / "eval.json"
-    result = script("evaluate.py", f"checkpoint={run}", f"out={out}", "batch_size=105")
+    result = script("evaluate.py", f"checkpoint={run}", f"out={out}", "batch_size=105", capture=capsys)
     assert result.returncode == 0, result.stderr
     best = run / "checkpoints" / "best.pt"
     assert f"model: checkpoint {best} (the best checkpoint of {run})" in result.stdout
     assert OmegaConf.load(out)["checkpoint"] == str(best)
 
 
-def test_evaluate_prints_its_result_before_a_full_disk(run: Path, tmp_path: Path) -> None:
+def test_evaluate_prints_its_result_before_a_full_disk(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Was: best.pt beside an export was refused; and a failed write lost the whole evaluation."""
     out = tmp_path / "results" / "eval.json"
+
+    def full(descriptor: int) -> None:  # every fsync: the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
     result = script("evaluate.py", f"checkpoint={run / 'checkpoints' / 'best.pt'}", f"out={out}", "batch_size=105",
-                    full_disk=True)
+                    capture=capsys)
     assert one_line_error(result, status=1).startswith(f"error: no space left on device while writing {out}")
     assert "ucmerced_mini test split (210 images): accuracy" in result.stdout
     assert list(out.parent.iterdir()) == []  # neither the file nor a temp file is left
@@ -158,11 +161,11 @@ def test_a_read_only_output_folder_fails_fast(run: Path, images: Path, tmp_path:
     assert "accuracy" not in stdout and "beach80" not in stdout
 
 
-def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path) -> None:
+def test_unreadable_images_name_predicts_own_switch(run: Path, images: Path, capsys: pytest.CaptureFixture) -> None:
     """Was: the message told the user to set dataset.skip_corrupt=true, a training setting."""
     for name in ("b_broken.png", "z_broken.jpg"):
         (images / name).write_bytes(b"not an image")
-    error = one_line_error(script("predict.py", f"checkpoint={run}", f"images={images}"))
+    error = one_line_error(script("predict.py", f"checkpoint={run}", f"images={images}", capture=capsys))
     assert error.startswith(f"error: 2 unreadable image(s): {images / 'b_broken.png'}, {images / 'z_broken.jpg'}; "
                             "fix or remove them, or pass skip_corrupt=true to skip them (cannot read image")
     assert "dataset.skip_corrupt" not in error
@@ -178,7 +181,8 @@ def test_evaluate_names_the_skip_override_that_works_on_the_runs_own_dataset(run
     checkpoint = load_checkpoint(run / "checkpoints" / "best.pt")
     checkpoint["config"]["dataset"]["root"] = str(root)
     moved = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint)
-    line = one_line_error(script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}"))
+    line = one_line_error(script("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}",
+                                 capture=capsys))
     assert "beach80.jpg" in line and "pass +dataset.skip_corrupt=true to skip it" in line
     result = command_in_process("evaluate.py", f"checkpoint={moved}", f"out={tmp_path / 'eval.json'}",
                         "+dataset.skip_corrupt=true", capture=capsys)  # the override as Hydra parses it

@@ -25,7 +25,10 @@ from helpers import REPO
 pytestmark = pytest.mark.slow
 
 SOURCES = ("pyproject.toml", "README.md", "rsnet", "conf", "data")
-TINY = ["backbone=test_resnet", "dataset.image_size=32", "epochs=1", "trainer.devices=[cpu]", "log.progress_bar=false"]
+# a run's end without the attention pages of every class and the projector's images: seconds of drawing that the
+# installed commands do not depend on
+TINY = ["backbone=test_resnet", "dataset.image_size=32", "epochs=1", "trainer.devices=[cpu]", "log.progress_bar=false",
+        "log.attention_images=1", "log.embedding_images=0"]
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 180):

@@ -1,16 +1,33 @@
 """The batch prefetcher and the step timer of the training loop (CPU paths; the CUDA paths run in
-``make gpu-check``)."""
+``make gpu-check``). Time is an injected clock that moves only when a load or a step says so, and the threads are
+ordered by events: no outcome depends on how fast the machine is."""
 
 from __future__ import annotations
 
 import threading
-import time
+from types import SimpleNamespace
 
+import pytest
 import torch
+from helpers import HANG_S
 
+import rsnet.data.loader
 from rsnet.data import BatchPrefetcher
 from rsnet.engine.step_timer import StepTimer
 from rsnet.parallel.strategies import Claim
+
+
+class _Clock:
+    """Seconds that pass only when :meth:`advance` says so (a load's, a step's), on whichever thread."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def _claims(count: int, threads: list[str]):
@@ -20,7 +37,6 @@ def _claims(count: int, threads: list[str]):
 
 
 def _load(claim: Claim) -> tuple[torch.Tensor, torch.Tensor]:
-    time.sleep(0.02)  # decoding and augmentation
     return claim.indices.float().unsqueeze(1).repeat(1, 3), claim.indices
 
 
@@ -38,16 +54,34 @@ def test_prefetched_batches_equal_inline_ones_and_are_claimed_on_the_thread() ->
         assert torch.equal(ahead.images, inline.images) and torch.equal(ahead.labels, inline.labels)
 
 
-def test_prefetch_hides_loading_behind_compute() -> None:
+def test_prefetch_hides_loading_behind_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each load takes 0.02 s and each step's compute 0.04 s of an injected clock. Inline, the next batch is loaded
+    only when the loop asks for it, and the loop waits for every load; prefetched, it loads while the step computes
+    (the step ends only once it has loaded), and the loop waits for the first load at most."""
+    clock = _Clock()
+    monkeypatch.setattr(rsnet.data.loader, "time", SimpleNamespace(perf_counter=clock))  # the prefetcher's clock
+    steps = 6
     stalls = {}
     for enabled in (True, False):
-        prefetcher = BatchPrefetcher(_load, torch.device("cpu"), enabled=enabled)
-        for _ in prefetcher.batches(_claims(6, [])):
-            time.sleep(0.04)  # compute, longer than loading
+        loaded = [threading.Event() for _ in range(steps)]
+
+        def load(claim: Claim, loaded: list[threading.Event] = loaded) -> tuple[torch.Tensor, torch.Tensor]:
+            clock.advance(0.02)  # decoding and augmentation
+            loaded[int(claim.position)].set()
+            return _load(claim)
+
+        prefetcher = BatchPrefetcher(load, torch.device("cpu"), enabled=enabled)
+        for step, _ in enumerate(prefetcher.batches(_claims(steps, []))):
+            if step + 1 < steps:
+                if enabled:  # the step's compute runs beside the next load, and ends after it
+                    assert loaded[step + 1].wait(HANG_S), f"batch {step + 1} was not loaded during step {step}"
+                else:
+                    assert not loaded[step + 1].is_set()  # inline: nothing is loaded ahead
+            clock.advance(0.04)  # compute, longer than loading
         prefetcher.close()
         stalls[enabled] = prefetcher.wait_s
-    assert stalls[False] >= 6 * 0.02  # every load is waited for inline
-    assert stalls[True] < stalls[False] / 2  # only the first load is (plus scheduling noise)
+    assert stalls[False] == pytest.approx(steps * 0.02)  # every load is waited for inline
+    assert stalls[True] <= 0.02 + 1e-9  # only the first load is (none of it, where it was done before the loop asked)
 
 
 def test_stopping_early_leaves_no_claim_in_flight() -> None:
@@ -57,19 +91,18 @@ def test_stopping_early_leaves_no_claim_in_flight() -> None:
     next(stream)
     stream.close()  # the loop raised
     claimed = len(threads)
-    time.sleep(0.1)
+    prefetcher.close()  # the prefetch thread has ended: a claim still queued or in flight would have run by now
     assert claimed == len(threads) <= 2  # the claim ahead was cancelled or finished, never more
-    prefetcher.close()
 
 
 def test_step_timer_sums_steps_and_resets() -> None:
-    timer = StepTimer(torch.device("cpu"))
-    for _ in range(3):
+    clock = _Clock()
+    timer = StepTimer(torch.device("cpu"), clock=clock)
+    for seconds in (0.01, 0.02, 0.03):
         timer.start()
-        time.sleep(0.01)
-        assert timer.stop() >= 0.01
-    total = timer.pop_total()
-    assert 0.03 <= total < 1.0 and timer.pop_total() == 0.0
+        clock.advance(seconds)
+        assert timer.stop() == pytest.approx(seconds)
+    assert timer.pop_total() == pytest.approx(0.06) and timer.pop_total() == 0.0
 
 
 def test_a_stopped_loop_releases_a_claim_that_waits_for_its_step() -> None:
@@ -81,12 +114,12 @@ def test_a_stopped_loop_releases_a_claim_that_waits_for_its_step() -> None:
     def waiting_claims():
         yield Claim(torch.arange(4), 0.0)
         waiting.set()
-        ends.append("released" if stopped.wait(timeout=60) else "timed out")
+        ends.append("released" if stopped.wait(timeout=HANG_S) else "never released")
 
     prefetcher = BatchPrefetcher(_load, torch.device("cpu"))
     stream = prefetcher.batches(waiting_claims(), on_stop=stopped.set)
     next(stream)
-    assert waiting.wait(timeout=60)  # the next claim is in flight, waiting for the step
+    assert waiting.wait(timeout=HANG_S)  # the next claim is in flight, waiting for the step
     stream.close()  # the loop raised
     prefetcher.close()
     assert ends == ["released"]

@@ -72,7 +72,9 @@ def test_eval_every_tests_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_sweep_over_ratios_writes_one_folder_per_protocol_and_prints_the_papers_table(tmp_path: Path) -> None:
-    result = train_sweep("epochs=1", "dataset.train_ratio=0.5,0.6", f"hydra.sweep.dir={tmp_path}")
+    # without the attention pages of every class and the projector's images: seconds that this test reads nothing of
+    result = train_sweep("epochs=1", "dataset.train_ratio=0.5,0.6", f"hydra.sweep.dir={tmp_path}",
+                         "log.attention_images=1", "log.embedding_images=0")
     runs = sorted(str(path.parent.relative_to(tmp_path)) for path in tmp_path.rglob("metrics.json"))
     assert runs == ["ucmerced_mini/r0.5_32px_scratch/baseline_test_resnet/seed0",
                     "ucmerced_mini/r0.6_32px_scratch/baseline_test_resnet/seed0"]

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from filelock import FileLock, Timeout
+from helpers import HANG_S, REPO, wait_for, wait_for_exit
 
+import rsnet.engine.run_lock
 from rsnet.engine.config_checks import ConfigError
-from rsnet.engine.run_lock import LOCK_NAME, hold_run_dir, share_run_dir
+from rsnet.engine.run_lock import (
+    LOCK_NAME,
+    WORKER_LOCK_GLOB,
+    hold_run_dir,
+    share_run_dir,
+)
 
 HOLDER = """
-import sys, time
+import sys
 from pathlib import Path
 from rsnet.engine.run_lock import hold_run_dir
 with hold_run_dir(Path(sys.argv[1])):
     print("held", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # holds the dir until it is killed (its stdin does not end before)
 """
 
 
-def test_a_live_run_holds_its_dir_and_a_killed_one_leaves_it_free(tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+def test_a_live_run_holds_its_dir_and_a_killed_one_leaves_it_free(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"in use by a run that is still alive \(pid {holder.pid}\)"):
@@ -32,11 +41,13 @@ def test_a_live_run_holds_its_dir_and_a_killed_one_leaves_it_free(tmp_path: Path
                 pass
     finally:
         holder.kill()  # SIGKILL: no clean-up code runs
-        holder.wait(10)
-    started = time.monotonic()
+        holder.wait(HANG_S)
+    timeouts: list[float] = []
+    monkeypatch.setattr(rsnet.engine.run_lock, "FileLock",
+                        lambda path, timeout=-1: (timeouts.append(timeout), FileLock(path, timeout=timeout))[1])
     with hold_run_dir(tmp_path):  # the operating system released the dead holder's lock
         assert (tmp_path / LOCK_NAME).is_file()
-    assert time.monotonic() - started < 1.0
+    assert timeouts == [0]  # one attempt at the run's lock, no wait for it: it was free once the holder had died
 
 
 def test_a_new_run_waits_for_the_last_worker_of_an_earlier_one(tmp_path: Path) -> None:
@@ -48,67 +59,59 @@ def test_a_new_run_waits_for_the_last_worker_of_an_earlier_one(tmp_path: Path) -
         pass
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is a child, grandchild, ... of ``ancestor`` (Linux /proc)."""
+    while pid > 1:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Whether a thread of process ``pid`` still runs: a killed process's main thread shows "Z" while its other
-    threads are still ending, and its files (and their locks) are closed only when the last has ended."""
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return False
-    states = []
-    for task in tasks:
-        try:
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            continue
-    return any(state not in ("Z", "X") for state in states)
+            return False
+        if pid == ancestor:
+            return True
+    return False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_end_with_a_killed_launcher_and_write_nothing_after(tmp_path: Path) -> None:
     """After kill -9 of the launcher its workers end too, and none writes last.pt or metrics.json once the run dir's
-    lock is free, nor prints C++ frames on its way out."""
+    lock is free, nor prints C++ frames on its way out. While they train, each worker holds a lock of its own in the
+    run dir, which keeps a new run out (test_a_new_run_waits_for_the_last_worker_of_an_earlier_one)."""
     run_dir = tmp_path / "run"
+    # epochs=100000: the workers would outlast every wait below, unless the launcher's end ends them
     launcher = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), "backbone=test_resnet",
                                  "dataset.image_size=32", "batch_size=32", "log.progress_bar=false", "model=baseline",
-                                 "epochs=200", "trainer.devices=[cpu,cpu]", f"hydra.run.dir={run_dir}"],
+                                 "epochs=100000", "trainer.devices=[cpu,cpu]", f"hydra.run.dir={run_dir}"],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not (run_dir / "checkpoints" / "last.pt").exists() and launcher.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint within 240 s"
-        time.sleep(0.2)
-    # CPU workers are forked: the launcher's children that run its command (not a helper such as a resource tracker)
-    command = Path(f"/proc/{launcher.pid}/cmdline").read_text()
-    workers = [pid for pid in _children(launcher.pid) if Path(f"/proc/{pid}/cmdline").read_text() == command]
-    assert len(workers) == 2, workers
-    launcher.kill()
-    launcher.wait(10)
-    deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in workers):
-        with pytest.raises(ConfigError, match="in use"):  # refused for as long as a worker of the run lives
-            with hold_run_dir(run_dir):
-                pass
-        assert time.monotonic() < deadline, "the workers outlived their killed launcher by 20 s"
-        time.sleep(0.05)
-    with hold_run_dir(run_dir):
+    try:
+        wait_for((run_dir / "checkpoints" / "last.pt").exists, "the run's first checkpoint", alive=launcher)
+        # the workers: the processes named by the worker locks, started by the launcher (forked from it or from a
+        # fork server it started)
+        workers = [int(path.name.split("-")[1].split(".")[0]) for path in run_dir.glob(WORKER_LOCK_GLOB)]
+        assert len(workers) == 2 and all(_descends_from(pid, launcher.pid) for pid in workers), workers
+        for pid in workers:
+            with pytest.raises(Timeout):  # held by the live worker
+                FileLock(run_dir / f".rsnet.worker-{pid}.lock", timeout=0).acquire()
+    finally:
+        launcher.kill()
+        launcher.wait(HANG_S)
+    held = contextlib.ExitStack()
+
+    def run_dir_free() -> bool:
+        try:
+            held.enter_context(hold_run_dir(run_dir))
+        except ConfigError as refused:  # refused for as long as a worker of the run lives
+            assert "is still in use by workers of an earlier run that are ending" in str(refused), refused
+            return False
+        return True
+
+    with held:
+        wait_for(run_dir_free, "the run dir free once the killed launcher's workers have ended")
         before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if path.is_file()}
-        time.sleep(2.0)
+        for pid in workers:  # the killed launcher's workers end (else they would train on for hours)
+            wait_for_exit(pid, "a worker of the killed launcher")
         after = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if path.is_file()}
-    assert before == after  # nothing written once the run dir is free again
-    _, err = launcher.communicate(timeout=10)  # the workers' stderr too: closed once they are gone
+    assert before == after  # nothing written once the run dir is free again, up to the last worker's end
+    _, err = launcher.communicate(timeout=HANG_S)  # the workers' stderr too: closed once they are gone
     assert "frame #" not in err and "Traceback" not in err, err[-3000:]
 
 

@@ -38,10 +38,13 @@ class BackgroundWriter:
     caller's thread, as a run did before (an error raises there and then).
 
     The first error a job raises is kept and every later job is dropped (the run is stopping); :meth:`wait` raises it
-    on the caller's thread. Leaving the ``with`` block waits for every job, on every path out of it."""
+    on the caller's thread. Leaving the ``with`` block waits for every job, on every path out of it.
+    ``lowest_priority``: the writer thread takes the lowest CPU priority (:func:`_lowest_priority`), so that it yields
+    to training; False keeps the caller's (on a machine whose other busy processes would otherwise starve it)."""
 
-    def __init__(self, background: bool = True) -> None:
+    def __init__(self, background: bool = True, lowest_priority: bool = True) -> None:
         self.background = background
+        self.lowest_priority = lowest_priority
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -74,7 +77,8 @@ class BackgroundWriter:
                 self._thread = None
 
     def _run(self) -> None:
-        _lowest_priority()
+        if self.lowest_priority:
+            _lowest_priority()
         while (job := self._jobs.get()) is not None:
             try:
                 if self._error is None:
