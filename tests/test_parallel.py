@@ -841,9 +841,8 @@ def train_a_step(ctx):
     return "trained"
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)  # the launcher's OpenMP pool and autograd threads are running, as after a training or
-    timm.create_model("test_resnet")(torch.randn(8, 3, 64, 64)).sum().backward()  # a map in the same session
-    torch.compile(lambda x: x * 2)(torch.ones(2, requires_grad=True)).sum().backward()  # autograd's device threads
+    torch.set_num_threads(2)  # the launcher's OpenMP pool and autograd have run, as after a training or a map in
+    timm.create_model("test_resnet")(torch.randn(8, 3, 64, 64)).sum().backward()  # the same session
     print(start_method(train_a_step), launch(train_a_step, ["cpu", "cpu"], timeout_s=120))
 """
 
@@ -851,9 +850,10 @@ if __name__ == "__main__":
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is tested on Linux")
 def test_workers_start_from_a_fork_server_whatever_threads_the_launcher_runs(tmp_path) -> None:
     """Workers forked from a launcher that had run a multi-threaded forward hung in their first convolution (its
-    OpenMP pool does not survive a fork), and after a compiled backward they could not run autograd; a fork while
-    another thread holds a lock (the agent's store, the watchdog) can hang in that lock. Started from the fork server
-    (a fresh single-threaded interpreter), the workers train whatever the launcher has run."""
+    OpenMP pool does not survive a fork; with "fork" this test hangs there), after a compiled backward they could not
+    run autograd, and a fork while another thread holds a lock (the agent's store, the watchdog) can hang in that
+    lock. Started from the fork server (a fresh single-threaded interpreter that never runs the launcher's threads),
+    the workers train whatever the launcher has run."""
     import subprocess
 
     script = tmp_path / "launcher.py"  # a file: the workers import its function by name
