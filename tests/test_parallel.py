@@ -701,12 +701,12 @@ def test_failed_worker_stops_the_others_and_is_named() -> None:
 
 
 _ORPHAN_SCRIPT = """
-import os, sys, time
+import os, sys, threading
 from rsnet.parallel import launch
 
 def wait_forever(ctx, folder):
     open(os.path.join(folder, f"worker{ctx.rank}.pid"), "w").write(str(os.getpid()))
-    time.sleep(600)  # as a worker blocked in a collective: only its heartbeat thread runs
+    threading.Event().wait()  # as a worker blocked in a collective: only its heartbeat thread runs
 
 if __name__ == "__main__":
     launch(wait_forever, ["cpu", "cpu"], sys.argv[1], timeout_s=600)
