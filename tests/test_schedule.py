@@ -121,6 +121,18 @@ def test_choose_workers_keeps_the_set_that_trains_fastest() -> None:
     assert choose_workers([100.0, 90.0, 80.0], [True, False, True], settings, 0.01).keep == [True, False, True]
 
 
+def test_a_twentieth_of_the_speed_is_left_out_whatever_a_merge_costs() -> None:
+    """The end-to-end leave-out tests (test_parallel.py, speeds fed at 1 : 20, either rank slow) rely on this: the
+    admission weighs the measured cost of a merge, which a busy machine stretches, but at 1 : 20 the slow worker's
+    share is below batch_min and it is left out at any cost from 0 to 10 s; at 1 : 3 the cost decides."""
+    settings = ScheduleSettings.from_config(trainer_config("adaptive", merge_rounds=4, merge_cost_max=0), 48)
+    for comm_s in (0.0, 1e-4, 0.01, 1.0, 10.0):
+        assert choose_workers([1000.0, 50.0], [True, True], settings, comm_s).keep == [True, False]
+        assert choose_workers([50.0, 1000.0], [True, True], settings, comm_s).keep == [False, True]
+    assert choose_workers([1000.0, 333.3], [True, True], settings, 0.01).keep == [True, True]
+    assert choose_workers([1000.0, 333.3], [True, True], settings, 1.0).keep == [True, False]
+
+
 def test_schedule_leaves_out_a_slow_worker_once_and_says_why() -> None:
     schedule = Schedule(_settings(32), 3)
     assert (schedule.total_batch, schedule.multiple, schedule.sizes) == (48, 2, [16, 16, 16])  # B = 3 x 16
