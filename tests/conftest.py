@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
 from helpers import MINI_ROOT, TIF_SAMPLE_ROOT, make_fake_archive, write_checkpoint
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: a test process per core on an idle machine; where other processes keep the cores busy (a browser
+    and an IDE, a shared lab box), one more per busy process up to twice the cores, so that the suite keeps its share
+    of the machine instead of a third of it (more processes than cores cost an idle machine time: every process
+    builds its own module fixtures). Busy: the median of five readings of the processes running now, less this one
+    (the load average lags a minute behind). PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = len(os.sched_getaffinity(0))
+    readings = []
+    for _ in range(5):
+        try:
+            running = Path("/proc/loadavg").read_text().split()[3]  # e.g. "5/312": running / all
+        except (OSError, IndexError):
+            return None
+        readings.append(int(running.split("/")[0]) - 1)
+        time.sleep(0.05)  # readings spread over a quarter second, not a synchronisation
+    return min(cores + sorted(readings)[2], 2 * cores)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,7 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    share = cores[int(worker.removeprefix("gw")) % len(cores)::count] or cores
+    index = int(worker.removeprefix("gw"))
+    # fewer processes than cores: every count-th core; more (several processes a core): one core each
+    share = cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
     os.sched_setaffinity(0, share)
     torch.set_num_threads(len(share))
 
