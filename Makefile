@@ -18,7 +18,7 @@ demo: install  ## train ESD-MBENet (ResNet-18) on data/ucmerced-mini on the CPU 
 	$(PY) scripts/train.py overwrite=true
 	@echo "next: source $(VENV)/bin/activate (rsnet is installed there), then README.md, 'Your first hour'"
 
-test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data), one test process per core
+test: install  ## the test suite (unit + end-to-end runs of the scripts on tiny data), a test process per core (more beside busy processes: tests/conftest.py)
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 bench: install  ## every benchmark of benchmarks/, one after the other
