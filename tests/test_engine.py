@@ -12,7 +12,7 @@ from helpers import training_config
 
 from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import ConfigError, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.fresh_start import remove_earlier_run
+from rsnet.engine.fresh_start import SET_ASIDE, put_back_or_drop_an_unfinished_set_aside, set_aside_earlier_run
 from rsnet.engine.lr_schedule import learning_rate
 
 CONFIG = training_config("model=baseline", "backbone=test_resnet", "dataset.train_ratio=0.8", "dataset.image_size=64",
@@ -92,16 +92,80 @@ def test_devices_one_name_or_a_list_and_unknown_ones_refused(monkeypatch: pytest
         resolve_devices(["cpu", "cuda:99"])
 
 
-def test_starting_afresh_removes_only_what_a_run_writes(tmp_path: Path) -> None:
-    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "tensorboard/events.out.tfevents.1", "metrics.json",
-                 "curves.png", "confusion.pdf", ".hydra/config.yaml", "train.log", "notes.txt"):
+EARLIER = ("checkpoints/last.pt", "checkpoints/best.pt", "tensorboard/events.out.tfevents.1", "metrics.json",
+           "curves.png", "confusion.pdf", ".hydra/config.yaml", "train.log", "notes.txt")
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def earlier_run(folder: Path) -> dict[str, bytes]:
+    for name in EARLIER:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"earlier {name}")
+    return files_of(folder)
+
+
+def new_outputs(folder: Path, *names: str) -> None:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"new {name}")
+
+
+def test_starting_afresh_sets_aside_only_what_a_run_writes(tmp_path: Path) -> None:
+    """In the block, only a run's outputs are out of the way (in .earlier-run/); train.log and a user's own files
+    stay; a block that ends after the new run's checkpoint deletes the earlier run."""
+    earlier_run(tmp_path)
+    with set_aside_earlier_run(tmp_path) as names:
+        assert names == ["checkpoints", "tensorboard", "metrics.json", ".hydra", "curves.png", "confusion.pdf"]
+        assert sorted(files_of(tmp_path)) == sorted([*(f"{SET_ASIDE}/{name}" for name in EARLIER
+                                                       if name not in ("train.log", "notes.txt")),
+                                                     "notes.txt", "train.log"])
+        new_outputs(tmp_path, "checkpoints/last.pt", "metrics.json")
+    assert sorted(files_of(tmp_path)) == ["checkpoints/last.pt", "metrics.json", "notes.txt", "train.log"]
+    with set_aside_earlier_run(tmp_path) as names:
+        assert names == ["checkpoints", "metrics.json"]
+    assert sorted(files_of(tmp_path)) == ["notes.txt", "train.log"]  # a new run that wrote nothing, and ended
+
+
+@pytest.mark.parametrize("stop", [ConfigError("dataset.root=/nowhere does not exist"), KeyboardInterrupt()])
+def test_a_new_run_that_stops_before_its_first_checkpoint_puts_every_byte_back(tmp_path: Path,
+                                                                             stop: BaseException) -> None:
+    before = earlier_run(tmp_path)
+    with pytest.raises(type(stop)), set_aside_earlier_run(tmp_path):
+        new_outputs(tmp_path, "split.json", ".hydra/config.yaml", "tensorboard/events.out.tfevents.2")
+        raise stop
+    assert files_of(tmp_path) == before  # the new run's split.json, record and events gone, the earlier run back
+
+
+def test_a_new_run_that_stops_after_its_first_checkpoint_keeps_it_and_drops_the_earlier(tmp_path: Path) -> None:
+    earlier_run(tmp_path)
+    with pytest.raises(RuntimeError), set_aside_earlier_run(tmp_path):
+        new_outputs(tmp_path, "checkpoints/last.pt")
+        raise RuntimeError("a crash in epoch 2")
+    assert files_of(tmp_path) == {"checkpoints/last.pt": b"new checkpoints/last.pt", "notes.txt": b"earlier notes.txt",
+                                  "train.log": b"earlier train.log"}
+
+
+@pytest.mark.parametrize("checkpoint_written", [False, True])
+def test_a_set_aside_left_by_a_killed_run_is_put_back_or_dropped(tmp_path: Path, checkpoint_written: bool) -> None:
+    """kill -9 in the block leaves .earlier-run/ behind: the next start in the run dir puts it back when the new run
+    wrote no checkpoint, else deletes it."""
+    before = earlier_run(tmp_path)
+    with set_aside_earlier_run(tmp_path):
+        new_outputs(tmp_path, "split.json", *(["checkpoints/last.pt"] if checkpoint_written else []))
+        aside = files_of(tmp_path)  # what a kill here leaves
+    for name, data in aside.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("earlier")
-    assert remove_earlier_run(tmp_path) == ["checkpoints", "tensorboard", "metrics.json", "curves.png",
-                                            "confusion.pdf"]
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
-        ".hydra/config.yaml", "notes.txt", "train.log"]
-    assert remove_earlier_run(tmp_path) == []
+        (tmp_path / name).write_bytes(data)
+    put_back_or_drop_an_unfinished_set_aside(tmp_path)
+    if checkpoint_written:
+        assert sorted(files_of(tmp_path)) == ["checkpoints/last.pt", "notes.txt", "split.json", "train.log"]
+    else:
+        assert files_of(tmp_path) == before
+    put_back_or_drop_an_unfinished_set_aside(tmp_path)  # nothing set aside: nothing changes
+    assert not (tmp_path / SET_ASIDE).exists()
 
 
 def test_run_dir_guards_earlier_runs(tmp_path: Path) -> None:

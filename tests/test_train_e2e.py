@@ -256,6 +256,21 @@ def test_overwrite_starts_afresh_without_the_earlier_runs_outputs(esd_run: Path,
     assert metrics["val_samples"] == 0
 
 
+@pytest.mark.parametrize("bad_input", ["dataset.root=/no/such/folder", "backbone.pretrained=/no/such/weights.pth"])
+def test_overwrite_with_a_bad_input_leaves_every_byte_of_the_earlier_run(esd_run: Path, tmp_path: Path,
+                                                                          capfd: pytest.CaptureFixture,
+                                                                          bad_input: str) -> None:
+    """overwrite=true sets the earlier run aside, not deletes it: a run that stops on a bad input (here in its
+    workers, after the run dir was accepted) puts it back byte for byte, .hydra/ and TensorBoard events included."""
+    run_dir = shutil.copytree(esd_run, tmp_path / "run")
+    before = dir_contents(run_dir)
+    result = train(capfd, run_dir, "model=baseline", "epochs=1", "overwrite=true", bad_input, expect_ok=False)
+    assert result.returncode == 2, result.stderr
+    assert "error: " in result.stderr and bad_input.partition("=")[2] in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert dir_contents(run_dir) == before
+
+
 def dir_contents(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (but the run lock and the pid of its last holder) and its bytes."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))

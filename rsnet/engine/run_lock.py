@@ -64,6 +64,8 @@ def share_run_dir(run_dir: Path) -> Iterator[None]:
     """Held by each worker for its whole run (released by the operating system when it ends): :func:`hold_run_dir`
     refuses a new run until the last is gone."""
     path = Path(run_dir) / f".rsnet.worker-{os.getpid()}.lock"
-    with FileLock(path):
-        yield
-    path.unlink(missing_ok=True)
+    try:
+        with FileLock(path):
+            yield
+    finally:  # a worker that stops on an error leaves no lock file either
+        path.unlink(missing_ok=True)

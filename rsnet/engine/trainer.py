@@ -29,7 +29,7 @@ from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_f
 from rsnet.engine.background_writer import BackgroundWriter, writes_in_background
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
-from rsnet.engine.fresh_start import remove_earlier_run
+from rsnet.engine.fresh_start import SET_ASIDE, put_back_or_drop_an_unfinished_set_aside, set_aside_earlier_run
 from rsnet.engine.lr_schedule import learning_rate
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir, share_run_dir
@@ -62,6 +62,8 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     run_dir.mkdir(parents=True, exist_ok=True)
     primary = os.environ.get("RANK", "0") == "0" or not started_by_torchrun()
     with hold_run_dir(run_dir) if primary else nullcontext():
+        if primary:
+            put_back_or_drop_an_unfinished_set_aside(run_dir)
         resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
         if resume_from:
             # checked here, before any worker starts (a damaged file is refused, not trained on): its SHA-256
@@ -72,12 +74,14 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
                             "its figures follow (pass a larger epochs= to train on)", resume_from, saved["epoch"],
                             config["epochs"])
                 return json.loads((run_dir / "metrics.json").read_text()) if primary else None
-        elif primary and (removed := remove_earlier_run(run_dir)):
-            log.info("starting afresh in %s: removed the earlier run's %s", run_dir, ", ".join(removed))
-        if primary and on_accepted is not None:
-            on_accepted(run_dir)
-        return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
-                      **launch_options(trainer))
+        with set_aside_earlier_run(run_dir) if primary and not resume_from else nullcontext() as set_aside:
+            if set_aside:
+                log.info("starting afresh in %s: the earlier run's %s are set aside in %s/ until this run's first "
+                         "checkpoint (put back if it stops before)", run_dir, ", ".join(set_aside), SET_ASIDE)
+            if primary and on_accepted is not None:
+                on_accepted(run_dir)
+            return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
+                          **launch_options(trainer))
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
