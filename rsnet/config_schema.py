@@ -78,6 +78,7 @@ class AdaptiveSchema(LauncherSchema):
     merge_weight: str
     elastic: float
     leave_out: bool
+    probe_timeout_s: float
     log_intervals: bool
 
 

@@ -290,6 +290,33 @@ def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
     assert not torch.equal(before, model.fc.weight)
 
 
+def test_the_speed_probe_draws_nothing_from_the_runs_random_streams() -> None:
+    """A probe step (dropout at 0.5 in the model) between seeding and the first batch leaves the run's draws as
+    they were: the same first batch order and dropout mask with and without a probe."""
+    from types import SimpleNamespace
+
+    from rsnet.engine.trainer import probe_step
+    from rsnet.losses import MultiBranchLoss
+    from rsnet.models import build_model
+
+    model = build_model("esd_mbenet", "test_resnet", 4, drop_rate=0.5)
+    ctx = SimpleNamespace(device=torch.device("cpu"))
+    data = SimpleNamespace(channels=3, image_size=32, class_names=list("abcd"))
+    step = probe_step(ctx, training_config(), model, MultiBranchLoss(), data)
+
+    def first_draws(probe: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        if probe:
+            assert step(4) is None  # a CPU step is timed by the wall clock
+        order = torch.randperm(16)
+        logits = model.train()(torch.ones(2, 3, 32, 32)).logits["main"]
+        return order, logits
+
+    without, with_probe = first_draws(False), first_draws(True)
+    assert torch.equal(without[0], with_probe[0]) and torch.equal(without[1], with_probe[1])
+    assert any(m.p == 0.5 for m in model.modules() if isinstance(m, torch.nn.Dropout))  # the run's model keeps its rate
+
+
 class _RandomImages:
     """A train set double: ``size`` random 8 px images of class 0."""
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from rsnet.parallel import WorkerContext, WorkerError, build_strategy, launch, launch_options, summarize
 from rsnet.parallel.merge import MergeResult, merge_share, merge_tensors, normalized_merge, pack_header
+from rsnet.parallel.probe import PROBE_FAILED, SpeedProbe
 from rsnet.parallel.strategies import adaptive as adaptive_module
 from rsnet.parallel.strategies import base as strategy_base
 
@@ -61,8 +62,21 @@ def _probe_step(model: nn.Module, sample_s: float, hold: threading.Event | None 
     return step
 
 
+def _broken_probe_step(how: str):
+    """A probe step that raises, or that never returns (``hangs``)."""
+    never = threading.Event()
+
+    def step(batch_size: int) -> float:
+        if how == "raises":
+            raise ValueError("a probe step that raises")
+        never.wait()
+        return 1.0
+
+    return step
+
+
 def _loop(strategy, optimizer, x, y, epochs: int, lr: float = 0.05, sample_s: float = 0.0, held: bool = False,
-          together: bool = False) -> list[list[int]]:
+          together: bool = False, broken_probe: str | None = None) -> list[list[int]]:
     """The trainer's loop in miniature on a simulated clock: a step of b samples reports ``sample_s`` × b seconds
     (``trainer.slowdown`` stretches them), so the speeds the scheduler sees are fed, not measured. Returns the
     indices this worker got, per epoch.
@@ -70,13 +84,16 @@ def _loop(strategy, optimizer, x, y, epochs: int, lr: float = 0.05, sample_s: fl
     The probe ends before the first interval (every worker is in merge 0's table), or where ``held`` it is released
     at merge 1 and ends before merge 2 (the worker is pending for exactly the first interval, its speed reaches merge
     2). ``together``: every worker takes its first batch of an interval before any takes a second (a barrier), so that
-    every worker admitted trains in every interval however the processes are scheduled."""
+    every worker admitted trains in every interval however the processes are scheduled. ``broken_probe``: this
+    worker's probe raises or hangs (:func:`_broken_probe_step`), and the loop goes on without waiting for it."""
     seen = []
     hold = threading.Event() if held else None
     merges = 0
     for epoch in range(epochs):
         seen.append([])
-        if strategy.wants_probe:
+        if strategy.wants_probe and broken_probe:
+            strategy.probe_speed(_broken_probe_step(broken_probe))
+        elif strategy.wants_probe:
             strategy.probe_speed(_probe_step(strategy.model, sample_s, hold))
             if hold is None:
                 strategy._probe.wait()
@@ -382,6 +399,52 @@ def test_a_slow_worker_is_pending_then_left_out_and_costs_the_other_nothing() ->
     # admitted at merge 2 (rows[1]), it trains in every interval after it
     assert [row["n/1"] for row in kept["rows"][:2]] == [0, 0] and all(row["n/1"] > 0 for row in kept["rows"][2:])
     assert all(torch.equal(kept["state"][0][k], kept["state"][1][k]) for k in kept["state"][0])
+
+
+def _broken_probe_worker(ctx, n: int, trainer: dict, broken: int, how: str):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    strategy = build_strategy(trainer, ctx, model, n, 48, seed=7)
+    if ctx.rank == broken and how == "hangs":
+        strategy.probe_timeout_s = 0.0  # past its time as soon as it has started (a probe that never returns)
+    seen = _loop(strategy, optimizer, *_data(n), 2, sample_s=0.001, together=True,
+                 broken_probe=how if ctx.rank == broken else None)
+    return {"seen": _gather(seen), "rows": strategy.stats(), "state": strategy.state_dict()}
+
+
+@pytest.mark.parametrize("how", ["raises", "hangs"])
+def test_a_probe_that_raises_or_hangs_leaves_out_its_worker_not_the_run(how: str) -> None:
+    """Three workers; worker 1's speed probe raises, or never returns (past trainer.probe_timeout_s): it is left out
+    at merge 0 (not pending), the run trains on with the two others, and every sample is claimed once an epoch."""
+    n = 288
+    out = launch(_broken_probe_worker, ["cpu", "cpu", "cpu"], n, trainer_config("adaptive", merge_rounds=2), 1, how,
+                 timeout_s=TIMEOUT)
+    state, rows = out["state"], out["rows"]
+    assert state["active"] == [True, False, True] and state["pending"] == [False, False, False]
+    assert all(row["n/1"] == 0 and row["b_next/1"] == 0 and row["s/1"] == -1.0 for row in rows)
+    assert all(row["n/0"] > 0 and row["n/2"] > 0 for row in rows)
+    for epoch in range(2):
+        assert out["seen"][1][epoch] == []
+        assert sorted(out["seen"][0][epoch] + out["seen"][2][epoch]) == list(range(n))
+
+
+def test_a_probe_reports_its_error_or_its_overrun_on_an_injected_clock() -> None:
+    """SpeedProbe.failure: a step's error at once; a probe still running only once the clock has passed the
+    timeout; none for a probe done with its speed (which it then reports)."""
+    now = [0.0]
+    raising = SpeedProbe(_broken_probe_step("raises"), 8, torch.device("cpu"), clock=lambda: now[0]).start()
+    raising.wait()
+    assert raising.result() == PROBE_FAILED
+    assert raising.failure(600.0) == "failed: ValueError: a probe step that raises"
+    hold = threading.Event()
+    running = SpeedProbe(_probe_step(_model(), 0.01, hold), 8, torch.device("cpu"), clock=lambda: now[0]).start()
+    now[0] = 5.0
+    assert running.failure(5.0) is None and running.result() == 0.0
+    now[0] = 5.5
+    assert running.failure(5.0) == "has run for more than trainer.probe_timeout_s=5 s"
+    hold.set()
+    running.wait()
+    assert running.failure(5.0) is None and running.result() == pytest.approx(100.0)  # 0.01 s a sample
 
 
 def test_a_primary_left_out_gets_the_trained_model_at_every_epochs_end() -> None:

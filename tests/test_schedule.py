@@ -208,6 +208,24 @@ def test_a_pending_worker_is_admitted_or_left_out_once_its_probe_speed_arrives()
     assert kept.joined == [1] and kept.active == [True, True] and kept.sizes == [28, 4]  # held at batch_min
 
 
+def test_a_worker_whose_probe_failed_is_left_out_at_the_merge_that_carries_it() -> None:
+    """Speed < 0: the probe raised or ran past its time. At merge 0 the worker is left out (not pending); a pending
+    worker whose probe fails later is left out at the merge that carries the failure, and the others' sizes hold."""
+    failed_line = ("leaving out worker 1 for the rest of the run: its speed probe failed or ran past "
+                   "trainer.probe_timeout_s (its own log line says which)")
+    schedule = Schedule(_settings(32), 3)
+    assert describe(schedule.start([100.0, -1.0, 100.0])) == [failed_line]
+    assert (schedule.active, schedule.pending, schedule.sizes) == ([True, False, True], [False, False, False],
+                                                                   [16, 0, 16])
+    later = Schedule(_settings(32), 3)
+    later.start([100.0, 0.0, 100.0])
+    assert later.pending == [False, True, False]
+    notes = describe(later.update(_table([100.0, -1.0, 100.0], later.sizes)))
+    assert notes == [failed_line] and later.joined == []
+    assert (later.active, later.pending, later.sizes) == ([True, False, True], [False, False, False], [16, 0, 16])
+    assert describe(later.update(_table([100.0, -1.0, 100.0], later.sizes))) == []  # said once
+
+
 def test_bad_settings_are_refused_naming_the_key() -> None:
     for key, value, message in (("merge_rounds", 0, "trainer.merge_rounds=0"),
                                 ("merge_cost_max", 1.5, "trainer.merge_cost_max=1.5"),

@@ -313,25 +313,55 @@ def train_prefetcher(ctx: WorkerContext, config: dict[str, Any], epoch: int, dat
 
 
 def probe_step(ctx: WorkerContext, config: dict[str, Any], model: torch.nn.Module, criterion: MultiBranchLoss,
-               data: DataBundle) -> Callable[[int], None]:
+               data: DataBundle) -> Callable[[int], float | None]:
     """A training step as :class:`_StepRunner` runs it (precision, memory format, loss, optimizer), on synthetic
     batches and a private copy of ``model`` with its own optimizer: the worker's speed probe, which may run on a
-    background thread while the model itself is merged. Eager, also with ``compile=true``."""
-    replica = copy.deepcopy(model)
+    background thread while the model itself is merged. Eager, also with ``compile=true``. It draws nothing from the
+    run's random streams (its own generator; dropout off in the copy), and on a GPU it runs on a CUDA stream of its
+    own and returns the seconds between events on that stream: a merge the worker waits in meanwhile is not timed."""
+    replica = without_random_layers(copy.deepcopy(model))
     optimizer = build_optimizer(replica, config["optimizer"])
     precision = StepPrecision.for_device(config["amp"], ctx.device)
     layout = memory_format(config, ctx.device)
     shape = (data.channels, data.image_size, data.image_size)
+    generator = torch.Generator(device=ctx.device).manual_seed(0)
+    stream = torch.cuda.Stream(ctx.device) if ctx.device.type == "cuda" else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(ctx.device))  # the copy of the model is made
 
-    def step(batch_size: int) -> None:
-        images = torch.randn(batch_size, *shape, device=ctx.device).contiguous(memory_format=layout)
-        labels = torch.randint(0, len(data.class_names), (batch_size,), device=ctx.device)
+    def train_step(batch_size: int) -> None:
+        images = torch.randn(batch_size, *shape, device=ctx.device, generator=generator)
+        labels = torch.randint(0, len(data.class_names), (batch_size,), device=ctx.device, generator=generator)
         with precision.autocast():
-            losses = criterion(replica(images), labels, epoch=0.0)
+            losses = criterion(replica(images.contiguous(memory_format=layout)), labels, epoch=0.0)
         optimizer.zero_grad(set_to_none=True)
         precision.backward_and_step(losses.total, optimizer, replica.parameters(), config["max_grad_norm"])
 
+    def step(batch_size: int) -> float | None:
+        if stream is None:
+            train_step(batch_size)
+            return None  # timed by the wall clock (SpeedProbe)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            train_step(batch_size)
+            end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
     return step
+
+
+def without_random_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every dropout and drop-path rate set to 0 (they then draw no random numbers); for a probe's
+    copy, whose draws would otherwise come from, and shift, the run's global random stream."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for rate in ("drop_prob", "drop_rate"):  # timm's DropPath / DropBlock; a head's functional dropout
+            if isinstance(getattr(module, rate, None), float):
+                setattr(module, rate, 0.0)
+    return model
 
 
 class _StepRunner:

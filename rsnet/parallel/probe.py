@@ -16,6 +16,7 @@ import torch
 ProbeStep = Callable[[int], float | None]
 
 PROBE_TIMED_STEPS = 2  # steps timed after the first (whose one-time costs are no measure of the speed)
+PROBE_FAILED = -1.0  # the speed a worker reports whose probe raised or ran past its time: it is left out
 
 
 class SpeedProbe:
@@ -24,8 +25,8 @@ class SpeedProbe:
     A CUDA out-of-memory error halves the batch (not below ``batch_min``) and starts again."""
 
     def __init__(self, step: ProbeStep, batch_size: int, device: torch.device, batch_min: int = 1,
-                 slowdown: float = 1.0) -> None:
-        self.step, self.batch_size, self.device = step, max(int(batch_size), 1), device
+                 slowdown: float = 1.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.step, self.batch_size, self.device, self.clock = step, max(int(batch_size), 1), device, clock
         self.batch_min, self.slowdown = max(int(batch_min), 1), float(slowdown)
         self.speed = 0.0  # samples/s, once done
         self.step_seconds = 0.0  # the mean time of a timed step, once done
@@ -35,7 +36,7 @@ class SpeedProbe:
         self._thread = threading.Thread(target=self._run, name="rsnet-speed-probe", daemon=True)
 
     def start(self) -> SpeedProbe:
-        self._started = time.perf_counter()
+        self._started = self.clock()
         self._thread.start()
         return self
 
@@ -45,10 +46,20 @@ class SpeedProbe:
         return self._done.is_set()
 
     def result(self) -> float:
-        """The measured samples/s (0 while running); re-raises the probe's error on the caller's thread."""
+        """The measured samples/s; 0 while running, :data:`PROBE_FAILED` after an error."""
         if self.error is not None:
-            raise RuntimeError(f"the speed probe of this worker ({self.device}) failed: {self.error}") from self.error
+            return PROBE_FAILED
         return self.speed if self.done else 0.0
+
+    def failure(self, timeout_s: float) -> str | None:
+        """Why this probe gives no speed — its error, or that it has run for more than ``timeout_s`` — or None (done
+        with a speed, or still within its time). A probe past its time runs on on its daemon thread; its result is
+        no longer taken."""
+        if self.error is not None:
+            return f"failed: {type(self.error).__name__}: {self.error}"
+        if not self.done and self.clock() - self._started > timeout_s:
+            return f"has run for more than trainer.probe_timeout_s={timeout_s:g} s"
+        return None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the probe is done or ``timeout`` seconds have passed; whether it is done."""
@@ -60,7 +71,7 @@ class SpeedProbe:
         except BaseException as error:  # noqa: BLE001 - handed to the main thread by result()
             self.error = error
         finally:
-            self.seconds = time.perf_counter() - self._started
+            self.seconds = self.clock() - self._started
             self._done.set()
 
     def _measure(self) -> float:

@@ -209,6 +209,7 @@ class Decision:
     speeds: tuple[float, ...] = ()
     considered_speed: float = 0.0  # Σ s of the workers admission considered
     pending: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()  # left out: the speed probe raised or ran past its time (speed < 0)
     admitted: tuple[int, ...] = ()
     left_out: tuple[int, ...] = ()
     rate_everyone: float = 0.0  # predicted samples/s with every considered worker
@@ -220,6 +221,8 @@ def describe(decision: Decision) -> list[str]:
     """The log lines of a :class:`Decision` (empty where only the batch sizes moved)."""
     lines = [f"worker {r} is pending: its speed probe is still running; it trains from the first merge after its "
              "speed is known, if the admission rule keeps it" for r in decision.pending]
+    lines += [f"leaving out worker {r} for the rest of the run: its speed probe failed or ran past "
+              "trainer.probe_timeout_s (its own log line says which)" for r in decision.failed]
 
     def share(rank: int) -> str:
         speed = decision.speeds[rank]
@@ -309,19 +312,20 @@ class Schedule:
         return [s if a else 0.0 for s, a in zip(self.speeds, self.active)]
 
     def start(self, speeds: Sequence[float]) -> Decision:
-        """The first decision, from the speed probes (0: a probe still running): admission among the measured workers,
-        the others are pending; the ones kept train at the equal split until the first merge's speeds, measured in
-        training, size their batches (the probes time synthetic batches, without the input pipeline; on aid-dev at
-        1 : 2 sizes from the probes lost 1.6-1.8 points of test accuracy in two of three seeds, 0.6 gained in the
-        third)."""
+        """The first decision, from the speed probes (0: a probe still running, < 0: one that failed, left out):
+        admission among the measured workers, the others are pending; the ones kept train at the equal split until
+        the first merge's speeds, measured in training, size their batches (the probes time synthetic batches,
+        without the input pipeline; on aid-dev at 1 : 2 sizes from the probes lost 1.6-1.8 points of test accuracy
+        in two of three seeds, 0.6 gained in the third)."""
         if not any(s > 0 for s in speeds):
             raise ValueError("Schedule.start needs at least one measured speed")
         self.started = True
         self.speeds = [float(s) for s in speeds]
-        self.pending = [s <= 0 for s in self.speeds]
+        self.pending = [s == 0 for s in self.speeds]
         self.active = [s > 0 for s in self.speeds]
         decision = Decision(speeds=tuple(self.speeds),
-                            pending=tuple(r for r in range(self.world) if self.pending[r]))
+                            pending=tuple(r for r in range(self.world) if self.pending[r]),
+                            failed=tuple(r for r in range(self.world) if self.speeds[r] < 0))
         if self.settings.leave_out and self.workers > 1:
             decision = self._admit(decision, [])
         self.joined = []
@@ -334,7 +338,10 @@ class Schedule:
         take its measures, admit or leave out, resize, set the cadence. :attr:`joined` lists the workers admitted
         from pending."""
         self._take_measures(table)
-        decision = Decision(speeds=tuple(self.speeds))
+        failed = tuple(r for r in range(self.world) if self.pending[r] and self.speeds[r] < 0)
+        for rank in failed:
+            self.pending[rank] = False
+        decision = Decision(speeds=tuple(self.speeds), failed=failed)
         candidates = [r for r in range(self.world) if self.pending[r] and self.speeds[r] > 0]
         adapting = self.merges > self.settings.warmup_intervals and all(
             s > 0 for s, a in zip(self.speeds, self.active) if a)

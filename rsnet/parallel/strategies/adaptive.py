@@ -15,7 +15,7 @@ import torch.distributed as dist
 from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim_ahead,
                                     may_claim_next, updated_speed)
 from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, merge_share, normalized_merge
-from rsnet.parallel.probe import ProbeStep, SpeedProbe
+from rsnet.parallel.probe import PROBE_FAILED, ProbeStep, SpeedProbe
 from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, describe, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row
@@ -60,6 +60,9 @@ def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) ->
         raise ValueError(f"trainer.merge_weight={merge_weight!r}: use one of {', '.join(MERGE_WEIGHTS)}")
     if not 0 < float(speed_ema) <= 1:
         raise ValueError(f"trainer.speed_ema must be in (0, 1], got {speed_ema}")
+    if not float(trainer["probe_timeout_s"]) > 0:
+        raise ValueError(f"trainer.probe_timeout_s={trainer['probe_timeout_s']}: must be > 0 (seconds a speed probe "
+                         "may run before its worker is left out)")
     if not 0 < float(elastic) <= 1:
         raise ValueError(f"trainer.elastic={elastic}: must be in (0, 1] (1: every replica becomes the merged model)")
     settings = ScheduleSettings.from_config(trainer, batch_size)
@@ -88,6 +91,7 @@ class AdaptiveStrategy(Strategy):
         self.log_intervals = bool(cfg["log_intervals"])
         self.merge_weight = str(cfg["merge_weight"])
         self.elastic = float(cfg["elastic"])
+        self.probe_timeout_s = float(cfg["probe_timeout_s"])
         coarse = coarse_multiple_warning(self.schedule.total_batch, self.world, self.schedule.multiple)
         if coarse and self.ctx.is_primary:
             log.warning(coarse)
@@ -193,6 +197,9 @@ class AdaptiveStrategy(Strategy):
         meta[self.rank * k + META_FIELDS.index("batch_max")] = self.batch_max
         result = exchange_table(meta, comm_device=self.ctx.comm_device)
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, result.meta.view(self.world, k).T)}
+        if all(speed < 0 for speed in table["s"]):
+            raise RuntimeError("every worker's speed probe failed or ran past trainer.probe_timeout_s (each worker's "
+                               "log line says which): no worker can train")
         # The replicas start from rank 0's weights, whatever each process drew or loaded before.
         broadcast_module(self.model, 0, comm_device=self.ctx.comm_device)
         self.schedule.batch_maxes = [max(int(c), 1) for c in table["batch_max"]]
@@ -208,28 +215,38 @@ class AdaptiveStrategy(Strategy):
         done (the grace it publishes in the store) after this worker learnt of it."""
         probe, store = self._probe, self.ctx.store
         assert probe is not None
-        done_key, grace_key = f"{self.prefix}/probes_done", f"{self.prefix}/probes_grace"
+        done_key, measured_key = f"{self.prefix}/probes_done", f"{self.prefix}/probes_measured"
+        grace_key = f"{self.prefix}/probes_grace"
         counted, grace_end = False, None
         while True:
-            if probe.done and not counted:
-                probe.result()  # a failed probe stops this worker here, with its error
+            failed = probe.failure(self.probe_timeout_s) is not None
+            if (probe.done or failed) and not counted:  # a failed probe leaves its worker out, not the run
                 counted = True
-                if int(store.add(done_key, 1)) == 1:
+                store.add(done_key, 1)
+                if not failed and int(store.add(measured_key, 1)) == 1:
                     store.set(grace_key, repr(max(PROBE_GRACE_STEPS * probe.step_seconds, PROBE_GRACE_MIN_S)))
-            finished = int(store.add(done_key, 0))
-            if finished >= self.world:
+            if int(store.add(done_key, 0)) >= self.world:
                 return
-            if finished and grace_end is None:
+            if grace_end is None and int(store.add(measured_key, 0)):
                 grace_end = time.perf_counter() + float(store.get(grace_key))
             if grace_end is not None and time.perf_counter() >= grace_end:
                 return
             probe.wait(_POLL_S)
 
     def _take_probe_result(self) -> None:
-        """Once this worker's probe is done: its speed becomes the worker's, and the probe (its model copy) goes."""
-        if self._probe is not None and self._probe.done:
-            self.speed = self._probe.result()
-            self._probe = None
+        """Once this worker's probe is done: its speed becomes the worker's, and the probe (its model copy) goes. A
+        probe that raised or ran past ``trainer.probe_timeout_s`` gives :data:`PROBE_FAILED`: this worker is left out
+        at the merge that carries it, with one log line here saying why."""
+        probe = self._probe
+        if probe is None:
+            return
+        failure = probe.failure(self.probe_timeout_s)
+        if failure is not None:
+            log.warning("worker %d (%s): its speed probe %s; it is left out, the others train on", self.rank,
+                        self.ctx.device, failure)
+            self.speed, self._probe = PROBE_FAILED, None
+        elif probe.done:
+            self.speed, self._probe = probe.result(), None
 
     def claims(self, interval: int) -> Iterator[Claim]:
         """Claim batches of the interval through the store until it is used up (no collective): ahead of the current
