@@ -164,6 +164,7 @@ class TrainSchema:
     optimizer: OptimizerSchema
     lr_schedule: LrScheduleSchema
     amp: str
+    eval_amp: str
     channels_last: bool
     compile: bool
     deterministic: bool

@@ -66,6 +66,8 @@ def test_shipped_configs_pass_the_checks(trainer: str) -> None:
     (("dataset", "image_size"), 32.5, "dataset.image_size=32.5"),  # not cut to 32
     (("epochs",), True, "epochs=True"),
     (("amp",), True, "amp=True: use bf16"),  # the old boolean: say which precision
+    (("eval_amp",), "fp32", "eval_amp='fp32': use bf16"),
+    (("trainer", "probe_timeout_s"), 0, "trainer.probe_timeout_s=0"),
     (("optimizer", "name"), "sgdd", "optimizer.name='sgdd' is not a timm optimizer \\(did you mean sgd"),
     (("trainer", "timeout_s"), None, "trainer.timeout_s=None"),
 ])

@@ -308,11 +308,12 @@ def test_export_predict_and_evaluate(esd_run: Path, images: Path, tmp_path: Path
     selected = max(trained["history"], key=lambda row: row["val_accuracy"])  # the first epoch on a tie
     assert trained["selected_epoch"] == selected["epoch"] and trained["val_accuracy"] == selected["val_accuracy"]
     assert full["accuracy"] == pytest.approx(selected["test_accuracy"], abs=1e-6) == trained["accuracy"]
+    assert full["amp"] == trained["eval_amp"] == "none"  # one precision for both by default (float32)
     out_exported = tmp_path / "eval_exported.json"
     run_command("evaluate", f"checkpoint={export_dir}", "dataset=ucmerced_mini", "dataset.image_size=64",
                 f"out={out_exported}")
     exported = json.loads(out_exported.read_text())
-    assert exported["oa"]["main"] == pytest.approx(full["oa"]["main"], abs=1e-6)
+    assert exported["oa"]["main"] == pytest.approx(full["oa"]["main"], abs=1e-6) and exported["amp"] == "none"
 
 
 def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:

@@ -115,7 +115,8 @@ def main(cfg: DictConfig) -> None:
     with user_errors():  # around the imports too: a Ctrl-C while torch loads is one line as well
         from rsnet.data import build_datasets_from_config
         from rsnet.data.raster import bands_from_metadata
-        from rsnet.evaluation import TTAModel, compute_metrics, evaluate
+        from rsnet.engine.acceleration import check_amp
+        from rsnet.evaluation import EvalFeed, TTAModel, compute_metrics, evaluate
         from rsnet.model_loading import load_model
 
         device = resolve_device(str(cfg.device))
@@ -146,10 +147,11 @@ def main(cfg: DictConfig) -> None:
                              f"{dataset['name']!r} ({len(data.class_names)} classes); pass the matching dataset=")
         model = TTAModel(loaded.model) if tta == "d4" else loaded.model
         progress = f"evaluating {dataset['name']} test" if bool_setting("progress_bar", cfg.progress_bar) else None
-        result = evaluate(model, data.test, device, batch_size=batch_size, progress=progress)
+        amp = check_amp(cfg.amp if cfg.amp is not None else (loaded.train_config or {}).get("eval_amp", "none"))
+        result = evaluate(model, data.test, device, batch_size=batch_size, progress=progress, feed=EvalFeed(amp=amp))
         metrics = compute_metrics(result, data.class_names)
         metrics.update(checkpoint=str(loaded.source.path), epoch=loaded.epoch, checkpoint_sha256=loaded.sha256,
-                       dataset=dataset["name"], train_ratio=dataset["train_ratio"], seed=seed, tta=tta)
+                       dataset=dataset["name"], train_ratio=dataset["train_ratio"], seed=seed, tta=tta, amp=amp)
         print(summary(metrics))
         print(class_table(metrics))
         write_outputs(out, metrics, class_names, figure_title(metrics, loaded))

@@ -15,10 +15,10 @@ from torch import nn
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
 
 
-def check_amp(value: Any) -> str:
-    """``amp`` must be one of :data:`AMP_DTYPES`; ValueError naming the setting otherwise."""
+def check_amp(value: Any, setting: str = "amp") -> str:
+    """``amp`` (or ``setting``) must be one of :data:`AMP_DTYPES`; ValueError naming the setting otherwise."""
     if value not in AMP_DTYPES:
-        raise ValueError(f"amp={value!r}: use bf16 (mixed precision in bfloat16), fp16 (float16 with a gradient "
+        raise ValueError(f"{setting}={value!r}: use bf16 (mixed precision in bfloat16), fp16 (float16 with a gradient "
                          "scaler) or none; it applies to CUDA workers only")
     return value
 

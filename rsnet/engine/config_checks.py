@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     from rsnet.viz.figures import check_figure_format
 
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),
-              ("model.arch", check_arch), ("amp", check_amp), ("augment.on_device", check_on_device),
+              ("model.arch", check_arch), ("amp", check_amp), ("eval_amp", partial(check_amp, setting="eval_amp")),
+              ("augment.on_device", check_on_device),
               ("eval_batch_size", check_eval_batch_size),
               ("log.figure_format", check_figure_format), ("log.background_writes", check_background_writes))
     trainer = config["trainer"]

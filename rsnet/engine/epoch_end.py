@@ -71,7 +71,7 @@ def evaluate_epoch(ctx: WorkerContext, config: dict[str, Any], data: DataBundle,
     if not evaluates_after(epoch, config):
         return None
     on_device = data.eval_augment if augments_on_device(config["augment"]["on_device"], ctx.device) else None
-    feed = EvalFeed(on_device, memory_format(config, ctx.device), config["amp"], bool(config["prefetch"]))
+    feed = EvalFeed(on_device, memory_format(config, ctx.device), config["eval_amp"], bool(config["prefetch"]))
     batch = eval_batch_size(config["eval_batch_size"], ctx.device, config["batch_size"])
     test = sharded_evaluate(ctx, model, data.test, batch, feed, shares)
     val = sharded_evaluate(ctx, model, data.val, batch, feed, shares) if data.val is not None else None
@@ -233,6 +233,7 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
     summary = {
         "dataset": config["dataset"]["name"], "model": config["model"]["arch"], "backbone": config["backbone"]["name"],
         "trainer": config["trainer"]["name"], "seed": config["seed"], "protocol": protocol(config, data),
+        "eval_amp": config["eval_amp"],
         "epochs": epochs_done, "epochs_planned": config["epochs"], "train_samples": len(data.train),
         "val_samples": len(data.val) if data.val is not None else 0, "test_samples": len(data.test),
         "wall_time_s": round(wall, 2), "images_per_s": round(len(data.train) * epochs_done / wall, 2) if wall else 0.0,
