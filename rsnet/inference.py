@@ -48,7 +48,8 @@ def list_images(folder: str | Path, recursive: bool = False) -> list[Path]:
             raise ValueError(f"{folder} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
         return [folder]
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} does not exist")
+        kind = "image file" if folder.suffix.lower() in IMAGE_EXTENSIONS else "image file or folder"
+        raise FileNotFoundError(f"images={folder}: no such {kind}; pass an image, or a folder of images")
     pattern = folder.rglob("*") if recursive else folder.iterdir()
     files = sorted(p for p in pattern if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
     if not files:

@@ -84,6 +84,11 @@ def test_the_pruned_branch_of_other_heads_of_timm(backbone: str) -> None:
         assert (extract_main_branch(model)(x) - model(x).main_logits).abs().max() <= 1e-5
 
 
+def test_a_lone_head_name_is_that_head_not_its_letters() -> None:
+    """model.options.main_heads=s2_g4 (no brackets) reaches the model as a string: one head, as [s2_g4]."""
+    assert model_with_heads("s2_g4", size=32).main_heads == model_with_heads(["s2_g4"], size=32).main_heads == ["s2_g4"]
+
+
 def test_a_grid_finer_than_its_map_is_fitted_as_the_heads_are() -> None:
     model = model_with_heads(["s4_g4", "s2_g4"], size=32)  # test_resnet at 32 px: S4 is 1 x 1
     assert model.model_config["main_heads"] == model.main_heads == ["s4_g1", "s2_g4"]

@@ -60,8 +60,12 @@ def test_bad_inputs_name_the_path(predict_mod, tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ValueError, match="no images .* found in .*empty"):
         rsnet.inference.list_images(empty)
-    with pytest.raises(FileNotFoundError, match=re.escape(f"image folder {tmp_path / 'missing'} does not exist")):
-        rsnet.inference.list_images(tmp_path / "missing")
+    missing = tmp_path / "missing"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"images={missing}: no such image file or folder; pass an "
+                                                          "image, or a folder of images")):
+        rsnet.inference.list_images(missing)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"images={missing}.jpg: no such image file; ")):
+        rsnet.inference.list_images(f"{missing}.jpg")  # a missing file is not called a folder
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg")
     with pytest.raises(ValueError, match="cannot read image .*broken.jpg"):

@@ -35,7 +35,8 @@ class MGMLFENet(RSNetModel):
             raise ValueError(f"levels must be a non-empty subset of [1, 2, 3, 4] (S1..S4), got {levels}")
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
-        main_heads = [str(head) for head in main_heads]
+        # a lone name (model.options.main_heads=s2_g4 on the command line) is that head, not its letters
+        main_heads = [main_heads] if isinstance(main_heads, str) else [str(head) for head in main_heads]
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, main_pool=main_pool, levels=levels,
                          grids=grids, ffb_width=int(ffb_width), image_size=image_size, main_heads=main_heads)
         self.levels, self.grids = levels, grids
