@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import urllib.error
 from pathlib import Path
 
 from .discovery import dataset_not_found, find_class_root
@@ -33,9 +35,25 @@ def download_dataset(name: str, root: str | os.PathLike) -> Path:
         raise ValueError(f"dataset {spec.name!r} cannot be downloaded by rsnet; get it by hand from {spec.url}")
     root = Path(root).expanduser()
     if not _is_present(spec, root):
-        from torchvision.datasets.utils import download_and_extract_archive  # imports torch: only when needed
-
-        download_and_extract_archive(spec.download_url, root, md5=spec.download_md5, remove_finished=True)
+        _download(spec, root)
         if not _is_present(spec, root):
             raise dataset_not_found(spec, root, f"the archive {spec.download_url} did not unpack to the layout")
     return root
+
+
+def _download(spec: DatasetSpec, root: Path) -> None:
+    """Fetch and unpack ``spec``'s archive into ``root``; a failed download (no network, a refused connection, a
+    damaged archive) is one :class:`DatasetNotFoundError` line, and a ``root`` it created is removed again."""
+    from torchvision.datasets.utils import download_and_extract_archive  # imports torch: only when needed
+
+    created = not root.exists()
+    try:
+        download_and_extract_archive(spec.download_url, root, md5=spec.download_md5, remove_finished=True)
+    except (urllib.error.URLError, OSError, RuntimeError) as error:  # RuntimeError: torchvision's md5 check
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        reason = getattr(error, "reason", None) or error
+        raise DatasetNotFoundError(
+            f"dataset.download=true: cannot download {spec.download_url} ({reason}); check the network (a proxy is "
+            f"read from https_proxy), or get the archive by hand from {spec.url}, unpack it and set dataset.root to "
+            "its folder") from None
