@@ -327,11 +327,12 @@ def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
     ("dataset.train_ratio=1.5", "dataset.train_ratio=1.5"),
     ("dataset.image_size=8", "dataset.image_size=8"),
     ("+epoch=1", "did you mean 'epochs'"),  # was accepted, and the default 12 epochs trained
+    ("dataset.root=/no/such/folder", "/no/such/folder"),  # found by the workers, after the run dir was accepted
 ])
 def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str, capfd: pytest.CaptureFixture) -> None:
     result = train(capfd, tmp_path / "run", "epochs=1", override, expect_ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()  # no stub run folder left behind
 
 
 def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:

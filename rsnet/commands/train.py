@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -42,7 +45,7 @@ def main(cfg: DictConfig) -> float | None:
     from rsnet.parallel.launcher import WorkerError
 
     config = OmegaConf.to_container(cfg, resolve=True)
-    with user_errors():
+    with user_errors(), no_stub_left_on_bad_input(Path(config["run_dir"])):
         check_top_level_keys(config, known_top_level_keys())
         try:
             summary = train(config, on_accepted=lambda run_dir: record_config(cfg, run_dir))
@@ -65,6 +68,24 @@ def main(cfg: DictConfig) -> float | None:
     print(f"curves: {run_dir / 'curves'}.{suffix} (table: history.csv; confusion matrix: confusion.{suffix}); every "
           f"figure and the attention maps: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
     return float(summary["accuracy"])
+
+
+@contextmanager
+def no_stub_left_on_bad_input(run_dir: Path) -> Iterator[None]:
+    """A run dir that held no run when this command started (Hydra made it for train.log) is removed again where the
+    command stops on a bad input (a user error, also one a worker found) before a checkpoint: no stub folder is left.
+    A crash or Ctrl-C keeps it, with train.log saying what happened; a run dir holding a run is never touched."""
+    from rsnet.engine.fresh_start import holds_no_run
+
+    stub = os.environ.get("RANK", "0") == "0" and holds_no_run(run_dir)
+    try:
+        yield
+    except USER_ERRORS:
+        from rsnet.checkpoint import run_checkpoint_path
+
+        if stub and not run_checkpoint_path(run_dir).is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def report_worker_error(error: WorkerError) -> NoReturn:

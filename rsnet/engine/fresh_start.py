@@ -22,6 +22,8 @@ FIGURE_EXTENSIONS = tuple(dict.fromkeys(extension for formats in FIGURE_FORMATS.
 EARLIER_RUN_OUTPUTS = ("checkpoints", "tensorboard", "metrics.json", "split.json", "history.csv", ".hydra",
                        *(f"{stem}.{extension}" for stem in ("curves", "confusion") for extension in FIGURE_EXTENSIONS))
 SET_ASIDE = ".earlier-run"
+# what a run dir holds before a run's first output: Hydra's train.log, the run lock and the workers' locks
+NO_RUN_YET = ("train.log", ".rsnet.lock", ".rsnet.pid")
 
 
 @contextmanager
@@ -49,6 +51,12 @@ def set_aside_earlier_run(run_dir: Path) -> Iterator[list[str]]:
             _drop(run_dir)
         raise
     _drop(run_dir)
+
+
+def holds_no_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is missing or holds nothing but :data:`NO_RUN_YET` and workers' locks."""
+    return not run_dir.is_dir() or all(path.name in NO_RUN_YET or path.name.startswith(".rsnet.worker-")
+                                       for path in run_dir.iterdir())
 
 
 def put_back_or_drop_an_unfinished_set_aside(run_dir: Path) -> None:
