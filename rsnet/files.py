@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Iterator
@@ -70,6 +71,19 @@ def disk_was_full(error: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+TEMPORARY_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _create_beside names a file being written
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporary files of :func:`atomic_write` below ``folder`` (a writer killed mid-write, SIGKILL or a
+    power cut, leaves one); return them. Only for a folder no live process writes in (a run dir its lock holds)."""
+    stale = sorted(path for path in Path(folder).rglob(".*.tmp") if TEMPORARY_NAME.fullmatch(path.name)
+                   and path.is_file())
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def _create_beside(path: Path) -> tuple[int, str]:

@@ -177,9 +177,11 @@ def test_a_kill_mid_write_leaves_the_previous_last_pt_which_resumes(tmp_path: Pa
     last = run_dir / "checkpoints" / "last.pt"
     assert load_checkpoint(last)["epoch"] == 1  # verified (SHA-256): the previous epoch's, complete
     assert json.loads((run_dir / "metrics.json").read_text())["epochs"] == 1
+    assert half_written[0].exists()  # what the kill left
     assert run_train(run_dir, *TINY, "epochs=2", "resume=true") == 0
     assert load_checkpoint(last)["epoch"] == 2
     assert [row["epoch"] for row in json.loads((run_dir / "metrics.json").read_text())["history"]] == [1, 2]
+    assert not half_written[0].exists() and not list(run_dir.rglob(".*.tmp"))  # cleaned when the run dir was taken
 
 
 @pytest.mark.slow

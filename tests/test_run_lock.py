@@ -143,3 +143,15 @@ def test_a_worker_removes_its_lock_when_it_ends_and_a_crashed_workers_lock_is_cl
     (tmp_path / ".rsnet.worker-999999.lock").write_text("")  # left by a worker that was killed
     with hold_run_dir(tmp_path):
         assert not list(tmp_path.glob(".rsnet.worker-*.lock"))
+
+
+def test_taking_a_run_dir_removes_the_temporaries_a_killed_writer_left(tmp_path: Path) -> None:
+    """Only atomic_write's temporaries (.<name>.<12 hex>.tmp), in any sub-folder; a user's own files stay."""
+    left = [tmp_path / "checkpoints" / ".last.pt.0a1b2c3d4e5f.tmp", tmp_path / ".metrics.json.ffffffffffff.tmp"]
+    kept = [tmp_path / "notes.tmp", tmp_path / ".draft.tmp", tmp_path / "checkpoints" / ".last.pt.xyz.tmp"]
+    for path in left + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    with hold_run_dir(tmp_path):
+        pass
+    assert [path.exists() for path in left + kept] == [False, False, True, True, True]

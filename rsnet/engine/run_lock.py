@@ -3,6 +3,7 @@ per worker, which the operating system releases however their holder exits."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,9 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from rsnet.engine.config_checks import ConfigError
+from rsnet.files import remove_stale_temporaries
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".rsnet.lock"
 OWNER_NAME = ".rsnet.pid"  # the pid of the process that holds LOCK_NAME, for the refusal's message
@@ -32,6 +36,9 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
     try:
         _check_no_workers_left(run_dir)
         (run_dir / OWNER_NAME).write_text(str(os.getpid()))
+        if stale := remove_stale_temporaries(run_dir):
+            log.info("%s: removed %d temporary file(s) a killed writer left (%s)", run_dir, len(stale),
+                     ", ".join(str(path.relative_to(run_dir)) for path in stale))
         yield
     finally:
         lock.release()
