@@ -332,6 +332,46 @@ class _RandomImages:
         return torch.rand(len(indices), 3, 8, 8), torch.zeros(len(indices), dtype=torch.long)
 
 
+class _ThreeClaims(_ChunkedStrategy):
+    def claims(self, interval: int):
+        from rsnet.parallel.strategies import Claim
+
+        for start in (0, 4, 8):
+            yield Claim(torch.arange(start, start + 4), 0.0)
+
+
+class _FailingWriter:
+    """The previous epoch's background writes, found failed at the ``fails_at``-th check."""
+
+    def __init__(self, fails_at: int) -> None:
+        self.checks, self.fails_at = 0, fails_at
+
+    def raise_if_failed(self) -> None:
+        self.checks += 1
+        if self.checks >= self.fails_at:
+            raise OSError(28, "No space left on device")
+
+
+def test_a_failed_background_write_stops_the_epoch_at_the_next_step() -> None:
+    """Not at the end of the epoch that follows the write: the step after the failure is known is the last."""
+    from types import SimpleNamespace
+
+    from rsnet.engine.trainer import train_one_epoch
+    from rsnet.losses import MultiBranchLoss
+
+    model = _MemoryBoundModel()
+    strategy = _ThreeClaims(model)
+    ctx = SimpleNamespace(world_size=1, device=torch.device("cpu"), is_primary=True)
+    config = training_config("epochs=1", "optimizer.lr=0.1", "run_dir=.", "log.progress_bar=false",
+                             "lr_schedule.warmup_epochs=0", "lr_schedule.min_lr_ratio=0.0")
+    data = SimpleNamespace(train=_RandomImages(12), train_augment=None)
+    writer = _FailingWriter(fails_at=2)
+    with pytest.raises(OSError, match="No space left"):
+        train_one_epoch(ctx, config, 0, data, strategy, MultiBranchLoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                        writer)
+    assert strategy.steps == [4, 4] and strategy.intervals_ended == 0 and writer.checks == 2
+
+
 class _DivergedModel(_MemoryBoundModel):
     """Gives NaN logits for every batch."""
 

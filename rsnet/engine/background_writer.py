@@ -66,6 +66,12 @@ class BackgroundWriter:
         if self._error is not None:
             raise self._error
 
+    def raise_if_failed(self) -> None:
+        """Raise the first error a job has raised so far, without waiting (the training loop asks after each step:
+        a failed write stops the run within the epoch that follows it, not at that epoch's end)."""
+        if self._error is not None:
+            raise self._error
+
     def close(self) -> None:
         """:meth:`wait`, then end the writer thread (a later :meth:`submit` starts another)."""
         try:

@@ -221,7 +221,7 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
         for epoch in range(state.epoch, config["epochs"]):
             _seed_generators(seed, ctx.rank, epoch)  # each epoch as in a run never stopped: a resumed one trains alike
             started = time.perf_counter()
-            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer)
+            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, writer)
             state.wall_time_s += time.perf_counter() - started
             state.epoch = epoch + 1
             # every worker: its shard, in proportion to its measured speed
@@ -263,9 +263,11 @@ def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
 
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
-                    criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer) -> EpochMeter:
+                    criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer,
+                    writer: BackgroundWriter | None = None) -> EpochMeter:
     """Train one epoch on the batches the strategy hands this worker, interval by interval (one host wait per interval);
-    a batch that runs out of CUDA memory is retried at ``strategy.on_out_of_memory()``'s size."""
+    a batch that runs out of CUDA memory is retried at ``strategy.on_out_of_memory()``'s size. ``writer``: the
+    previous epoch's background writes, whose failure stops the epoch at the next step."""
     model = strategy.model
     model.train()
     if strategy.wants_probe:
@@ -282,6 +284,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
             for batch in prefetcher.batches(strategy.claims(interval), on_stop=strategy.stop_claiming):
                 step.run(batch)
                 bar.update(len(batch))
+                if writer is not None:
+                    writer.raise_if_failed()
             step.check_finite(epoch)  # the interval's one wait for the device
             meter.compute_seconds += (compute := step.timer.pop_total())
             meter.data_seconds = prefetcher.wait_s
