@@ -845,6 +845,31 @@ def test_the_watchdog_names_and_kills_the_first_worker_silent_for_the_timeout() 
             victim.wait()
 
 
+def test_a_worker_not_joined_a_minute_after_the_launch_is_named_once_with_its_stage(caplog) -> None:
+    """On a clock the test moves: before ARRIVE_S nothing is said; then each worker not yet joined is named once,
+    with where its start-up stands; a joined one is not; the run is not stopped for it (only timeout_s does that)."""
+    from rsnet.parallel.elastic import ARRIVE_S, _Watchdog
+    from rsnet.parallel.worker import JOINED
+
+    now = [1000.0]
+    stages = [JOINED, 0, 2, JOINED]
+    watchdog = _Watchdog([0.0] * 4, [0] * 4, 600.0, clock=lambda: now[0], stages=stages,
+                         devices=["cpu", "cpu", "cuda:0", "cpu"])
+    now[0] += ARRIVE_S - 1
+    with caplog.at_level(logging.WARNING, logger="rsnet.parallel.elastic"):
+        watchdog.check()
+        assert caplog.messages == []
+        now[0] += 1
+        watchdog.check()
+        watchdog.check()  # said once
+    assert caplog.messages == [
+        "worker rank 1 (cpu) has not joined the others 60 s after the launch: its process has not started yet (the "
+        "fork server may still be importing); the run waits on (trainer.timeout_s=600 ends it)",
+        "worker rank 2 (cuda:0) has not joined the others 60 s after the launch: it is connecting to the store at "
+        "MASTER_ADDR:MASTER_PORT; the run waits on (trainer.timeout_s=600 ends it)"]
+    assert watchdog.stopped == {}
+
+
 def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"launch needs at least one device"):
         launch(_crash_worker, [], "raise")

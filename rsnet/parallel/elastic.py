@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,12 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from rsnet.parallel.worker import LaunchSettings, run_torchrun_worker
+from rsnet.parallel.worker import JOINED, START_STAGES, LaunchSettings, run_torchrun_worker
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5  # each worker's heartbeat thread stamps the shared clock table this often
+ARRIVE_S = 60.0  # a worker that has not joined the others this long after the launch is named in a log line
 _PEER_GRACE_S = 1.0  # a worker that failed because a peer did exits this much later: the agent sees the peer first
 _COMM_ERROR_HINTS = ("DistBackendError", "Connection closed", "Connection reset", "timed out", "Timeout",
                      "Broken pipe", "DistNetworkError", "DistStoreError", "peer")
@@ -61,7 +62,8 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     method = start_method(worker_fn)
     context = mp.get_context("spawn")
     clocks, pids = context.Array("d", world, lock=False), context.Array("i", world, lock=False)
-    watchdog = _Watchdog(clocks, pids, settings.timeout_s)
+    stages = context.Array("i", world, lock=False)  # each worker's place in START_STAGES
+    watchdog = _Watchdog(clocks, pids, settings.timeout_s, stages=stages, devices=settings.devices)
     watchdog.start()  # before this thread blocks SIGINT: the watchdog's thread takes Ctrl-C for it
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(_QUIET):  # the agent logs each failure with a traceback: WorkerError says it once
@@ -85,7 +87,7 @@ def launch_local(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
             with _ctrl_c_for_the_launcher():
                 results = elastic_launch(config, _worker_main)(
                     worker_fn, args, kwargs, settings, logging.getLogger().getEffectiveLevel(), log_files, clocks,
-                    pids, os.getpid(), folder)
+                    pids, stages, os.getpid(), folder)
         except ChildFailedError as failed:
             raise _root_cause(failed, watchdog.stopped, Path(folder), settings.devices) from None
         except SignalException as ended:  # the agent stopped the workers; end as the signal would
@@ -116,7 +118,7 @@ def _ctrl_c_for_the_launcher() -> Iterator[None]:
 
 
 def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], settings: LaunchSettings,
-                 log_level: int, log_files: list[str], clocks: Any, pids: Any, launcher: int,
+                 log_level: int, log_files: list[str], clocks: Any, pids: Any, stages: Any, launcher: int,
                  folder: str) -> bytes | None:
     """A worker as the agent starts it (RANK, LOCAL_RANK, MASTER_* in its environment): ignore Ctrl-C, die with
     the launcher, beat, log, run; a failure leaves its reason, traceback and exception in ``folder``."""
@@ -124,12 +126,12 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     launcher_runs = _die_with_launcher(launcher)
     rank = int(os.environ["RANK"])
-    pids[rank] = os.getpid()
+    pids[rank], stages[rank] = os.getpid(), 1
     threading.Thread(target=_beat, args=(clocks, rank, launcher_runs), name="rsnet-heartbeat", daemon=True).start()
     logging.getLogger().handlers.clear()  # the fork server's handlers, without this worker's tag
     _log_beside_the_launcher(rank, log_level, log_files)
     try:
-        result = run_torchrun_worker(worker_fn, args, kwargs, settings)
+        result = run_torchrun_worker(worker_fn, args, kwargs, settings, lambda stage: stages.__setitem__(rank, stage))
         atexit.register(_exit_without_teardown)
         # pickled here: a result that cannot be sent is this worker's error, and tensors travel by value
         return pickle.dumps(result) if rank == 0 else None
@@ -232,13 +234,18 @@ def _picklable(error: BaseException) -> BaseException | None:
 
 class _Watchdog(threading.Thread):
     """The launcher's reader of the clock table: the first worker silent for ``timeout_s`` (stopped, e.g. by
-    SIGSTOP or Ctrl-Z, or hung holding the interpreter) is named in ``stopped`` and killed, which the agent sees.
-    ``clock``: the heartbeats' clock (CLOCK_MONOTONIC, which every process of the machine shares)."""
+    SIGSTOP or Ctrl-Z, or hung holding the interpreter) is named in ``stopped`` and killed, which the agent sees. A
+    worker that has not joined the others :data:`ARRIVE_S` after the launch is named in a log line, with its place in
+    ``stages`` (:data:`START_STAGES`), while the run waits on. ``clock``: the heartbeats' clock (CLOCK_MONOTONIC,
+    which every process of the machine shares)."""
 
-    def __init__(self, clocks: Any, pids: Any, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clocks: Any, pids: Any, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 stages: Any = (), devices: Sequence[str] = ()) -> None:
         super().__init__(name="rsnet-watchdog", daemon=True)
         self.clocks, self.pids, self.timeout_s, self.clock = clocks, pids, timeout_s, clock
+        self.stages, self.devices, self.launched = stages, devices, clock()
         self.stopped: dict[int, str] = {}
+        self.late: set[int] = set()  # the workers named late to join
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -246,8 +253,16 @@ class _Watchdog(threading.Thread):
             self.check()
 
     def check(self) -> None:
-        """Name and kill the first worker whose last beat is ``timeout_s`` old (one a run: the others only waited)."""
+        """Name and kill the first worker whose last beat is ``timeout_s`` old (one a run: the others only waited);
+        name once each worker not yet joined :data:`ARRIVE_S` after the launch."""
         now = self.clock()
+        waited = now - self.launched
+        for rank, stage in enumerate(self.stages):
+            if stage < JOINED and rank not in self.late and waited >= ARRIVE_S:
+                self.late.add(rank)
+                log.warning("worker rank %d (%s) has not joined the others %.0f s after the launch: %s; the run waits "
+                            "on (trainer.timeout_s=%g ends it)", rank, self.devices[rank], waited, START_STAGES[stage],
+                            self.timeout_s)
         for rank, last in enumerate(self.clocks):
             silent = now - last
             if last and self.pids[rank] and not self.stopped and silent >= self.timeout_s:
