@@ -65,8 +65,10 @@ def synthetic_bundle(size: int, count: int) -> DataBundle:
 
 
 def training_config(args: argparse.Namespace, batch: int) -> dict[str, object]:
-    """The settings ``evaluate_epoch`` reads, as conf/config.yaml has them, with this run's batch and precision."""
+    """The settings ``evaluate_epoch`` reads, as conf/config.yaml has them, with this run's batch and precision (the
+    evaluation's ``eval_amp`` and the training step's ``amp`` both ``--amp``)."""
     return {"epochs": 1, "eval_every": 1, "eval_batch_size": batch, "batch_size": args.step_batch, "amp": args.amp,
+            "eval_amp": args.amp,
             "channels_last": True, "prefetch": True, "augment": {"on_device": args.on_device}}
 
 

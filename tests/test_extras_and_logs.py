@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import compose_command, run_train
+from helpers import compose_command, run_train, write_checkpoint
 from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -112,6 +112,41 @@ def test_a_failed_worker_is_named_in_train_log(tmp_path: Path, capsys: pytest.Ca
     logged = (tmp_path / "train.log").read_text()
     assert "the run stopped: worker rank 1 (cpu) failed: killed by signal SIGKILL" in logged, logged
     assert "worker rank 0 (cpu): DistBackendError: peer" in logged, logged
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_a_killed_worker_says_how_to_resume(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch, saved: bool) -> None:
+    """After the line naming the killed worker: what the run dir keeps and the command that continues the run (or
+    that nothing can be resumed)."""
+    if saved:
+        write_checkpoint(tmp_path / "checkpoints" / "last.pt", epoch=2)
+    monkeypatch.setattr("sys.argv", ["scripts/train.py", "model=baseline", "epochs=5"])
+    error = WorkerError(1, "cpu", "killed by signal SIGKILL", others="worker rank 0 (cpu): DistBackendError: peer")
+    with pytest.raises(SystemExit) as stop:
+        train.report_worker_error(error, {"run_dir": str(tmp_path), "epochs": 5})
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the run stopped: worker rank 1 (cpu) failed: killed by signal SIGKILL")
+    if saved:
+        assert err.rstrip().endswith(f"{tmp_path / 'checkpoints' / 'last.pt'} holds epoch 2 of 5; continue with\n"
+                                     f"  {train.interpreter()} scripts/train.py model=baseline epochs=5 "
+                                     f"hydra.run.dir={tmp_path} resume=true"), err
+    else:
+        assert err.rstrip().endswith("no checkpoint was written before it stopped: nothing to resume"), err
+
+
+def test_an_extra_lets_a_stopping_worker_stop(caplog: pytest.LogCaptureFixture) -> None:
+    """The agent's SIGTERM to the workers of a run whose peer died arrives as a SignalException: it ends the worker,
+    it is not the extra's failure (the run used to log "the history.csv and figures failed (SignalException)")."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    def stopped() -> None:
+        raise SignalException("Process 7 got signal: 15", sigval=15)
+
+    with caplog.at_level(logging.WARNING), pytest.raises(SignalException):
+        rsnet.engine.epoch_end.run_extra("history.csv and figures", 3, stopped)
+    assert caplog.messages == []
 
 
 def _exit_status(main: Callable[[DictConfig], None], cfg: DictConfig) -> int | str | None:

@@ -50,7 +50,7 @@ def main(cfg: DictConfig) -> float | None:
         try:
             summary = train(config, on_accepted=lambda run_dir: record_config(cfg, run_dir))
         except WorkerError as error:
-            report_worker_error(error)
+            report_worker_error(error, config)
         except NonFiniteLossError as error:
             stop(error)
         except KeyboardInterrupt:
@@ -88,21 +88,36 @@ def no_stub_left_on_bad_input(run_dir: Path) -> Iterator[None]:
         raise
 
 
-def report_worker_error(error: WorkerError) -> NoReturn:
+def report_worker_error(error: WorkerError, config: dict | None = None) -> NoReturn:
     """A worker's input error or full disk is reported as if it had happened here (one line); a diverged loss
-    in one line too; anything else (a bug, a killed or stopped worker) with what the workers said."""
+    in one line too; anything else (a bug, a killed or stopped worker) with what the workers said and, with the
+    run's ``config``, how to continue it."""
     if isinstance(error.cause, (*USER_ERRORS, DiskFullError)):
         raise error.cause from None
     from rsnet.engine.trainer import NonFiniteLossError
 
-    stop(error.cause if isinstance(error.cause, NonFiniteLossError) else error)
+    if isinstance(error.cause, NonFiniteLossError):
+        stop(error.cause)
+    stop(error, how_to_continue(config) if config is not None else "")
 
 
-def stop(error: BaseException) -> NoReturn:
-    """The run stopped (exit status 1): why, on the console and in the run's train.log."""
-    print(f"error: the run stopped: {error}", file=sys.stderr)
-    log_to_files(f"the run stopped: {error}")
+def stop(error: BaseException, then: str = "") -> NoReturn:
+    """The run stopped (exit status 1): why (and ``then``, what to do next), on the console and in the run's
+    train.log."""
+    print(f"error: the run stopped: {error}" + (f"\n{then}" if then else ""), file=sys.stderr)
+    log_to_files(f"the run stopped: {error}" + (f"\n{then}" if then else ""))
     sys.exit(1)
+
+
+def how_to_continue(config: dict) -> str:
+    """What the run dir keeps and the command that continues the run from it."""
+    from rsnet.checkpoint import last_checkpoint
+
+    saved = last_checkpoint(config["run_dir"])
+    if saved is None:
+        return "no checkpoint was written before it stopped: nothing to resume"
+    return (f"{saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"
+            f"  {resume_command(sys.argv, config['run_dir'])}")
 
 
 def log_to_files(message: str) -> None:
@@ -119,10 +134,8 @@ def interrupted(config: dict) -> NoReturn:
     if os.environ.get("RANK", "0") == "0":
         from rsnet.checkpoint import last_checkpoint
 
-        saved = last_checkpoint(config["run_dir"])
-        if saved is not None:
-            print(f"interrupted: {saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"
-                  f"  {resume_command(sys.argv, config['run_dir'])}", file=sys.stderr)
+        if last_checkpoint(config["run_dir"]) is not None:
+            print(f"interrupted: {how_to_continue(config)}", file=sys.stderr)
         else:
             print("interrupted before the first epoch ended: no checkpoint was written, nothing to resume",
                   file=sys.stderr)

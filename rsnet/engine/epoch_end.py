@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from rsnet.data import DataBundle, augments_on_device
 from rsnet.engine.acceleration import memory_format
@@ -134,6 +135,8 @@ def run_extra(name: str, epoch: int, extra: Callable[[], None]) -> None:
     naming ``name`` and the error (the traceback at debug level), and the run goes on."""
     try:
         extra()
+    except SignalException:  # the worker is being stopped (a peer died): not the extra's failure
+        raise
     except Exception as error:  # noqa: BLE001 - an extra never stops the run; the warning shows what failed
         log.warning("epoch %d: the %s failed (%s: %s); the checkpoint and metrics are saved, the run goes on",
                     epoch, name, type(error).__name__, str(error).replace("\n", " "))
