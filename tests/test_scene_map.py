@@ -274,6 +274,21 @@ def test_bad_input_is_one_line_naming_the_file(predictor, tmp_path: Path, case: 
     assert not (tmp_path / "maps").exists()  # refused before anything is written
 
 
+def test_a_damaged_block_is_named_in_gdals_own_words(predictor, tmp_path: Path) -> None:
+    """A JPEG cut short: the error names the file, the pixel and what libjpeg said, not rasterio's "Read failed. See
+    previous exception" (GDAL's messages of the reading thread are collected per read)."""
+    from PIL import Image
+
+    scene = tmp_path / "scene.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (400, 512, 3)).astype(np.uint8)).save(scene)
+    scene.write_bytes(scene.read_bytes()[:scene.stat().st_size // 3])
+    with pytest.raises(ValueError) as refused:
+        map_scene(predictor, scene, tmp_path / "maps", progress=False)
+    text = str(refused.value)
+    assert text.startswith(f"cannot read raster {scene} at pixel (") and "\n" not in text
+    assert "libjpeg: Premature end of JPEG file" in text and "See previous exception" not in text, text
+
+
 _PEAK_MEMORY_SCRIPT = """
 import sys
 from pathlib import Path

@@ -8,10 +8,11 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["held_messages"]
+__all__ = ["gdal_reason", "held_messages", "this_threads_gdal_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +71,60 @@ def held_messages() -> Iterator[list[str]]:
     finally:
         for message in messages:
             log.debug("GDAL: %s", message)
+
+
+class _PerThread(logging.Handler):
+    """On the ``rasterio`` logger while any thread collects: a record of a collecting thread goes to its list
+    (INFO and up: GDAL's errors and warnings), any other record on to the root logger's handlers as before."""
+
+    def __init__(self, passthrough_level: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.lists: dict[int, list[str]] = {}
+        self.passthrough_level = passthrough_level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        messages = self.lists.get(record.thread)
+        if messages is not None:
+            if record.levelno >= logging.INFO:
+                messages.append(record.getMessage())
+        elif record.levelno >= self.passthrough_level:
+            logging.getLogger().handle(record)
+
+
+_collecting = threading.Lock()
+_handler: _PerThread | None = None
+_saved: tuple[bool, int] = (True, logging.NOTSET)
+
+
+@contextmanager
+def this_threads_gdal_messages() -> Iterator[list[str]]:
+    """Inside, the messages GDAL reports through rasterio on this thread (a read's "libjpeg: Premature end of JPEG
+    file", …) are collected in the list yielded, not logged; other threads' records are logged as before."""
+    global _handler, _saved
+    logger, ident, messages = logging.getLogger("rasterio"), threading.get_ident(), []
+    with _collecting:
+        if _handler is None:
+            _saved = (logger.propagate, logger.level)
+            _handler = _PerThread(logger.getEffectiveLevel())
+            logger.addHandler(_handler)
+            logger.propagate = False
+            logger.setLevel(logging.INFO)
+        _handler.lists[ident] = messages
+    try:
+        yield messages
+    finally:
+        with _collecting:
+            del _handler.lists[ident]
+            if not _handler.lists:
+                logger.removeHandler(_handler)
+                logger.propagate, logger.level = _saved
+                _handler = None
+
+
+def gdal_reason(messages: list[str]) -> str | None:
+    """The first GDAL message of ``messages`` as GDAL worded it (rasterio wraps it in "GDAL signalled an error:
+    err_no=…, msg='…'"), or None."""
+    if not messages:
+        return None
+    quoted = messages[0].partition("msg=")[2].strip()
+    return quoted[1:-1] if len(quoted) > 1 and quoted[0] == quoted[-1] and quoted[0] in "'\"" else messages[0]

@@ -18,6 +18,7 @@ from rasterio.windows import Window
 
 from rsnet.data.decode import decode_window
 from rsnet.data.errors import CorruptImageError
+from rsnet.data.native_messages import gdal_reason, this_threads_gdal_messages
 from rsnet.mapping.imagery import Canvas, CanvasPiece
 from rsnet.mapping.plan import ScenePlan, open_scene
 
@@ -91,11 +92,13 @@ class ChunkReader:
         return src
 
     def _strip(self, src: Any, row: int, col: int, width: int) -> np.ndarray:
-        try:
-            return src.read(list(self.plan.indexes), window=Window(col, row, width, self.plan.grid.size))
-        except Exception as error:  # noqa: BLE001 - a damaged block: rasterio's errors vary by driver
-            raise ValueError(f"cannot read raster {self.plan.path} at pixel ({col}, {row}): "
-                             f"{' '.join(str(error).split())}; check the file (e.g. gdalinfo -checksum)") from error
+        with this_threads_gdal_messages() as said:  # GDAL's own words ("Read failed" only points to them)
+            try:
+                return src.read(list(self.plan.indexes), window=Window(col, row, width, self.plan.grid.size))
+            except Exception as error:  # noqa: BLE001 - a damaged block: rasterio's errors vary by driver
+                reason = gdal_reason(said) or " ".join(str(error).split())
+                raise ValueError(f"cannot read raster {self.plan.path} at pixel ({col}, {row}): {reason}; check "
+                                 "the file (e.g. gdalinfo -checksum)") from error
 
     def _decode(self, samples: np.ndarray, row: int, col: int) -> np.ndarray:
         try:
