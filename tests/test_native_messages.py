@@ -27,12 +27,12 @@ def test_a_threads_gdal_messages_are_its_own_and_the_others_are_logged(caplog: p
         thread = threading.Thread(target=reader)
         thread.start()
         inside.wait()
-        gdal.warning("another thread's GDAL warning")
+        gdal.error("another thread's GDAL error")
         gdal.info("another thread's chatter below the level")
         logged.set()
         thread.join()
     assert collected == ["GDAL signalled an error: err_no=1, msg='libjpeg: Premature end of JPEG file'"]
-    assert caplog.messages == ["another thread's GDAL warning"]
+    assert caplog.messages == ["another thread's GDAL error"]
     assert gdal_reason(collected) == "libjpeg: Premature end of JPEG file" and gdal_reason([]) is None
     rasterio_logger = logging.getLogger("rasterio")
     assert rasterio_logger.propagate and not any(type(h).__name__ == "_PerThread" for h in rasterio_logger.handlers)

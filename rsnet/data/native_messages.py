@@ -17,33 +17,6 @@ __all__ = ["gdal_reason", "held_messages", "this_threads_gdal_messages"]
 log = logging.getLogger(__name__)
 
 
-class _Collect(logging.Handler):
-    """A logging handler that appends each record's message to a list."""
-
-    def __init__(self, messages: list[str]) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages = messages
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.INFO:  # rasterio logs GDAL's errors at INFO, its own chatter at DEBUG
-            self.messages.append(record.getMessage())
-
-
-@contextmanager
-def _rasterio_log(messages: list[str]) -> Iterator[None]:
-    """Inside, rasterio's log records (GDAL's errors and warnings among them) go to ``messages`` only."""
-    logger = logging.getLogger("rasterio")
-    handler, propagate, level = _Collect(messages), logger.propagate, logger.level
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate, logger.level = propagate, level
-
-
 @contextmanager
 def _native_stderr(messages: list[str]) -> Iterator[None]:
     """Inside, what native code writes on file descriptor 2 goes to ``messages`` (one entry per line)."""
@@ -62,12 +35,17 @@ def _native_stderr(messages: list[str]) -> Iterator[None]:
 
 @contextmanager
 def held_messages() -> Iterator[list[str]]:
-    """Inside, GDAL's and libtiff's messages are collected in the list yielded instead of printed (for a short,
-    single-threaded write whose result the caller verifies); they are logged at debug level when the block ends."""
+    """Inside, GDAL's messages of this thread (through rasterio's logger) and what libtiff writes straight onto file
+    descriptor 2 (e.g. ``_tiffSeekProc: No space left on device.``, which bypasses GDAL's error handler) are
+    collected in the list yielded instead of printed, for a short write whose result the caller verifies; they are
+    logged at debug level when the block ends."""
     messages: list[str] = []
     try:
-        with _native_stderr(messages), _rasterio_log(messages):
-            yield messages
+        with _native_stderr(messages), this_threads_gdal_messages() as said:
+            try:
+                yield messages
+            finally:
+                messages.extend(said)
     finally:
         for message in messages:
             log.debug("GDAL: %s", message)
