@@ -98,24 +98,27 @@ def report_worker_error(error: WorkerError, config: dict | None = None) -> NoRet
 
     if isinstance(error.cause, NonFiniteLossError):
         stop(error.cause)
-    stop(error, how_to_continue(config) if config is not None else "")
+    if config is None:
+        stop(error)
+    stop(error, how_to_continue(config) or "no checkpoint was written before it stopped: nothing to resume")
 
 
 def stop(error: BaseException, then: str = "") -> NoReturn:
     """The run stopped (exit status 1): why (and ``then``, what to do next), on the console and in the run's
     train.log."""
-    print(f"error: the run stopped: {error}" + (f"\n{then}" if then else ""), file=sys.stderr)
-    log_to_files(f"the run stopped: {error}" + (f"\n{then}" if then else ""))
+    message = f"the run stopped: {error}" + (f"\n{then}" if then else "")
+    print(f"error: {message}", file=sys.stderr)
+    log_to_files(message)
     sys.exit(1)
 
 
-def how_to_continue(config: dict) -> str:
-    """What the run dir keeps and the command that continues the run from it."""
+def how_to_continue(config: dict) -> str | None:
+    """What the run dir keeps and the command that continues the run from it; None where it keeps no checkpoint."""
     from rsnet.checkpoint import last_checkpoint
 
     saved = last_checkpoint(config["run_dir"])
     if saved is None:
-        return "no checkpoint was written before it stopped: nothing to resume"
+        return None
     return (f"{saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"
             f"  {resume_command(sys.argv, config['run_dir'])}")
 
@@ -132,13 +135,9 @@ def log_to_files(message: str) -> None:
 def interrupted(config: dict) -> NoReturn:
     """Ctrl-C: say what is kept and how to continue (rank 0 only; exit status 130, no traceback)."""
     if os.environ.get("RANK", "0") == "0":
-        from rsnet.checkpoint import last_checkpoint
-
-        if last_checkpoint(config["run_dir"]) is not None:
-            print(f"interrupted: {how_to_continue(config)}", file=sys.stderr)
-        else:
-            print("interrupted before the first epoch ended: no checkpoint was written, nothing to resume",
-                  file=sys.stderr)
+        hint = how_to_continue(config)
+        print(f"interrupted: {hint}" if hint else
+              "interrupted before the first epoch ended: no checkpoint was written, nothing to resume", file=sys.stderr)
     sys.exit(130)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import urllib.error
 from pathlib import Path
 
 from .discovery import dataset_not_found, find_class_root
@@ -49,7 +48,7 @@ def _download(spec: DatasetSpec, root: Path) -> None:
     created = not root.exists()
     try:
         download_and_extract_archive(spec.download_url, root, md5=spec.download_md5, remove_finished=True)
-    except (urllib.error.URLError, OSError, RuntimeError) as error:  # RuntimeError: torchvision's md5 check
+    except (OSError, RuntimeError) as error:  # OSError: urllib's URLError too; RuntimeError: torchvision's md5 check
         if created:
             shutil.rmtree(root, ignore_errors=True)
         reason = getattr(error, "reason", None) or error

@@ -5,6 +5,7 @@ checkpoint (a bad input, Ctrl-C, a crash), they are put back; they are deleted w
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import shutil
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rsnet.checkpoint import run_checkpoint_path
+from rsnet.engine.run_lock import LOCK_NAME, OWNER_NAME, WORKER_LOCK_GLOB
 from rsnet.viz.figures import FIGURE_FORMATS
 
 log = logging.getLogger(__name__)
@@ -22,8 +24,8 @@ FIGURE_EXTENSIONS = tuple(dict.fromkeys(extension for formats in FIGURE_FORMATS.
 EARLIER_RUN_OUTPUTS = ("checkpoints", "tensorboard", "metrics.json", "split.json", "history.csv", ".hydra",
                        *(f"{stem}.{extension}" for stem in ("curves", "confusion") for extension in FIGURE_EXTENSIONS))
 SET_ASIDE = ".earlier-run"
-# what a run dir holds before a run's first output: Hydra's train.log, the run lock and the workers' locks
-NO_RUN_YET = ("train.log", ".rsnet.lock", ".rsnet.pid")
+# what a run dir holds before a run's first output: Hydra's train.log and the run lock (the workers' locks too)
+NO_RUN_YET = ("train.log", LOCK_NAME, OWNER_NAME)
 
 
 @contextmanager
@@ -55,7 +57,7 @@ def set_aside_earlier_run(run_dir: Path) -> Iterator[list[str]]:
 
 def holds_no_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` is missing or holds nothing but :data:`NO_RUN_YET` and workers' locks."""
-    return not run_dir.is_dir() or all(path.name in NO_RUN_YET or path.name.startswith(".rsnet.worker-")
+    return not run_dir.is_dir() or all(path.name in NO_RUN_YET or fnmatch.fnmatch(path.name, WORKER_LOCK_GLOB)
                                        for path in run_dir.iterdir())
 
 

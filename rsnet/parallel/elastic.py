@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from rsnet.parallel.worker import JOINED, START_STAGES, LaunchSettings, run_torchrun_worker
+from rsnet.parallel.worker import JOINED, START_STAGES, STARTING, LaunchSettings, run_torchrun_worker
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     launcher_runs = _die_with_launcher(launcher)
     rank = int(os.environ["RANK"])
-    pids[rank], stages[rank] = os.getpid(), 1
+    pids[rank], stages[rank] = os.getpid(), STARTING
     threading.Thread(target=_beat, args=(clocks, rank, launcher_runs), name="rsnet-heartbeat", daemon=True).start()
     logging.getLogger().handlers.clear()  # the fork server's handlers, without this worker's tag
     _log_beside_the_launcher(rank, log_level, log_files)

@@ -20,7 +20,7 @@ START_STAGES = ("its process has not started yet (the fork server may still be i
                 "it is starting (imports, device setup)", "it is connecting to the store at MASTER_ADDR:MASTER_PORT",
                 "it is agreeing on a backend with the others through the store", "it is joining the process group",
                 "joined")
-JOINED = len(START_STAGES) - 1
+STARTING, AT_STORE, AT_BACKEND, AT_GROUP, JOINED = range(1, len(START_STAGES))  # indexes of START_STAGES
 
 
 @dataclass(frozen=True)
@@ -120,21 +120,21 @@ def agree_backend(store: dist.Store, rank: int, world: int, device: str) -> str:
 def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                         settings: LaunchSettings, on_stage: Callable[[int], None] = lambda stage: None) -> Any:
     """Run ``worker_fn`` as global rank ``RANK`` on ``settings.devices[LOCAL_RANK]``; ``on_stage(i)`` as it reaches
-    each of :data:`START_STAGES` (2: the store, ... :data:`JOINED`)."""
+    each of :data:`START_STAGES` (from :data:`AT_STORE` to :data:`JOINED`)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if local_rank >= len(settings.devices):
         raise ValueError(f"LOCAL_RANK {local_rank} has no device: trainer.devices={settings.devices} lists this "
                          f"node's devices, one per process (torchrun --nproc-per-node={len(settings.devices)})")
     setup_device(torch.device(settings.devices[local_rank]), settings.cpu_threads)
-    on_stage(2)
+    on_stage(AT_STORE)
     store = _rendezvous_store(rank, world, settings.timeout_s)
     if settings.backend is None:
-        on_stage(3)
+        on_stage(AT_BACKEND)
         settings = replace(settings, backend=agree_backend(store, rank, world, settings.devices[local_rank]))
         if rank == 0:
             log.info("backend %s, agreed by the %d workers through the store", settings.backend, world)
-    on_stage(4)
+    on_stage(AT_GROUP)
     ctx = join_group(settings, store, rank, world, local_rank)
     on_stage(JOINED)
     try:
