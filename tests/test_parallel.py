@@ -870,6 +870,27 @@ def test_a_worker_not_joined_a_minute_after_the_launch_is_named_once_with_its_st
     assert watchdog.stopped == {}
 
 
+def _say_on_stderr(ctx, text: str) -> int:
+    os.write(2, f"{text} from worker {ctx.rank}\n".encode())
+    return ctx.rank
+
+
+def test_workers_write_where_the_launcher_writes_now(tmp_path) -> None:
+    """The fork server keeps the stderr of the launch that started it; a later launch whose stderr was redirected
+    since still gets its workers' lines (they follow the launcher's fd 2 of now)."""
+    launch(_say_on_stderr, ["cpu", "cpu"], "first", timeout_s=TIMEOUT)  # the fork server starts here (or earlier)
+    target, saved = tmp_path / "stderr.txt", os.dup(2)
+    with open(target, "wb") as handle:
+        os.dup2(handle.fileno(), 2)
+        try:
+            launch(_say_on_stderr, ["cpu", "cpu"], "second", timeout_s=TIMEOUT)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    said = target.read_text()
+    assert "second from worker 0" in said and "second from worker 1" in said, said
+
+
 def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"launch needs at least one device"):
         launch(_crash_worker, [], "raise")

@@ -125,6 +125,7 @@ def _worker_main(worker_fn: Callable[..., Any], args: tuple, kwargs: dict[str, A
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C that came while it was blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     launcher_runs = _die_with_launcher(launcher)
+    _write_where_the_launcher_writes(launcher)
     rank = int(os.environ["RANK"])
     pids[rank], stages[rank] = os.getpid(), STARTING
     threading.Thread(target=_beat, args=(clocks, rank, launcher_runs), name="rsnet-heartbeat", daemon=True).start()
@@ -179,6 +180,21 @@ def _exit_without_teardown() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _write_where_the_launcher_writes(launcher: int) -> None:
+    """Point this worker's stdout and stderr where the launcher's point now. The fork server keeps those of the
+    launch that started it; a later launch of the same process may have redirected them since (a captured stderr,
+    a log file): its workers' lines would go to the old place. Linux (``/proc``); elsewhere they stay as inherited,
+    and so does a stream that cannot be opened again (a socket)."""
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            target = os.open(f"/proc/{launcher}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            continue
+        stream.flush()
+        os.dup2(target, fd)
+        os.close(target)
 
 
 def _die_with_launcher(launcher: int) -> Callable[[], bool]:
