@@ -274,19 +274,23 @@ def test_bad_input_is_one_line_naming_the_file(predictor, tmp_path: Path, case: 
     assert not (tmp_path / "maps").exists()  # refused before anything is written
 
 
-def test_a_damaged_block_is_named_in_gdals_own_words(predictor, tmp_path: Path) -> None:
-    """A JPEG cut short: the error names the file, the pixel and what libjpeg said, not rasterio's "Read failed. See
-    previous exception" (GDAL's messages of the reading thread are collected per read)."""
+@pytest.mark.parametrize("suffix, library_says", [(".jpg", "libjpeg: Premature end of JPEG file"),
+                                                  (".png", "band 1: IReadBlock failed at X offset 0")])
+def test_a_damaged_block_is_named_in_gdals_own_words(predictor, tmp_path: Path, suffix: str,
+                                                     library_says: str) -> None:
+    """A JPEG or PNG cut short (a large, highly compressed PNG is what a decompression bomb looks like): the error
+    names the file, the pixel and what the codec said, not rasterio's "Read failed. See previous exception" (GDAL's
+    messages of the reading thread are collected per read)."""
     from PIL import Image
 
-    scene = tmp_path / "scene.jpg"
+    scene = tmp_path / f"scene{suffix}"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (400, 512, 3)).astype(np.uint8)).save(scene)
     scene.write_bytes(scene.read_bytes()[:scene.stat().st_size // 3])
     with pytest.raises(ValueError) as refused:
         map_scene(predictor, scene, tmp_path / "maps", progress=False)
     text = str(refused.value)
     assert text.startswith(f"cannot read raster {scene} at pixel (") and "\n" not in text
-    assert "libjpeg: Premature end of JPEG file" in text and "See previous exception" not in text, text
+    assert library_says in text and "See previous exception" not in text, text
 
 
 _PEAK_MEMORY_SCRIPT = """
