@@ -218,9 +218,10 @@ class _LoggingModel(StandInModel):
 
 @contextmanager
 def console_and_file_log(log_file: Path) -> Iterator[logging.StreamHandler]:
-    """The root logger with a console handler on stderr and a log file, as Hydra sets them up."""
+    """The root logger with a console handler on stderr (its own format) and a log file, as Hydra sets them up."""
     root = logging.getLogger()
     handlers = [logging.StreamHandler(sys.stderr), logging.FileHandler(log_file)]
+    handlers[0].setFormatter(logging.Formatter("[console] %(message)s"))
     for handler in handlers:
         root.addHandler(handler)
     try:
@@ -233,14 +234,16 @@ def console_and_file_log(log_file: Path) -> Iterator[logging.StreamHandler]:
 
 def test_a_line_logged_while_a_bar_is_drawn_starts_its_own_line(capsys, tmp_path: Path) -> None:
     """Output to a file: a log line written under a live bar is not glued to the bar's text (tqdm.write clears the
-    bar first); the log file gets the plain lines; the console handler's stream is restored after the bar."""
+    bar first) and keeps the console handler's format; the log file gets the plain lines; after the bar the root
+    logger has its console handler back, writing to stderr."""
     with console_and_file_log(tmp_path / "run.log") as console:
         evaluate(_LoggingModel(num_classes=4), TensorDataset(n=6, num_classes=4), "cpu", batch_size=3,
                  progress="evaluating x test")
-        assert console.stream is sys.stderr
+        assert console in logging.getLogger().handlers and console.stream is sys.stderr
     shown = capsys.readouterr().err
     lines = [line for line in shown.split("\n") if "a line logged under the bar" in line]
-    assert len(lines) == 2 and all(line.split("\r")[-1] == "a line logged under the bar" for line in lines), shown
+    assert len(lines) == 2 and all(line.split("\r")[-1] == "[console] a line logged under the bar"
+                                   for line in lines), shown
     assert (tmp_path / "run.log").read_text() == "a line logged under the bar\n" * 2
 
 
