@@ -30,7 +30,8 @@ from rsnet.mapping.partial import FLAGS, PartialMap, partial_folder
 from rsnet.mapping.worker import PROBE_WINDOWS, _Meter, _probe, _simulated_delay
 
 CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:6]
-OUTPUTS = ("classes.tif", "probabilities.tif", "preview.png", "areas.csv", "map.json")
+OUTPUTS = ("classes.tif", "classes.tif.aux.xml", "classes.qml", "probabilities.tif", "preview.png", "areas.csv",
+           "map.json")
 MAP = ("window=40", "stride=20", "batch_size=8")  # scene a: 24 x 30 windows, 90 chunks; scene b: 19 x 14, 34 chunks
 
 

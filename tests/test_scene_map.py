@@ -4,6 +4,7 @@ multispectral rasters; one-line errors; bounded memory; the benchmark's smoke ru
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import subprocess
@@ -18,6 +19,7 @@ import torch
 from helpers import MINI_ROOT, REPO, command_in_process
 from PIL import Image
 from rasterio.transform import Affine
+from test_map_categories import compute_statistics, gdal_band, palette
 
 from rsnet.checkpoint import save_checkpoint
 from rsnet.data.raster import Bands, open_raster
@@ -125,8 +127,30 @@ def test_a_mosaic_of_real_images_maps_to_the_classes_of_its_tiles_on_the_scene(p
     with Image.open(result.preview_path) as preview:
         assert preview.format == "PNG" and min(preview.size) > 400  # the map over its imagery, and the legend
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "mosaic_areas.csv", "mosaic_classes.tif", "mosaic_map.json", "mosaic_preview.png",
-        "mosaic_probabilities.tif"]  # no temporary file, no partial map left
+        "mosaic_areas.csv", "mosaic_classes.qml", "mosaic_classes.tif", "mosaic_classes.tif.aux.xml", "mosaic_map.json",
+        "mosaic_preview.png", "mosaic_probabilities.tif"]  # no temporary file, no partial map left
+
+
+def test_gdal_and_qgis_name_and_colour_the_classes_and_a_rerun_keeps_what_qgis_adds(predictor, scene,
+                                                                                    tmp_path: Path) -> None:
+    first = map_scene(predictor, scene.tif, tmp_path, window=256, progress=False)
+    with open(first.areas_path, newline="") as handle:
+        table = list(csv.DictReader(handle))
+    with rasterio.open(first.classes_path) as classes:
+        colours = [classes.colormap(1)[index][:3] for index in range(len(CLASSES))]
+    band = gdal_band(first.classes_path)
+    assert band.categories == CLASSES and [row[1] for row in band.rows] == [row["class"] for row in table]
+    assert [[int(value) for value in row[2:6]] for row in band.rows] == [
+        [*colour, int(row["cells"])] for colour, row in zip(colours, table)]
+    assert [float(row[6]) for row in band.rows] == [float(row["hectares"]) for row in table]
+    assert palette(tmp_path / "mosaic_classes.qml") == [(str(index), name, "#{:02x}{:02x}{:02x}".format(*colour), "255")
+                                                         for index, (name, colour) in enumerate(zip(CLASSES, colours))]
+    compute_statistics(first.classes_path)  # GDAL rewrites the sidecar, as when QGIS draws a histogram
+    assert "STATISTICS_MEAN" in Path(f"{first.classes_path}.aux.xml").read_text()
+    assert map_scene(predictor, scene.tif, tmp_path, window=256, progress=False).skipped
+    (tmp_path / "mosaic_classes.qml").unlink()
+    assert not map_scene(predictor, scene.tif, tmp_path, window=256, progress=False).skipped  # a file missing
+    assert (tmp_path / "mosaic_classes.qml").is_file() and gdal_band(first.classes_path).categories == CLASSES
 
 
 def test_overlapping_windows_average_the_probabilities_of_every_window_over_a_cell(predictor, scene, tmp_path) -> None:
@@ -355,9 +379,10 @@ def test_rsnet_predict_map_writes_the_files_of_every_image_and_a_mosaic(checkpoi
     done = command_in_process("predict", f"checkpoint={checkpoint}", f"images={images}", f"map={maps}",
                               "progress_bar=false", capture=capsys)
     assert done.returncode == 0, done.stderr
-    assert sorted(path.name for path in maps.iterdir()) == sorted(["mosaic_classes.vrt", *(
-        f"{stem}_{suffix}" for stem in ("north", "south")
-        for suffix in ("classes.tif", "probabilities.tif", "preview.png", "areas.csv", "map.json"))])
+    assert sorted(path.name for path in maps.iterdir()) == sorted(["mosaic_classes.vrt", "mosaic_classes.qml", *(
+        f"{stem}_{suffix}" for stem in ("north", "south") for suffix in (
+            "classes.tif", "classes.tif.aux.xml", "classes.qml", "probabilities.tif", "preview.png", "areas.csv",
+            "map.json"))])
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and lines[1].startswith(f"{images / 'south.tif'}\twrote {maps / 'south_classes.tif'}")
     assert lines[2] == f"wrote {maps / 'mosaic_classes.vrt'}: a mosaic of the class maps"

@@ -21,11 +21,12 @@ from rasterio.transform import Affine
 from rsnet.data.raster import ground_pixel_size, rgb_composite
 from rsnet.integrity import file_digest
 from rsnet.mapping.areas import AreaTally, pixel_area_m2, write_area_table
+from rsnet.mapping.categories import write_categories, write_style
 from rsnet.mapping.cog import RasterLayout, write_cog
 from rsnet.mapping.grid import WindowGrid
 from rsnet.mapping.palette import colour_table
 from rsnet.mapping.partial import PartialMap
-from rsnet.mapping.plan import ScenePlan, open_scene
+from rsnet.mapping.plan import RESTYLED_SUFFIXES, ScenePlan, open_scene
 from rsnet.mapping.preview import PreviewGeometry, write_preview
 
 BLOCK_ROWS = 256  # rows of cells computed and written at a time
@@ -61,11 +62,17 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
         tally = AreaTally(len(names), nodata)
         windows = _write_probabilities(files["probabilities.tif"], outputs["probabilities.tif"], plan, partial, names,
                                        crs, cell_transform, class_rows, tally, nodata)
+        colours = colour_table(len(names), nodata)
         write_cog(files["classes.tif"], (class_rows[None, i:i + BLOCK_ROWS] for i in range(0, len(class_rows),
                                                                                          BLOCK_ROWS)),
                   RasterLayout(*plan.grid.cells, 1, class_rows.dtype.name, nodata, crs, cell_transform, "mode",
                                ("class index (its name: tag class_names)",), {"class_names": json.dumps(list(names))},
-                               colour_table(len(names), nodata)), error_name=outputs["classes.tif"])
+                               colours), error_name=outputs["classes.tif"])
+        area = pixel_area_m2(crs, transform)
+        write_categories(files["classes.tif.aux.xml"], names, colours, tally.cells,
+                         None if area is None else tally.pixels * area / 10_000,
+                         error_name=outputs["classes.tif.aux.xml"])
+        write_style(files["classes.qml"], names, colours, error_name=outputs["classes.qml"])
         write_area_table(files["areas.csv"], names, tally, pixel_area_m2(crs, transform),
                          error_name=outputs["areas.csv"])
         shares = tally.pixels / max(tally.pixels.sum(), 1)
@@ -75,7 +82,8 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
         del class_rows
         record = {"settings": dict(settings), "grid": list(plan.grid.cells), "windows": windows,
                   "shares": [round(float(share), 6) for share in shares],
-                  "files": {suffix: file_digest(files[suffix]) for suffix in outputs if suffix != "map.json"}}
+                  "files": {suffix: file_digest(files[suffix]) for suffix in outputs
+                            if suffix not in ("map.json", *RESTYLED_SUFFIXES)}}
         with open(files["map.json"], "w") as handle:
             json.dump(record, handle, indent=1, sort_keys=True)
             handle.flush()

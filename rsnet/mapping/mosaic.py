@@ -1,6 +1,6 @@
 """A mosaic of the class maps of a folder: one GDAL VRT per coordinate system, which reads the maps where they lie
 (nothing is copied): the union of their extents at the finest cell size among them, nodata between them, their
-colour table and class names."""
+colour table and class names (as GDAL category names and attribute table too), and a QGIS style beside it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rasterio.transform import Affine
 
 from rsnet.data.raster import open_raster
 from rsnet.files import atomic_write
+from rsnet.mapping.categories import add_categories, write_style
 
 __all__ = ["write_mosaics"]
 
@@ -50,8 +51,9 @@ class _ClassMap:
 def write_mosaics(class_maps: Sequence[Path], out_dir: Path, stem: str = "mosaic_classes") -> list[Path]:
     """Write a VRT mosaic of ``class_maps`` into ``out_dir``: ``<stem>.vrt`` when the maps share one coordinate
     system, else one ``<stem>_<CRS>.vrt`` per system (``EPSG-32631``, or ``crs-<hash of its WKT>`` for one without an
-    authority code); the VRTs written. Maps without a coordinate system, or rotated, are left out. Where maps
-    overlap, the later one's data wins. ValueError naming two maps whose class names differ."""
+    authority code), each with a QGIS style of the same name (``.qml``); the VRTs written. Maps without a coordinate
+    system, or rotated, are left out. Where maps overlap, the later one's data wins. ValueError naming two maps
+    whose class names differ."""
     maps = [map_ for map_ in (_read(Path(path)) for path in class_maps) if map_.placed]
     for map_ in maps[1:]:
         if map_.class_names != maps[0].class_names:
@@ -62,6 +64,8 @@ def write_mosaics(class_maps: Sequence[Path], out_dir: Path, stem: str = "mosaic
     for members in groups:
         label = "" if len(groups) == 1 else f"_{_crs_label(members[0].crs)}"
         path = Path(out_dir) / f"{stem}{label}.vrt"
+        if members[0].class_names is not None and members[0].colormap is not None:
+            write_style(path.with_suffix(".qml"), members[0].class_names, members[0].colormap)
         with atomic_write(path, "wb") as handle:
             ET.ElementTree(_vrt(members, path.parent)).write(handle, encoding="utf-8")
         written.append(path)
@@ -111,7 +115,8 @@ def _crs_label(crs: Any) -> str:
 
 def _vrt(maps: Sequence[_ClassMap], folder: Path) -> ET.Element:
     """The VRT of ``maps`` (one coordinate system) for a file in ``folder``: their union at the finest cell size
-    among them, the first map's nodata (else its type's largest value), colour table, description and class names."""
+    among them, the first map's nodata (else its type's largest value), colour table, description and class names
+    (also as category names and an attribute table)."""
     first = maps[0]
     x_res, y_res = min(m.transform.a for m in maps), min(-m.transform.e for m in maps)
     west, north = min(m.transform.c for m in maps), max(m.transform.f for m in maps)
@@ -135,6 +140,8 @@ def _vrt(maps: Sequence[_ClassMap], folder: Path) -> ET.Element:
         for index in range(max(first.colormap) + 1):
             c1, c2, c3, c4 = first.colormap.get(index, (0, 0, 0, 0))
             ET.SubElement(table, "Entry", c1=str(c1), c2=str(c2), c3=str(c3), c4=str(c4))
+        if first.class_names is not None:
+            add_categories(band, first.class_names, first.colormap)
     for map_ in maps:
         band.append(_source(map_, folder, west, north, x_res, y_res))
     ET.indent(root)

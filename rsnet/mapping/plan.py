@@ -21,7 +21,10 @@ from rsnet.mapping.imagery import Canvas
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
 
-OUTPUT_SUFFIXES = ("classes.tif", "probabilities.tif", "preview.png", "areas.csv", "map.json")
+OUTPUT_SUFFIXES = ("classes.tif", "classes.tif.aux.xml", "classes.qml", "probabilities.tif", "preview.png", "areas.csv",
+                   "map.json")
+RESTYLED_SUFFIXES = ("classes.tif.aux.xml", "classes.qml")  # GIS software rewrites these (QGIS: statistics it computes,
+# a style saved as the layer's default): a complete map's record checks that they exist, not their digests
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,8 @@ class ScenePlan:
 
     @property
     def outputs(self) -> dict[str, Path]:
-        """The scene's files by suffix (classes.tif, probabilities.tif, preview.png, areas.csv, map.json: the record
-        of a complete map, written last)."""
+        """The scene's files by suffix (classes.tif and its GDAL sidecar and QGIS style, probabilities.tif,
+        preview.png, areas.csv, map.json: the record of a complete map, written last)."""
         return {suffix: self.out_dir / f"{self.stem}_{suffix}" for suffix in OUTPUT_SUFFIXES}
 
 

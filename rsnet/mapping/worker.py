@@ -25,7 +25,7 @@ from rsnet.mapping.assemble import SceneSummary, assemble_scene
 from rsnet.mapping.claims import ClaimBoard
 from rsnet.mapping.forward import WindowClassifier
 from rsnet.mapping.partial import PartialMap, partial_folder
-from rsnet.mapping.plan import ScenePlan
+from rsnet.mapping.plan import RESTYLED_SUFFIXES, ScenePlan
 from rsnet.mapping.reader import ChunkReader, block_cache
 from rsnet.progress import progress_bar
 
@@ -242,12 +242,13 @@ def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, setting
 
 
 def verified_record(plan: ScenePlan, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The record of ``plan``'s complete map where every output is on disk as it says, made with ``settings``;
-    else None."""
+    """The record of ``plan``'s complete map where every output is on disk as it says (those GIS software rewrites:
+    on disk), made with ``settings``; else None."""
     try:
         record = json.loads(plan.outputs["map.json"].read_text())
         complete = record["settings"] == settings and all(
-            file_digest(plan.outputs[suffix]) == digest for suffix, digest in record["files"].items())
+            file_digest(plan.outputs[suffix]) == digest for suffix, digest in record["files"].items()) and all(
+            plan.outputs[suffix].is_file() for suffix in RESTYLED_SUFFIXES)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return record if complete else None
