@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
 import torch
@@ -34,19 +34,19 @@ def writes_in_background(setting: str | bool, device: torch.device) -> bool:
 
 
 class BackgroundWriter:
-    """Runs submitted jobs in submission order on one writer thread; ``background=False`` runs each at once on the
-    caller's thread, as a run did before (an error raises there and then).
+    """Runs submitted jobs in submission order on one writer thread (a one-worker ``ThreadPoolExecutor``);
+    ``background=False`` runs each at once on the caller's thread, as a run did before (an error raises there and then).
 
     The first error a job raises is kept and every later job is dropped (the run is stopping); :meth:`wait` raises it
     on the caller's thread. Leaving the ``with`` block waits for every job, on every path out of it.
-    ``lowest_priority``: the writer thread takes the lowest CPU priority (:func:`_lowest_priority`), so that it yields
+    ``lowest_priority``: the writer thread takes the lowest CPU priority (:func:`_writer_thread`), so that it yields
     to training; False keeps the caller's (on a machine whose other busy processes would otherwise starve it)."""
 
     def __init__(self, background: bool = True, lowest_priority: bool = True) -> None:
         self.background = background
         self.lowest_priority = lowest_priority
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future[None] | None = None
         self._error: BaseException | None = None
 
     def submit(self, job: Job) -> None:
@@ -54,17 +54,15 @@ class BackgroundWriter:
         if not self.background:
             job()
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rsnet-writer", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, initializer=_writer_thread, initargs=(self.lowest_priority,))
+        self._last = self._pool.submit(self._run, job)
 
     def wait(self) -> None:
         """Block until every job submitted so far has run; raise the first error one of them raised."""
-        if self._thread is not None:
-            self._jobs.join()
-        if self._error is not None:
-            raise self._error
+        if self._last is not None:
+            self._last.result()  # one thread, in order: the last job done is every job done
+        self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
         """Raise the first error a job has raised so far, without waiting (the training loop asks after each step:
@@ -77,23 +75,16 @@ class BackgroundWriter:
         try:
             self.wait()
         finally:
-            if self._thread is not None:
-                self._jobs.put(None)
-                self._thread.join()
-                self._thread = None
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = self._last = None
 
-    def _run(self) -> None:
-        if self.lowest_priority:
-            _lowest_priority()
-        while (job := self._jobs.get()) is not None:
-            try:
-                if self._error is None:
-                    job()
-            except BaseException as error:  # noqa: BLE001 - kept, and raised on the training thread by wait()
-                self._error = error
-            finally:
-                self._jobs.task_done()
-        self._jobs.task_done()
+    def _run(self, job: Job) -> None:
+        try:
+            if self._error is None:
+                job()
+        except BaseException as error:  # noqa: BLE001 - kept, and raised on the training thread by wait()
+            self._error = error
 
     def __enter__(self) -> BackgroundWriter:
         return self
@@ -110,10 +101,12 @@ class BackgroundWriter:
                 log.warning("a background write failed as well: %s: %s", type(error).__name__, error)
 
 
-def _lowest_priority() -> None:
-    """Give the calling thread the lowest CPU priority (Linux: a thread's own nice value): on a machine whose cores the
-    training's threads keep busy (a CPU worker), the writes take what training leaves instead of stalling it."""
-    if hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+def _writer_thread(lowest_priority: bool) -> None:
+    """The writer thread's start: named ``rsnet-writer``; with ``lowest_priority`` the lowest CPU priority (Linux: a
+    thread's own nice value): on a machine whose cores the training's threads keep busy (a CPU worker), the writes
+    take what training leaves instead of stalling it."""
+    threading.current_thread().name = "rsnet-writer"
+    if lowest_priority and hasattr(os, "setpriority") and sys.platform.startswith("linux"):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:  # not permitted here: the writes run at the training's priority
