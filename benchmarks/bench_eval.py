@@ -39,11 +39,12 @@ from bench_step import rsnet_training_step, synchronize, timed  # noqa: E402
 from rsnet.data import DataBundle, DeviceAugment, ImageStore, SceneDataset, Split, eval_transform  # noqa: E402
 from rsnet.data.device_augment import augments_on_device  # noqa: E402
 from rsnet.data.loader import eval_prefetcher, index_chunks  # noqa: E402
-from rsnet.engine.acceleration import StepPrecision, memory_format, tune_convolutions  # noqa: E402
+from rsnet.engine.acceleration import memory_format, tune_convolutions  # noqa: E402
 from rsnet.engine.epoch_end import evaluate_epoch  # noqa: E402
 from rsnet.evaluation import eval_batch_size  # noqa: E402
 from rsnet.models import build_model  # noqa: E402
 from rsnet.parallel import WorkerContext  # noqa: E402
+from rsnet.precision import StepPrecision  # noqa: E402
 
 CLASSES = 30
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rsnet.data import BatchPrefetcher, DeviceAugment, ImageStore, SceneDataset, train_transform  # noqa: E402
 from rsnet.data.device_augment import augments_on_device  # noqa: E402
 from rsnet.engine.acceleration import (  # noqa: E402
-    StepPrecision,
     compiled_forward,
     memory_format,
     tune_convolutions,
@@ -50,6 +49,7 @@ from rsnet.engine.acceleration import (  # noqa: E402
 from rsnet.engine.optim import build_optimizer  # noqa: E402
 from rsnet.losses import MultiBranchLoss  # noqa: E402
 from rsnet.models import build_model  # noqa: E402
+from rsnet.precision import StepPrecision  # noqa: E402
 
 CLASSES = 30
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

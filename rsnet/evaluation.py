@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from rsnet.data.device_augment import DeviceAugment
 from rsnet.data.loader import eval_prefetcher, index_chunks
 from rsnet.data.scene_dataset import SceneDataset
-from rsnet.engine.acceleration import StepPrecision
 from rsnet.files import atomic_write
 from rsnet.models.output import MultiBranchOutput
+from rsnet.precision import StepPrecision
 from rsnet.progress import progress_bar
 from rsnet.viz.attention import eval_mode
 from rsnet.viz.figures import render_confusion_matrix
@@ -110,7 +110,7 @@ class EvalFeed:
     """How :func:`evaluate` feeds and runs the device, as training does: a ``SceneDataset``'s uint8 batches made the
     model's input by ``on_device`` on the device (None: the host's batched eval transform), batches in
     ``memory_format``, ``amp`` the autocast dtype on CUDA (bf16 | fp16 | none, as
-    :class:`rsnet.engine.acceleration.StepPrecision`), ``prefetch`` the next batch on a background thread."""
+    :class:`rsnet.precision.StepPrecision`), ``prefetch`` the next batch on a background thread."""
 
     on_device: DeviceAugment | None = None
     memory_format: torch.memory_format = torch.contiguous_format

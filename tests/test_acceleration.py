@@ -11,7 +11,6 @@ import torch
 
 from rsnet.engine import acceleration
 from rsnet.engine.acceleration import (
-    StepPrecision,
     compiled_forward,
     memory_format,
     set_deterministic,
@@ -19,6 +18,7 @@ from rsnet.engine.acceleration import (
     use_channels_last,
 )
 from rsnet.engine.optim import build_optimizer
+from rsnet.precision import StepPrecision
 
 CUDA = torch.device("cuda")  # only inspected, never used: the tests run without a GPU
 

@@ -115,9 +115,9 @@ def main(cfg: DictConfig) -> None:
     with user_errors():  # around the imports too: a Ctrl-C while torch loads is one line as well
         from rsnet.data import build_datasets_from_config
         from rsnet.data.raster import bands_from_metadata
-        from rsnet.engine.acceleration import check_amp
         from rsnet.evaluation import EvalFeed, TTAModel, compute_metrics, evaluate
         from rsnet.model_loading import load_model
+        from rsnet.precision import check_amp
 
         device = resolve_device(str(cfg.device))
         batch_size = int_setting("batch_size", cfg.batch_size, 1)

@@ -42,7 +42,6 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     """Each setting checked by the code that uses it, with its message."""
     from rsnet.data import check_on_device, check_train_ratio, check_val_ratio
     from rsnet.data.transforms import augmentation_options
-    from rsnet.engine.acceleration import check_amp
     from rsnet.engine.lr_schedule import check_schedule_settings
     from rsnet.engine.optim import check_optimizer_settings
     from rsnet.engine.background_writer import check_background_writes
@@ -50,6 +49,7 @@ def _check_by_owners(config: dict[str, Any], num_workers: int) -> None:
     from rsnet.models import check_arch
     from rsnet.parallel.batching import check_batch_per_worker
     from rsnet.parallel.strategies import STRATEGIES
+    from rsnet.precision import check_amp
     from rsnet.viz.figures import check_figure_format
 
     owners = (("dataset.train_ratio", check_train_ratio), ("dataset.val_ratio", check_val_ratio),

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from rsnet.data import BatchPrefetcher, DataBundle, PreparedBatch, augments_on_device, build_datasets_from_config
 from rsnet.data.shared_decode import load_decoded_once
-from rsnet.engine.acceleration import (StepPrecision, compiled_forward, memory_format, set_deterministic,
-                                      tune_convolutions, use_channels_last)
+from rsnet.engine.acceleration import (compiled_forward, memory_format, set_deterministic, tune_convolutions,
+                                      use_channels_last)
 from rsnet.engine.background_writer import BackgroundWriter, writes_in_background
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
 from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
@@ -40,6 +40,7 @@ from rsnet.models import backbone_data_config, build_model, options_for_size
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.parallel.strategies import Claim, Strategy
+from rsnet.precision import StepPrecision
 from rsnet.progress import progress_bar
 from rsnet.checkpoint import last_checkpoint, load_checkpoint
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
