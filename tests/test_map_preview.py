@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 from matplotlib.text import Text
 from PIL import Image
 
+from rsnet.data.specs import AID_COUNTS, EUROSAT_COUNTS, NWPU_CLASSES, UCM_CLASSES
 from rsnet.files import DiskFullError
-from rsnet.mapping.palette import class_colours, colour_table, palette_size
+from rsnet.mapping.palette import NAMED, class_colours, colour_table, palette_size
 from rsnet.mapping.preview import ALPHA, PreviewGeometry, legend_entries, preview_figure, write_preview
 
 NAMES = ["forest", "river", "runway", "storagetanks", "harbor", "golfcourse"]
@@ -64,37 +66,78 @@ def legend_labels(figure) -> list[str]:
     return [text.get_text() for text in legends[0].get_texts()]
 
 
-def test_palette_45_colours_pairwise_distinct_saturated_not_grey() -> None:
-    colours = class_colours(45)
-    assert colours.shape == (45, 3) and colours.min() >= 0.0 and colours.max() <= 1.0
+def hue(lab: np.ndarray) -> np.ndarray:
+    """CIELAB hue angle in degrees, 0..360."""
+    return np.degrees(np.arctan2(lab[..., 2], lab[..., 1])) % 360
+
+
+@pytest.mark.parametrize("names", [UCM_CLASSES, list(AID_COUNTS), NWPU_CLASSES, list(EUROSAT_COUNTS),
+                                   [f"class {i}" for i in range(45)]],
+                         ids=["ucmerced", "aid", "nwpu_resisc45", "eurosat", "45_unknown"])
+def test_every_dataset_s_classes_are_distinct_saturated_not_grey(names: list[str]) -> None:
+    colours = class_colours(names)
+    assert colours.shape == (len(names), 3) and colours.min() >= 0.0 and colours.max() <= 1.0
     lab = cielab(colours)
-    distance = np.linalg.norm(lab[:, None] - lab[None], axis=-1) + np.diag(np.full(45, np.inf))
-    assert distance.min() >= 20.0
-    chroma = np.hypot(lab[:, 1], lab[:, 2])
-    assert chroma.min() >= 30.0  # no grey, no white, no black
-    assert lab[:, 0].min() >= 30.0
+    distance = np.linalg.norm(lab[:, None] - lab[None], axis=-1) + np.diag(np.full(len(names), np.inf))
+    assert distance.min() >= 10.0  # ΔE: 16.9, 14.1, 14.1, 21.8, 14.1
+    assert np.hypot(lab[:, 1], lab[:, 2]).min() >= 12.0  # no grey, no white, no black
+    assert lab[:, 0].min() >= 25.0
 
 
-def test_palette_is_stable_per_class_and_cycles_past_its_end() -> None:
-    assert np.array_equal(class_colours(10), class_colours(45)[:10])
-    assert np.array_equal(class_colours(45), class_colours(45))
+def alone(names: list[str]) -> np.ndarray:
+    """CIELAB of each name's colour in a map of its own (no keyword taken by another class)."""
+    return cielab(np.array([class_colours([name])[0] for name in names]))
+
+
+def test_known_names_get_their_conventional_colours_whatever_the_spelling() -> None:
+    spellings = ["DenseResidential", "dense_residential", "denseresidential", "Dense Residential"]
+    assert len({tuple(lab) for lab in alone(spellings)}) == 1
+    green = alone(["forest", "Forest", "meadow", "Park", "golf_course", "HerbaceousVegetation", "chaparral"])
+    assert ((hue(green) > 100) & (hue(green) < 170)).all()
+    water = alone(["river", "lake", "SeaLake", "pond", "harbor", "Port"])
+    assert ((hue(water) > 240) & (hue(water) < 300)).all()
+    residential = alone(["dense_residential", "MediumResidential", "sparseresidential"])
+    assert ((hue(residential) > 15) & (hue(residential) < 45)).all()  # red
+    assert (np.diff(residential[:, 0]) > 10).all()  # dense dark, sparse light
+    transport = alone(["freeway", "runway", "intersection", "overpass", "parking_lot", "bridge"])
+    assert (np.hypot(transport[:, 1], transport[:, 2]) < 25).all()  # muted: slate, not a hue of its own
+    park, parking = alone(["park", "parking_lot"])
+    assert np.linalg.norm(park - parking) > 10  # the longest keyword wins
+    bare = hue(alone(["desert", "beach", "BareLand", "mountain"]))
+    assert ((bare > 60) & (bare < 100)).all()  # sand to earth
+
+
+def test_a_class_keeps_its_colour_whatever_else_the_map_holds() -> None:
+    forest, unknown = class_colours(["forest", "quarry"])
+    assert np.array_equal(class_colours(["river", "forest"])[1], forest)  # a named class: by name
+    assert np.array_equal(class_colours(["river", "quarry"])[1], unknown)  # any other class: by index
+    assert not np.array_equal(class_colours(["quarry", "river"])[0], unknown)
+    assert np.array_equal(class_colours(["a", "b", "c"]), class_colours(["a", "b", "c"]))
     size = palette_size()
     assert size >= 45
-    assert np.array_equal(class_colours(size + 3)[size:], class_colours(3))
-    assert len({tuple(c) for c in class_colours(size)}) == size
-    assert class_colours(0).shape == (0, 3)
-    with pytest.raises(ValueError, match="class count -1"):
-        class_colours(-1)
+    names = [f"class {i}" for i in range(size + 3)]
+    assert np.array_equal(class_colours(names)[size:], class_colours(names[:3]))
+    assert len({tuple(c) for c in class_colours(names[:size])}) == size
+    assert class_colours([]).shape == (0, 3)
+
+
+def test_a_second_class_of_one_keyword_and_unknown_classes_stay_off_the_named_colours() -> None:
+    forest, dense_forest = cielab(class_colours(["forest", "dense forest"]))
+    assert np.linalg.norm(forest - dense_forest) >= 10.0
+    named = cielab(np.array([to_rgb(colour) for colour in NAMED.values()]))
+    unknown = cielab(class_colours([f"class {i}" for i in range(palette_size())]))
+    assert np.linalg.norm(unknown[:, None] - named[None], axis=-1).min() >= 10.0
 
 
 def test_colour_table_is_the_palette_in_bytes() -> None:
-    table = colour_table(45, nodata=NODATA)
+    table = colour_table(NWPU_CLASSES, nodata=NODATA)
     assert set(table) == {*range(45), NODATA}
     assert table[NODATA] == (0, 0, 0, 0)
-    expected = np.round(255 * class_colours(45)).astype(int)
+    expected = np.round(255 * class_colours(NWPU_CLASSES)).astype(int)
     assert all(table[i] == (*expected[i], 255) for i in range(45))
+    assert table[NWPU_CLASSES.index("forest")] == (0x1B, 0x6B, 0x2F, 255)
     assert all(isinstance(v, int) for entry in table.values() for v in entry)
-    assert NODATA not in colour_table(3)
+    assert NODATA not in colour_table(NAMES[:3])
 
 
 def test_legend_entries_list_only_present_classes_largest_first() -> None:
@@ -113,7 +156,7 @@ def test_preview_shows_imagery_under_the_classes(tmp_path: Path) -> None:
     write_preview(path, classes, NODATA, NAMES, shares, "scene.tif", UTM, ground())
     pixels = png(path)
     assert 600 <= pixels.shape[1] <= 1600 and 350 <= pixels.shape[0] <= 1000
-    colours = np.round(255 * class_colours(len(NAMES))).astype(int)
+    colours = np.round(255 * class_colours(NAMES)).astype(int)
     blend = np.round(ALPHA * colours[0] + (1 - ALPHA) * np.array(GROUND))
     assert count_near(pixels, blend) > 50_000  # class 0 over the imagery: both show
     assert count_near(pixels, np.array(GROUND)) > 10_000  # nodata: the imagery unchanged
@@ -126,7 +169,7 @@ def test_preview_without_imagery_draws_classes_opaque(tmp_path: Path) -> None:
     path = tmp_path / "preview.png"
     write_preview(path, classes, NODATA, NAMES, shares, "scene.tif", UTM)
     pixels = png(path)
-    colours = np.round(255 * class_colours(len(NAMES))).astype(int)
+    colours = np.round(255 * class_colours(NAMES)).astype(int)
     assert count_near(pixels, colours[0], tolerance=1) > 50_000
     assert count_near(pixels, colours[2], tolerance=1) > 20_000
 
@@ -173,7 +216,7 @@ def test_no_crs_geometry_is_in_pixels_with_rows_downwards(tmp_path: Path) -> Non
     path = tmp_path / "tiny.png"
     write_preview(path, classes, NODATA, NAMES, shares, "scene.tif", geometry, ground(500, 700))
     pixels = png(path)
-    colours = np.round(255 * class_colours(len(NAMES))).astype(int)
+    colours = np.round(255 * class_colours(NAMES)).astype(int)
     blend = np.round(ALPHA * colours[2] + (1 - ALPHA) * np.array(GROUND))
     top_left = pixels[: pixels.shape[0] // 2, : pixels.shape[1] // 2]
     assert count_near(top_left, blend) < count_near(pixels, blend) / 4  # class 2 is in the right half

@@ -106,10 +106,10 @@ def test_predict_in_process_with_stand_in(predict_mod, image_dir: Path, tmp_path
                                       for r in rows]  # stdout: the predictions only
     predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "progress_bar=false"]))
     assert "classifying" not in capsys.readouterr().err
-    # was a bare 32 x 32 overlay: now the image beside it, each enlarged to 112 px, a caption and a colour bar
+    # was a bare 32 x 32 overlay: now the image beside it, each enlarged to 256 px, a caption and a colour bar
     picture = np.asarray(Image.open(attn / "a_cam_main.png").convert("RGB"))
-    assert picture.shape[0] >= 112 + 36 and picture.shape[1] > 2 * 112
-    assert (picture[22:22 + 112, 4:4 + 112] != 255).any()  # the enlarged image, below the title
+    assert picture.shape[0] >= 256 + 36 and picture.shape[1] > 2 * 256  # at least 512 px wide
+    assert (picture[22:22 + 256, 4:4 + 256] != 255).any()  # the enlarged image, below the title
     # head=main scores the main branch
     rows_main = predict_mod.predict(predict_command([f"checkpoint={ckpt}", f"images={image_dir}", "head=main"]))
     assert [r["class"] for r in rows_main] == [PREDICT_CLASSES[i] for i in expected.logits["main"].argmax(1).tolist()]

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from helpers import PlainClassifier, StandInModel
 
-from rsnet.viz.attention import class_activation_maps, grad_cam, overlay
-from rsnet.viz.figures import AttentionTile, attention_pages, confusion_figure, render_confusion_matrix
+from rsnet.viz.attention import captioned_attention, class_activation_maps, grad_cam, min_max, overlay
+from rsnet.viz.figures import (COLOUR_MAP, AttentionTile, attention_figure, attention_pages, confusion_figure,
+                               render_confusion_matrix)
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 
@@ -80,9 +81,60 @@ def test_overlay_shapes_and_dtype() -> None:
     out = overlay(image, torch.zeros(20, 30), alpha=0.0)
     np.testing.assert_array_equal(out, image)
     hot = overlay(np.zeros((4, 4, 3), np.uint8), np.ones((4, 4)), alpha=1.0)
-    assert hot[0, 0].tolist() == [128, 0, 0]  # jet at 1.0 is dark red (RGB order)
+    assert hot[0, 0].tolist() == [252, 255, 164]  # inferno at 1.0 is pale yellow (RGB order)
     with pytest.raises(ValueError, match=re.escape("overlay expects an (H, W, 3) image, got shape (20, 30)")):
         overlay(image[..., 0], np.zeros((20, 30)))
+
+
+def test_overlay_colours_are_the_colour_bar_s_and_grow_lighter_with_attention() -> None:
+    from matplotlib import colormaps
+
+    ramp = np.linspace(0.0, 1.0, 256, dtype=np.float32)[None]
+    colours = overlay(np.zeros((1, 256, 3), np.uint8), ramp, alpha=1.0)[0].astype(int)
+    expected = np.round(255 * colormaps[COLOUR_MAP](np.arange(256))[:, :3]).astype(int)
+    assert np.abs(colours - expected).max() <= 1  # the same map as the figure's colour bar
+    lightness = colours @ np.array([0.2126, 0.7152, 0.0722])
+    assert (np.diff(lightness) >= -0.5).all()  # perceptual: lighter with attention, unlike jet (dark red at 1.0)
+
+
+def test_min_max_stretches_each_map_to_the_full_range() -> None:
+    cam = np.array([[0.6, 0.7], [0.9, 1.0]], np.float32)
+    np.testing.assert_allclose(min_max(cam), [[0.0, 1 / 4], [3 / 4, 1.0]], atol=1e-6)
+    np.testing.assert_array_equal(min_max(np.full((3, 3), 0.8, np.float32)), np.zeros((3, 3)))
+
+
+def test_near_uniform_maps_fill_the_colour_map() -> None:
+    """Each head's CAM spans about 0.97..1 of its maximum here; each overlay still runs from the colour map's dark
+    end to its light end."""
+    torch.manual_seed(0)
+    net = StandInModel(num_classes=3, width=6)
+    with torch.no_grad():
+        for fc, block in ((net.fc_main, net.main_block), (net.fc_aux1, net.aux_block)):
+            fc.weight.abs_()
+            block[0].bias.fill_(1.0)
+    inputs = torch.rand(2, 3, 32, 32)
+    assert min(float(cam.min()) for cam in class_activation_maps(net, inputs).values()) > 0.9
+    tiles = captioned_attention(net, np.zeros((2, 32, 32, 3), np.uint8), inputs, ["a", "b", "c"])
+    for tile in (tile for head_tiles in tiles.values() for tile in head_tiles):
+        lightness = tile.overlaid.astype(float) @ np.array([0.2126, 0.7152, 0.0722])
+        assert lightness.min() < 5 and lightness.max() > 110  # half of inferno's black and of its pale yellow
+
+
+def test_an_attention_page_is_legible_and_says_the_maps_are_normalised() -> None:
+    from matplotlib.collections import QuadMesh
+
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    tile = AttentionTile(image, image, None, "forest", 0.9)
+    figure = attention_figure([tile], "forest80.jpg: CAM of head main")
+    bar = figure.axes[-1]
+    assert [mesh.get_cmap().name for mesh in bar.collections if isinstance(mesh, QuadMesh)] == [COLOUR_MAP]
+    assert COLOUR_MAP != "jet"
+    assert "min–max normalised" in bar.get_ylabel()
+    assert [label.get_text() for label in bar.get_yticklabels()] == ["min", "max"]
+    pictures = [axes.get_window_extent() for axes in figure.axes[:-1]]
+    assert [(round(box.width), round(box.height)) for box in pictures] == [(256, 256)] * 2  # a 64 px image enlarged
+    page = attention_pages([tile], "forest80.jpg: CAM of head main")[0]
+    assert max(page.shape[:2]) >= 512 and page.shape[1] > 2 * 256
 
 
 def test_pick_attention_images() -> None:
@@ -133,8 +185,8 @@ def test_tensorboard_logger_writes_readable_summaries(tmp_path, model: StandInMo
     assert {"test/confusion_matrix", "attention/cam_main", "attention/cam_aux1"} == set(tags["images"])
     event = acc.Images("attention/cam_main")[0]
     assert event.step == 2
-    # 3 tiles in a row, each original | overlay enlarged to 112 px with a caption below; a title; a colour bar
-    assert event.width > 3 * 2 * 112 + 90 and 112 + 36 + 30 < event.height < 2 * 112 + 36  # one row
+    # 3 tiles in a row, each original | overlay enlarged to 256 px with a caption below; a title; a colour bar
+    assert event.width > 3 * 2 * 256 + 90 and 256 + 36 + 30 < event.height < 2 * 256 + 36  # one row
 
 
 def test_disabled_logger_writes_nothing(tmp_path, model: StandInModel) -> None:
@@ -174,7 +226,7 @@ def test_a_tile_says_the_true_class_and_whether_the_prediction_is_right() -> Non
 
     def ink(tile: AttentionTile) -> tuple[bool, bool]:
         page = attention_pages([tile], "forest80.jpg: CAM of head main")[0]
-        caption = page[:, :2 * 112 + 20].astype(int)  # the pair and its caption, left of the (jet) colour bar
+        caption = page[:, :2 * 256 + 20].astype(int)  # the pair and its caption, left of the colour bar
         green = ((caption[..., 1] > 90) & (caption[..., 0] < 80) & (caption[..., 2] < 80)).any()
         red = ((caption[..., 0] > 150) & (caption[..., 1] < 80) & (caption[..., 2] < 80)).any()
         return bool(green), bool(red)

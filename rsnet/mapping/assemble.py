@@ -62,7 +62,7 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
         tally = AreaTally(len(names), nodata)
         windows = _write_probabilities(files["probabilities.tif"], outputs["probabilities.tif"], plan, partial, names,
                                        crs, cell_transform, class_rows, tally, nodata)
-        colours = colour_table(len(names), nodata)
+        colours = colour_table(names, nodata)
         write_cog(files["classes.tif"], (class_rows[None, i:i + BLOCK_ROWS] for i in range(0, len(class_rows),
                                                                                          BLOCK_ROWS)),
                   RasterLayout(*plan.grid.cells, 1, class_rows.dtype.name, nodata, crs, cell_transform, "mode",

@@ -86,7 +86,7 @@ def preview_figure(classes: np.ndarray, nodata: int, names: Sequence[str], share
     axes = figure.add_subplot()
     if imagery is not None:
         axes.imshow(imagery, extent=(left, right, bottom, top), interpolation="antialiased")
-    colours = class_colours(len(names))
+    colours = class_colours(names)
     map_left, map_bottom, map_right, map_top = geometry.map_bounds
     axes.imshow(_class_rgba(classes, nodata, colours, ALPHA if imagery is not None else 1.0),
                 extent=(map_left, map_right, map_bottom, map_top), interpolation="nearest")

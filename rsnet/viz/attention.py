@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rsnet.models.output import MultiBranchOutput
-from rsnet.viz.figures import AttentionTile
+from rsnet.viz.figures import COLOUR_MAP, AttentionTile
 
 
 @contextmanager
@@ -109,7 +109,8 @@ def _maps_and_logits(model: nn.Module, images: Tensor, class_idx: int | Tensor |
 
 def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, class_names: Sequence[str] | None,
                         labels: Sequence[int] | None = None) -> dict[str, list[AttentionTile]]:
-    """Per CAM head, one :class:`AttentionTile` per image: its overlay at the predicted class, captioned."""
+    """Per CAM head, one :class:`AttentionTile` per image: its overlay at the predicted class (the map
+    :func:`min_max` normalised), captioned."""
     def name(index: int) -> str:
         return str(class_names[index]) if class_names is not None else f"class {index}"
 
@@ -117,7 +118,7 @@ def captioned_attention(model: nn.Module, images: np.ndarray, inputs: Tensor, cl
     tiles = {}
     for head, maps in cams.items():
         probabilities, predicted = torch.softmax(logits[head].float(), dim=1).max(dim=1)
-        tiles[head] = [AttentionTile(image, overlay(image, cam), name(labels[i]) if labels is not None else None,
+        tiles[head] = [AttentionTile(image, overlay(image, min_max(cam)), None if labels is None else name(labels[i]),
                                      name(int(predicted[i])), float(probabilities[i]))
                        for i, (image, cam) in enumerate(zip(images, maps.cpu().numpy()))]
     return tiles
@@ -142,8 +143,16 @@ def grad_cam(model: nn.Module, images: Tensor, head: str = "main", class_idx: in
     return normalize_maps(cam, size)
 
 
+def min_max(cam: np.ndarray) -> np.ndarray:
+    """``cam`` scaled from its own minimum (0) to its maximum (1), so that its range fills the colour map (a flat map:
+    zeros)."""
+    low, high = float(cam.min()), float(cam.max())
+    return (cam - low) / (high - low) if high - low > 1e-6 else np.zeros_like(cam)
+
+
 def overlay(image: np.ndarray, cam: np.ndarray | Tensor, alpha: float = 0.5) -> np.ndarray:
-    """Blend a [0, 1] (h, w) map, resized, over a uint8 (H, W, 3) RGB image with the jet colour map (``alpha``)."""
+    """Blend a [0, 1] (h, w) map, resized, in :data:`~rsnet.viz.figures.COLOUR_MAP` over a uint8 (H, W, 3) RGB image
+    (``alpha``: the map's opacity)."""
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"overlay expects an (H, W, 3) image, got shape {image.shape}")
@@ -155,7 +164,8 @@ def overlay(image: np.ndarray, cam: np.ndarray | Tensor, alpha: float = 0.5) -> 
     height, width = image.shape[:2]
     if cam.shape != (height, width):
         cam = cv2.resize(cam, (width, height), interpolation=cv2.INTER_LINEAR)
-    heat = cv2.applyColorMap(np.uint8(np.clip(cam, 0.0, 1.0) * 255.0 + 0.5), cv2.COLORMAP_JET)
+    heat = cv2.applyColorMap(np.uint8(np.clip(cam, 0.0, 1.0) * 255.0 + 0.5),
+                             getattr(cv2, f"COLORMAP_{COLOUR_MAP.upper()}"))
     heat = cv2.cvtColor(heat, cv2.COLOR_BGR2RGB).astype(np.float32)
     blended = (1.0 - alpha) * image.astype(np.float32) + alpha * heat
     return np.clip(blended + 0.5, 0, 255).astype(np.uint8)

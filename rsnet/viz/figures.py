@@ -22,6 +22,8 @@ FIGURE_FORMATS = {"png": ("png",), "pdf": ("pdf",), "both": ("png", "pdf")}
 DPI = 100
 RIGHT, WRONG = "#1a7f37", "#c62828"
 PAGE_SIZE = 16  # tiles on one attention page (4 x 4)
+PICTURE = 2.56  # inches: each picture of an attention tile 256 px, a tile 512 px wide
+COLOUR_MAP = "inferno"  # of attention maps: perceptually uniform, dark (low) to pale yellow (high)
 Series = Mapping[str, Sequence[Sequence[tuple[float, float]]]]
 
 
@@ -123,7 +125,8 @@ def render_confusion_matrix(cm: np.ndarray | Sequence[Sequence[int]], class_name
 
 @dataclass
 class AttentionTile:
-    """One image beside its attention overlay, captioned with the true class (None: unknown) and the prediction."""
+    """One image beside its attention overlay (:data:`COLOUR_MAP`), captioned with the true class (None: unknown) and
+    the prediction."""
 
     image: np.ndarray
     overlaid: np.ndarray
@@ -154,40 +157,40 @@ def _caption(axes: Axes, tile: AttentionTile, width: float, height: float) -> No
 
 def attention_pages(tiles: Sequence[AttentionTile], title: str, columns: int = 4,
                     per_page: int = PAGE_SIZE) -> list[np.ndarray]:
-    """``tiles`` on pages of ``per_page`` (``columns`` a row) as uint8 (H, W, 3) arrays, titled, with a colour bar."""
+    """``tiles`` on pages of ``per_page`` (:func:`attention_figure`) as uint8 (H, W, 3) arrays."""
+    count = (len(tiles) + per_page - 1) // per_page
+    return [figure_array(attention_figure(tiles[start:start + per_page],
+                                          title + (f" (page {number} of {count})" if count > 1 else ""), columns))
+            for number, start in enumerate(range(0, len(tiles), per_page), 1)]
+
+
+def attention_figure(tiles: Sequence[AttentionTile], title: str, columns: int = 4) -> Figure:
+    """``tiles``, ``columns`` a row, each picture :data:`PICTURE` inches a side, titled, beside a colour bar saying
+    each map is scaled from its own minimum to its maximum."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    pages = []
-    count = (len(tiles) + per_page - 1) // per_page
-    side = float(np.clip(tiles[0].image.shape[0], 112, 256)) / DPI  # inches: up to 256 px at full resolution
-    gap, caption, bar = 0.2, 0.42, 0.9
-    for number, start in enumerate(range(0, len(tiles), per_page), 1):
-        chunk = tiles[start:start + per_page]
-        across = max(1, min(columns, len(chunk)))
-        down = (len(chunk) + across - 1) // across
-        width = gap + across * (2 * side + gap) + bar
-        heading = textwrap.fill(title + (f" (page {number} of {count})" if count > 1 else ""),
-                                int((width - 2 * gap) * 72 / 6.5))
-        head = 0.3 + 0.2 * (heading.count("\n") + 1)
-        height = head + down * (side + caption + gap)
-        figure = new_figure(width, height, layout=None)
-        figure.text(gap / width, 1 - 0.12 / height, heading, ha="left", va="top", fontsize=11.5)
-        for index, tile in enumerate(chunk):
-            row, col = divmod(index, across)
-            left, top = gap + col * (2 * side + gap), head + row * (side + caption + gap)
-            for offset, picture in ((0.0, tile.image), (side, tile.overlaid)):
-                axes = figure.add_axes(((left + offset) / width, 1 - (top + side) / height, side / width,
-                                        side / height))
-                axes.imshow(picture, interpolation="bilinear" if picture.shape[0] < side * DPI else "antialiased")
-                axes.set_axis_off()
-                if offset == 0.0:
-                    _caption(axes, tile, 2 * side, side)
-        grid = min(down * (side + caption + gap) - gap, 3.2)
-        bar_axes = figure.add_axes(((width - bar + 0.15) / width, 1 - (head + grid) / height, 0.16 / width,
-                                    grid / height))
-        colour_bar = figure.colorbar(ScalarMappable(Normalize(0.0, 1.0), "jet"), cax=bar_axes, ticks=[0.0, 1.0])
-        colour_bar.ax.set_yticklabels(["low", "high"], fontsize=9.5)
-        colour_bar.set_label("attention", fontsize=10)
-        pages.append(figure_array(figure))
-    return pages
+    side, gap, caption, bar = PICTURE, 0.2, 0.42, 0.9
+    across = max(1, min(columns, len(tiles)))
+    down = (len(tiles) + across - 1) // across
+    width = gap + across * (2 * side + gap) + bar
+    heading = textwrap.fill(title, int((width - 2 * gap) * 72 / 6.5))
+    head = 0.3 + 0.2 * (heading.count("\n") + 1)
+    height = head + down * (side + caption + gap)
+    figure = new_figure(width, height, layout=None)
+    figure.text(gap / width, 1 - 0.12 / height, heading, ha="left", va="top", fontsize=11.5)
+    for index, tile in enumerate(tiles):
+        row, col = divmod(index, across)
+        left, top = gap + col * (2 * side + gap), head + row * (side + caption + gap)
+        for offset, picture in ((0.0, tile.image), (side, tile.overlaid)):
+            axes = figure.add_axes(((left + offset) / width, 1 - (top + side) / height, side / width, side / height))
+            axes.imshow(picture, interpolation="bilinear" if picture.shape[0] < side * DPI else "antialiased")
+            axes.set_axis_off()
+            if offset == 0.0:
+                _caption(axes, tile, 2 * side, side)
+    grid = min(down * (side + caption + gap) - gap, 3.2)
+    bar_axes = figure.add_axes(((width - bar + 0.15) / width, 1 - (head + grid) / height, 0.16 / width, grid / height))
+    colour_bar = figure.colorbar(ScalarMappable(Normalize(0.0, 1.0), COLOUR_MAP), cax=bar_axes, ticks=[0.0, 1.0])
+    colour_bar.ax.set_yticklabels(["min", "max"], fontsize=9.5)
+    colour_bar.set_label("attention (each map min–max normalised)", fontsize=10)
+    return figure
