@@ -1,5 +1,7 @@
 """Mapping a region (rsnet.mapping): windows flush with the scene's edges, a map killed (SIGKILL) at a known chunk
-resumes where it stopped to the same files, complete scenes are skipped only when verified, a folder gets a mosaic;
+resumes where it stopped to the same files, a partial map's chunks whose bytes do not match their records (cut short,
+forged, flipped, missing) are classified again or the map is refused with its folder kept, a second map of a scene
+stops at once, complete scenes are skipped only when verified, a folder gets a mosaic;
 chunks are claimed by speed - every rule about time proven in this process on speeds and clocks fed by hand (a claim
 only if it ends before the others finish the rest, a slow worker left out, the fastest always works, the probe, a
 simulated slowdown) - and two real CPU workers give the same files as one, whatever their timing."""
@@ -7,7 +9,9 @@ simulated slowdown) - and two real CPU workers give the same files as one, whate
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +29,11 @@ from rasterio.transform import Affine
 
 from rsnet.checkpoint import save_checkpoint
 from rsnet.mapping.claims import MARGIN, ClaimBoard
+from rsnet.mapping import partial as partial_map
 from rsnet.mapping.grid import Axis, WindowGrid
-from rsnet.mapping.partial import FLAGS, PartialMap, partial_folder
+from rsnet.mapping.imagery import Canvas
+from rsnet.mapping.partial import (FLAGS, IMAGERY, PROBABILITIES, RECORD, SETTINGS, MapLock, PartialMap,
+                                   partial_folder)
 from rsnet.mapping.worker import PROBE_WINDOWS, _Meter, _probe, _simulated_delay
 
 CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:6]
@@ -112,6 +119,20 @@ def files(folder: Path, stem: str) -> dict[str, bytes]:
     return {suffix: (folder / f"{stem}_{suffix}").read_bytes() for suffix in OUTPUTS}
 
 
+def chunks_stored(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The chunks of scene a that the maps of this test store from now on (``PartialMap.write_chunk`` recorded)."""
+    stored: list[int] = []
+    write_chunk = PartialMap.write_chunk
+
+    def recorded(self: PartialMap, chunk: int, *args: object) -> int:
+        if self.folder.name == ".a.map-partial":
+            stored.append(chunk)
+        return write_chunk(self, chunk, *args)
+
+    monkeypatch.setattr(PartialMap, "write_chunk", recorded)
+    return stored
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(checkpoint: Path, scenes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Both scenes mapped in one go (in this process, as ``map_here``), the reference of every other map here."""
@@ -140,20 +161,22 @@ def test_a_folder_maps_every_scene_flush_to_its_edges_with_a_mosaic(uninterrupte
     assert hectares == pytest.approx(500 * 620 * 0.09 / 10_000, abs=0.02)  # the scene's area, not the cells'
 
 
-# The function that sets a chunk's flag, wrapped to SIGKILL its own process group right after the third flag: the
-# kill comes at a known chunk, however fast or starved the machine (no window of time to hit from outside).
-_KILLED_AFTER_THE_THIRD_FLAG = """
+# The function that stores a chunk, wrapped to write its record at once and SIGKILL its own process group right after
+# the third record: the kill comes at a known chunk, however fast or starved the machine (no window of time to hit
+# from outside).
+_KILLED_AFTER_THE_THIRD_RECORD = """
 import os, runpy, signal, sys, threading
 from rsnet.mapping.partial import PartialMap
 
-write_chunk, lock, flagged = PartialMap.write_chunk, threading.Lock(), []
+write_chunk, lock, recorded = PartialMap.write_chunk, threading.Lock(), []
 
 def killed_after_the_third(self, chunk, *args, **kwargs):
-    with lock:  # the lanes store chunks at the same time: one at a time here, so no fourth flag precedes the kill
-        write_chunk(self, chunk, *args, **kwargs)  # the chunk's probabilities, then its flag
-        flagged.append(chunk)
-        if len(flagged) == 3:
+    with lock:  # the lanes store chunks at the same time: one at a time here, so no fourth record precedes the kill
+        committed = write_chunk(self, chunk, *args, **kwargs) + self.commit()  # its bytes, on disk, then its record
+        recorded.append(chunk)
+        if len(recorded) == 3:
             os.killpg(os.getpgrp(), signal.SIGKILL)
+        return committed
 
 PartialMap.write_chunk = killed_after_the_third
 sys.argv = sys.argv[1:]
@@ -167,23 +190,15 @@ def test_a_map_killed_at_any_moment_resumes_to_the_same_files(checkpoint: Path, 
     """rsnet-predict map= killed (SIGKILL) right after it stored its third chunk, a moment that is the same on any
     machine; run again, it classifies only the chunks not stored and writes an uninterrupted map's files."""
     out = tmp_path / "maps"
-    killed = predict(checkpoint, scenes, out, *MAP, prelude=_KILLED_AFTER_THE_THIRD_FLAG, returncode=-signal.SIGKILL)
-    flags = np.fromfile(partial_folder(out, "a") / FLAGS, np.uint8)
+    killed = predict(checkpoint, scenes, out, *MAP, prelude=_KILLED_AFTER_THE_THIRD_RECORD, returncode=-signal.SIGKILL)
+    flags = np.fromfile(partial_folder(out, "a") / FLAGS, RECORD)["done"]
     assert np.count_nonzero(flags) == 3 and len(flags) == 90, killed.stderr[-3000:]  # 3 chunks stored, not all
     assert not (out / "a_classes.tif").exists() and not (out / "a_map.json").exists()  # nothing partial named final
-    stored: list[tuple[str, int]] = []
-    write_chunk = PartialMap.write_chunk
-
-    def recorded(self: PartialMap, chunk: int, *args: object) -> None:
-        stored.append((self.folder.name, chunk))
-        write_chunk(self, chunk, *args)
-
-    monkeypatch.setattr(PartialMap, "write_chunk", recorded)
+    stored = chunks_stored(monkeypatch)
     resumed = map_here(checkpoint, scenes, out, *MAP, capture=capsys)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert files(out, "a") == files(uninterrupted, "a") and files(out, "b") == files(uninterrupted, "b")
-    again = sorted(chunk for folder, chunk in stored if folder == partial_folder(out, "a").name)
-    assert again == sorted(set(range(90)) - set(np.flatnonzero(flags).tolist()))  # the 3 stored ones not again
+    assert sorted(stored) == sorted(set(range(90)) - set(np.flatnonzero(flags).tolist()))  # the 3 stored: not again
     assert not partial_folder(out, "a").exists()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # nothing temporary left
 
@@ -219,6 +234,179 @@ def test_two_cpu_workers_give_the_files_of_one_whatever_their_timing(checkpoint:
     assert sorted(rank for rank, _ in reports) == ["0", "1"], shared.stderr[-3000:]  # each worker reports
     windows = sum(json.loads((uninterrupted / f"{stem}_map.json").read_text())["windows"] for stem in "ab")
     assert sum(int(count) for _, count in reports) == windows  # every window classified once, by one of them
+
+
+# --- a partial map proves its data: every chunk's record matches its bytes, else it is classified again --------------
+
+CHUNK_BYTES = 8 * len(CLASSES) * 4  # a chunk's probabilities: 8 windows x the classes, float32
+
+
+class Stopped(Exception):
+    """Raised where a scene's outputs would be assembled."""
+
+
+def stop(*args: object) -> None:
+    raise Stopped
+
+
+@pytest.fixture(scope="module")
+def partial_a(checkpoint: Path, scenes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding scene a's partial map, every chunk stored and recorded, stopped before its outputs."""
+    from rsnet.commands.predict import main
+
+    out = tmp_path_factory.mktemp("partial")
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Stopped):
+        patch.setattr("rsnet.mapping.worker.assemble_scene", stop)
+        main(compose_command("predict", f"checkpoint={checkpoint}", f"images={scenes / 'a.tif'}", f"map={out}",
+                             "progress_bar=false", "device=cpu", *MAP))
+    assert np.fromfile(partial_folder(out, "a") / FLAGS, RECORD)["done"].all()
+    return out
+
+
+def resume(checkpoint: Path, scenes: Path, out: Path, capture: pytest.CaptureFixture,
+           returncode: int = 0) -> subprocess.CompletedProcess:
+    """Map scene a into ``out`` again; its exit status must be ``returncode`` (2: with no traceback)."""
+    done = map_here(checkpoint, scenes / "a.tif", out, *MAP, capture=capture)
+    assert done.returncode == returncode and "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done
+
+
+def copied(partial: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the folder ``partial`` and its partial map of scene a."""
+    shutil.copytree(partial, tmp_path / "maps")
+    return tmp_path / "maps", partial_folder(tmp_path / "maps", "a")
+
+
+def overwrite(path: Path, offset: int, payload: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(payload)
+
+
+def test_a_chunks_record_is_written_only_once_its_bytes_are_on_the_disk(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 x 100 px scene of 50 px windows: 2 chunks of 2 windows; chunk 1 stored, chunk 0 never."""
+    grid, canvas = WindowGrid(100, 100, 50, 50, 2), Canvas(100, 100, (0, 1, 2), "uint8", False)
+    partial, found = PartialMap.prepare(tmp_path / ".s.map-partial", {"scene": "s"}, grid, 3, canvas)
+    events: list[tuple[str, int]] = []
+    write_all = partial_map._write_all
+    monkeypatch.setattr(partial_map, "COMMIT_SECONDS", float("inf"))  # records only when the test commits
+    monkeypatch.setattr(partial_map, "_sync", lambda fd: events.append(("sync", fd)))
+    monkeypatch.setattr(partial_map, "_write_all", lambda fd, payload, offset: (events.append(("write", fd)),
+                                                                                 write_all(fd, payload, offset)))
+    strip = canvas.piece(np.full((3, 50, 100), 7, np.uint8), None, 50, 0)  # chunk 1: the strip of windows 2 and 3
+    assert found == "" and partial.write_chunk(1, np.full((2, 3), 0.5), [strip]) == 0 and not partial.is_done(1)
+    assert partial.commit() == 1 and partial.is_done(1)
+    probabilities, imagery, flags = (partial._fd(name) for name in (PROBABILITIES, IMAGERY, FLAGS))
+    assert events == [("write", probabilities), *[("write", imagery)] * 50, ("sync", probabilities),
+                      ("sync", imagery), ("write", flags)]  # the bytes, on the disk, then the record
+    assert partial.verified().tolist() == [False, True]  # chunk 0: zeros, and no record
+    with pytest.raises(ValueError, match=r"\(chunk\(s\) 0 of 2 have no record or do not match it\); the folder is"):
+        partial.prove()
+    partial.close()
+
+def test_a_cut_short_probabilities_file_is_classified_again_from_where_it_was_cut(
+        checkpoint: Path, scenes: Path, uninterrupted: Path, partial_a: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    out, folder = copied(partial_a, tmp_path)
+    os.truncate(folder / PROBABILITIES, 40 * CHUNK_BYTES + 100)  # chunks 0-39 whole, chunk 40 cut in the middle
+    stored = chunks_stored(monkeypatch)
+    done = resume(checkpoint, scenes, out, capsys)
+    assert f"{folder}: windows.f32 holds 7780 of 17280 bytes; chunk(s) 40-89 of 90 do not match their records" in \
+        done.stderr, done.stderr
+    assert sorted(stored) == list(range(40, 90)) and files(out, "a") == files(uninterrupted, "a")
+    assert not folder.exists()
+
+
+def test_records_of_chunks_never_written_are_not_trusted(checkpoint: Path, scenes: Path, uninterrupted: Path,
+                                                         partial_a: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """Chunks 10-19 flagged done (as the one-byte flags of before) over bytes never written (sparse zeros)."""
+    out, folder = copied(partial_a, tmp_path)
+    overwrite(folder / PROBABILITIES, 10 * CHUNK_BYTES, bytes(10 * CHUNK_BYTES))
+    overwrite(folder / FLAGS, 10 * RECORD.itemsize, b"\x01".ljust(RECORD.itemsize, b"\x00") * 10)
+    stored = chunks_stored(monkeypatch)
+    done = resume(checkpoint, scenes, out, capsys)
+    assert f"{folder}: chunk(s) 10-19 of 90 do not match their records" in done.stderr, done.stderr
+    assert sorted(stored) == list(range(10, 20)) and files(out, "a") == files(uninterrupted, "a")
+
+
+@pytest.mark.parametrize(("name", "offset"), [(PROBABILITIES, 33 * CHUNK_BYTES + 5), (IMAGERY, (250 * 620 + 300) * 3)])
+def test_a_flipped_byte_in_a_done_chunk_is_classified_again(checkpoint: Path, scenes: Path, uninterrupted: Path,
+                                                            partial_a: Path, tmp_path: Path, name: str, offset: int,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """A bit of a probability (a value off by a hair), or of the preview's imagery (canvas pixel 250, 300)."""
+    out, folder = copied(partial_a, tmp_path)
+    byte = (folder / name).read_bytes()[offset]
+    overwrite(folder / name, offset, bytes([byte ^ 0x01]))
+    stored = chunks_stored(monkeypatch)
+    done = resume(checkpoint, scenes, out, capsys)
+    assert stored and "do not match their records" in done.stderr, done.stderr
+    assert stored == [33] if name == PROBABILITIES else 0 < len(stored) < 90
+    assert files(out, "a") == files(uninterrupted, "a")
+
+
+@pytest.mark.parametrize(("name", "said"), [(PROBABILITIES, "windows.f32 is missing; chunk(s) 0-89 of 90 do not "
+                                                            "match their records"),
+                                            (FLAGS, "chunks.done is missing; the chunks not proven"),
+                                            (SETTINGS, "settings.json is missing or unreadable: the scene is mapped "
+                                                       "afresh")])
+def test_a_missing_file_of_a_partial_map_is_made_again(checkpoint: Path, scenes: Path, uninterrupted: Path,
+                                                       partial_a: Path, tmp_path: Path, name: str, said: str,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    out, folder = copied(partial_a, tmp_path)
+    (folder / name).unlink()
+    stored = chunks_stored(monkeypatch)
+    done = resume(checkpoint, scenes, out, capsys)
+    assert f"{folder}: {said}" in done.stderr, done.stderr
+    assert sorted(stored) == list(range(90)) and files(out, "a") == files(uninterrupted, "a")
+
+
+def test_a_map_that_cannot_be_proved_is_one_line_and_keeps_its_folder(checkpoint: Path, scenes: Path,
+                                                                      uninterrupted: Path, partial_a: Path,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """Chunk 7's bytes lost after it was stored (a disk that dropped them, or another hand), before the map ends."""
+    out, folder = copied(partial_a, tmp_path)
+    overwrite(folder / FLAGS, 0, bytes(10 * RECORD.itemsize))  # chunks 0-9 to classify
+    write_chunk = PartialMap.write_chunk
+
+    def lost(self: PartialMap, chunk: int, *args: object) -> int:
+        committed = write_chunk(self, chunk, *args)
+        if chunk == 7:
+            overwrite(self.folder / PROBABILITIES, 7 * CHUNK_BYTES, bytes(CHUNK_BYTES))
+        return committed
+
+    monkeypatch.setattr(PartialMap, "write_chunk", lost)
+    done = resume(checkpoint, scenes, out, capsys, returncode=2)
+    assert done.stderr.splitlines()[-1] == (
+        f"error: {folder}: the map cannot be proved from its data (chunk(s) 7 of 90 have no record or do not match "
+        "it); the folder is kept: run the same command again to classify those chunks again")
+    assert folder.is_dir() and not (out / "a_map.json").exists() and not (out / "a_classes.tif").exists()
+    monkeypatch.undo()
+    stored = chunks_stored(monkeypatch)
+    again = resume(checkpoint, scenes, out, capsys)
+    assert f"{folder}: chunk(s) 7 of 90 do not match their records" in again.stderr
+    assert stored == [7] and files(out, "a") == files(uninterrupted, "a")
+
+
+def test_a_second_map_of_a_scene_being_mapped_stops_at_once(checkpoint: Path, scenes: Path, partial_a: Path,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    out, folder = copied(partial_a, tmp_path)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    stored = chunks_stored(monkeypatch)
+    with MapLock(out, "a"):  # held as the workers of a map hold it
+        done = resume(checkpoint, scenes, out, capsys, returncode=2)
+    assert done.stderr.splitlines()[-1] == (
+        f"error: {folder}: another map of a into {out} is running (pid {os.getpid()}); wait for it to finish, stop "
+        "it, or map into another folder")
+    assert stored == [] and {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert sorted(path.name for path in out.iterdir()) == [".a.map-partial"]  # the lock's files go with it
 
 
 # --- claims by speed, on speeds fed by hand ---------------------------------------------------------------------------

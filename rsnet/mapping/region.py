@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rsnet.mapping.mosaic import write_mosaics
+from rsnet.mapping.partial import MapLock
 from rsnet.mapping.plan import ScenePlan, plan_scene, whole
 from rsnet.mapping.worker import MapOptions, PredictorSpec, SceneResult, map_worker
 
@@ -69,13 +70,14 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
     checkpoint or export, loaded with ``head``, ``tta`` and ``max_pixels`` on each device) on ``devices`` (default:
     the predictor's device, else the best one here); ``readers`` reader threads per device (default 2). Every scene
     is checked before any window is classified; a scene complete already (its record and files agree, same
-    settings) is skipped, one interrupted continues where it stopped. ``model_id`` names the model in the settings a
-    map is resumed with (default: its description; the command line adds a digest of the model's file).
+    settings) is skipped, one interrupted continues where it stopped (from the chunks its partial map proves), one
+    that another process maps into ``out_dir`` now is refused (ValueError). ``model_id`` names the model in the
+    settings a map is resumed with (default: its description; the command line adds a digest of the model's file).
     ``launch_options``: the launcher's ``timeout_s``, ``slowdown``, ``backend``, ``cpu_threads``. Returns the maps
     in the order of ``rasters``; a folder of several georeferenced scenes also gets ``mosaic_classes.vrt``."""
     from rsnet.devices import resolve_device
     from rsnet.inference import Predictor, load_predictor
-    from rsnet.parallel.launcher import launch
+    from rsnet.parallel.launcher import WorkerError, launch
 
     out_dir = Path(out_dir)
     batch_size = whole("batch_size", batch_size)
@@ -95,12 +97,20 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
             predictor = _planning_predictor(spec)
     plans = [plan_scene(predictor, raster, out_dir, window, stride, batch_size) for raster in rasters]
     _check_distinct(plans)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 alone: the ranks' checks would meet
+        for plan in plans:  # a scene another process maps now: refused before any work (the workers hold the locks)
+            MapLock(plan.out_dir, plan.stem).acquire().release()
     identity = model_id or predictor.description
     settings = [_settings(plan, predictor, identity) for plan in plans]
     started = time.perf_counter()
     source = predictor if len(devices) == 1 else spec
-    results = launch(map_worker, devices, source, plans, MapOptions(readers, settings, progress),
-                     **(launch_options or {}))
+    try:
+        results = launch(map_worker, devices, source, plans, MapOptions(readers, settings, progress),
+                         **(launch_options or {}))
+    except WorkerError as error:
+        if isinstance(error.cause, ValueError):  # a map that cannot be proved, bad input: one line, as on one device
+            raise error.cause from None
+        raise
     maps = [_scene_map(plan, result) for plan, result in zip(plans, results)]
     if len(plans) > 1:
         for mosaic in write_mosaics([scene.classes_path for scene in maps], out_dir):

@@ -24,7 +24,7 @@ from rsnet.integrity import file_digest
 from rsnet.mapping.assemble import SceneSummary, assemble_scene
 from rsnet.mapping.claims import ClaimBoard
 from rsnet.mapping.forward import WindowClassifier
-from rsnet.mapping.partial import PartialMap, partial_folder
+from rsnet.mapping.partial import MapLock, PartialMap, partial_folder
 from rsnet.mapping.plan import RESTYLED_SUFFIXES, ScenePlan
 from rsnet.mapping.reader import ChunkReader, block_cache
 from rsnet.progress import progress_bar
@@ -84,18 +84,18 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
     lanes.join()
     names, rgb = predictor.class_names, None if predictor.bands is None else list(predictor.bands.rgb)
     started = time.perf_counter()
+    held: dict[int, MapLock] = {}  # the scenes this worker prepared, until they are written
     with ThreadPoolExecutor(1, thread_name_prefix="rsnet-map-writer") as writer, \
             progress_bar(total=board.total, unit="window", desc="mapping", leave=False, dynamic_ncols=True,
-                         disable=not (options.progress and ctx.rank == 0)) as bar:
+                         disable=not (options.progress and ctx.rank == 0)) as bar, _releasing(held):
         written: list[Future] = []
         for index, plan in enumerate(plans):
             if board.left_out:
                 break
             settings = options.settings[index]
-            if _prepare(store, board, index, plan, settings, len(names), rgb):
+            if _prepare(store, board, index, plan, settings, len(names), rgb, held):
                 continue
-            partial = PartialMap(partial_folder(plan.out_dir, plan.stem), plan.grid.windows, len(names),
-                                 plan.grid.chunks, plan.canvas(rgb))
+            partial = PartialMap(partial_folder(plan.out_dir, plan.stem), plan.grid, len(names), plan.canvas(rgb))
             _classify_scene(ctx, store, board, classifier, lanes, index, plan, partial, options.readers, meter, bar)
             if int(store.add(f"map/{index}/done", 0)) == plan.grid.chunks and _elected(store, f"map/{index}/write"):
                 written.append(writer.submit(_write_scene, store, index, plan, partial, names, settings))
@@ -104,6 +104,8 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
             for future in written:
                 if future.done():
                     future.result()  # a failed write stops this worker now
+            for mapped in [mapped for mapped in held if store.check([f"map/{mapped}/result"])]:
+                held.pop(mapped).release()
         lanes.leave()
         for future in written:
             future.result()
@@ -164,7 +166,7 @@ def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifie
                     exhausted = True
                     break
                 board.count_claimed(len(grid.chunk_windows(chunk)))
-                if partial.is_done(chunk):  # classified before the map was interrupted
+                if partial.is_done(chunk):  # classified before the map was interrupted, and proven
                     store.add(f"map/{index}/done", 1)
                     continue
                 pixels = reader.submit(chunk)
@@ -172,6 +174,7 @@ def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifie
                                                       partial, chunk, pixels, meter, board)))
             if not in_flight:
                 meter.stop()
+                store.add(f"map/{index}/done", partial.commit())  # the records of this worker's last chunks
                 return
             in_flight.popleft()[1].result()
             bar.update(int(store.add("map/classified", 0)) - bar.n)
@@ -180,15 +183,16 @@ def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifie
 def _classify_chunk(ctx: WorkerContext, store: Any, classifier: WindowClassifier, lanes: _Lanes, index: int,
                     plan: ScenePlan, partial: PartialMap, chunk: int, reading: Future, meter: _Meter,
                     board: ClaimBoard) -> None:
-    """On a lane: classify ``chunk`` once read, store its probabilities, count it done."""
+    """On a lane: classify ``chunk`` once read, store its probabilities, count the chunks whose records are
+    written done."""
     pixels = reading.result()
     tick = time.perf_counter()
     probabilities = np.full((len(pixels.kept), len(classifier.predictor.class_names)), np.nan, np.float32)
     with lanes.lane():
         probabilities[pixels.kept] = classifier(pixels.images)
     _simulated_delay(ctx, time.perf_counter() - tick)
-    partial.write_chunk(chunk, plan.grid.chunk_windows(chunk).start, probabilities, pixels.canvas)
-    store.add(f"map/{index}/done", 1)
+    if committed := partial.write_chunk(chunk, probabilities, pixels.canvas):
+        store.add(f"map/{index}/done", committed)
     store.add("map/classified", len(pixels.kept))
     meter.add(len(pixels.kept))
     board.publish_speed(meter.speed)
@@ -221,11 +225,13 @@ def _probe(ctx: WorkerContext, classifier: WindowClassifier, board: ClaimBoard, 
 
 
 def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, settings: dict[str, Any],
-             classes: int, rgb: list[int] | None) -> bool:
-    """Whether scene ``index`` is complete already; one worker (the first to get here) checks it against its record
-    and, if not complete, opens (or starts afresh) its partial map; the others wait for its answer."""
+             classes: int, rgb: list[int] | None, held: dict[int, MapLock]) -> bool:
+    """Whether scene ``index`` is complete already; one worker (the first to get here) holds the scene's lock
+    (``held``), checks the scene against its record and, if not complete, opens (or starts afresh) its partial map,
+    saying what it found wrong there; the others wait for its answer."""
     key = f"map/{index}/ready"
     if _elected(store, f"map/{index}/prepare"):
+        held[index] = MapLock(plan.out_dir, plan.stem).acquire()
         started = time.perf_counter()
         record = verified_record(plan, settings)
         complete = record is not None
@@ -235,8 +241,11 @@ def _prepare(store: Any, board: ClaimBoard, index: int, plan: ScenePlan, setting
             print(f"{plan.path}\tcomplete already (its files match {plan.outputs['map.json'].name}): skipped",
                   flush=True)
         else:
-            PartialMap.prepare(partial_folder(plan.out_dir, plan.stem), settings, plan.grid.windows, classes,
-                               plan.grid.chunks, plan.canvas(rgb)).close()
+            partial, found = PartialMap.prepare(partial_folder(plan.out_dir, plan.stem), settings, plan.grid, classes,
+                                                plan.canvas(rgb))
+            partial.close()
+            if found:
+                print(found, file=sys.stderr, flush=True)
         store.set(key, "complete" if complete else "partial")
     return store.get(key) == b"complete"
 
@@ -257,7 +266,11 @@ def verified_record(plan: ScenePlan, settings: dict[str, Any]) -> dict[str, Any]
 def _write_scene(store: Any, index: int, plan: ScenePlan, partial: PartialMap, names: list[str],
                  settings: dict[str, Any]) -> None:
     started = time.perf_counter()
-    summary = assemble_scene(plan, partial, names, settings)
+    try:
+        partial.prove()  # every chunk's bytes match its record, else the folder is kept
+        summary = assemble_scene(plan, partial, names, settings)
+    finally:
+        partial.close()
     partial.remove()
     record = {"grid": list(summary.grid), "windows": summary.windows, "shares": list(summary.shares)}
     _publish(store, index, False, record, started)
@@ -278,6 +291,16 @@ def _result(store: Any, index: int) -> SceneResult:
     value = json.loads(store.get(f"map/{index}/result"))
     return SceneResult(index, value["skipped"], SceneSummary(tuple(value["grid"]), value["windows"],
                                                              tuple(value["shares"])), value["seconds"])
+
+
+@contextmanager
+def _releasing(held: dict[int, MapLock]) -> Iterator[None]:
+    """Release the scenes' locks left in ``held`` when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        for lock in held.values():
+            lock.release()
 
 
 def _elected(store: Any, key: str) -> bool:
