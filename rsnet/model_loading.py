@@ -14,6 +14,7 @@ from torch import nn
 from rsnet.checkpoint import (CHECKPOINT_NAMES, FILE_DIGEST_KEY, load_checkpoint, model_from_checkpoint,
                               run_checkpoint_path)
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
+from rsnet.data.specs import DATASETS
 from rsnet.exported_model import METADATA_FILE, ExportError, load_exported, names_export_file
 
 
@@ -112,8 +113,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", setting: st
     model, checkpoint = model_from_training_checkpoint(source.path)
     metadata = {key: checkpoint[key] for key in ("class_names", "image_size", "mean", "std")}
     metadata["bands"] = checkpoint.get("bands")  # a multispectral model's bands (None: RGB pictures)
-    metadata["footprint"] = checkpoint.get("footprint") or {}  # a training image's size, for maps of scenes
     dataset = (checkpoint.get("config") or {}).get("dataset") or {}
+    metadata["footprint"] = _footprint(checkpoint.get("footprint") or {}, dataset.get("name"))
     metadata["high_bit_depth"] = dataset.get("high_bit_depth", DEFAULT_HIGH_BIT_DEPTH)  # how its images were decoded
     return LoadedModel(model.to(device), noted_for_its_run(source, checkpoint.get("config")), metadata,
                        checkpoint.get("config"), checkpoint.get("epoch"), checkpoint[FILE_DIGEST_KEY])
+
+
+def _footprint(recorded: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """A training image's size for maps of scenes, as the checkpoint records it; a run that predates a bundled
+    dataset's ground resolution (``ucmerced_mini``'s) gets it from the dataset's spec."""
+    spec = DATASETS.get(dataset or "")
+    if recorded.get("metres") or not recorded.get("pixels") or spec is None or not spec.ground_resolution_m:
+        return dict(recorded)
+    return {**recorded, "metres": recorded["pixels"] * spec.ground_resolution_m,
+            "source": f"{dataset}'s {spec.ground_resolution_m:g} m pixels"}

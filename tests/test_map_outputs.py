@@ -25,7 +25,7 @@ from rasterio.transform import Affine
 from rsnet.files import DiskFullError, disk_full_named
 from rsnet.mapping import areas as areas_module
 from rsnet.mapping import cog as cog_module
-from rsnet.mapping.areas import AreaTally, pixel_area_m2, write_area_table
+from rsnet.mapping.areas import AreaTally, GroundMeasure, write_area_table
 from rsnet.mapping.cog import RasterLayout, write_cog
 from rsnet.mapping.mosaic import write_mosaics
 
@@ -257,9 +257,14 @@ def test_area_tally_weights_edge_cells_by_their_pixels_inside_the_scene() -> Non
 
 def test_area_table_in_a_projected_crs(tmp_path: Path) -> None:
     path = tmp_path / "scene_areas.csv"
-    area = pixel_area_m2(UTM, Affine(10.0, 0.0, 500_000.0, 0.0, -10.0, 4_000_000.0))
-    assert area == 100.0
-    write_area_table(path, NAMES, hand_tally(), area)
+    tally = hand_tally()
+    assert tally.hectares is None  # added without ground areas
+    write_area_table(path, NAMES, tally)
+    assert [row["hectares"] for row in read_table(path)] == ["", "", "", ""]
+    tally = AreaTally(len(NAMES), 255)
+    classes = np.array([[0, 1, 255], [1, 1, 2], [0, 255, 2]], np.uint8)
+    tally.add(classes, np.array([10, 10, 5]), np.array([10, 10, 8]), np.full((3, 3), 100.0))  # 10 m pixels
+    write_area_table(path, NAMES, tally)
     rows = read_table(path)
     assert [row["class"] for row in rows] == NAMES  # every class, in index order, zeros included
     assert [row["cells"] for row in rows] == ["2", "3", "2", "0"]
@@ -267,23 +272,91 @@ def test_area_table_in_a_projected_crs(tmp_path: Path) -> None:
     assert [row["hectares"] for row in rows] == ["1.50", "3.00", "1.20", "0.00"]
     assert sum(float(row["share"]) for row in rows) == pytest.approx(1, abs=1e-5)
     assert path.read_text().splitlines()[0] == "class,cells,share,hectares"
-
-
-def test_area_table_without_a_projected_crs(tmp_path: Path) -> None:
-    degrees = Affine(0.0001, 0.0, 3.0, 0.0, -0.0001, 45.0)
-    assert pixel_area_m2(CRS.from_epsg(4326), degrees) is None
-    assert pixel_area_m2(None, Affine.identity()) is None
-    path = tmp_path / "areas.csv"
-    write_area_table(path, NAMES, hand_tally(), None)
-    assert [row["hectares"] for row in read_table(path)] == ["", "", "", ""]
-    write_area_table(path, NAMES, AreaTally(len(NAMES), 255), None)  # nothing mapped: no shares
+    write_area_table(path, NAMES, AreaTally(len(NAMES), 255))  # nothing mapped: no shares
     assert [(row["cells"], row["share"]) for row in read_table(path)] == [("0", "")] * len(NAMES)
 
 
-def test_pixel_area_in_feet_is_converted_to_square_metres() -> None:
-    feet = CRS.from_epsg(2227)  # California zone 3, US survey feet
-    area = pixel_area_m2(feet, Affine(2.0, 0.0, 6_000_000.0, 0.0, -2.0, 2_100_000.0))
-    assert area == pytest.approx(4 * (1200 / 3937) ** 2, rel=1e-12)
+def scene_transform(crs: CRS, latitude: float, pixel_m: float = 0.6) -> Affine:
+    """A north-up transform whose pixels are about ``pixel_m`` ground metres, with its top-left corner at 9° E and
+    ``latitude`` (in UTM zone 32 N, Web Mercator or degrees)."""
+    import pyproj
+
+    x, y = pyproj.Transformer.from_crs("EPSG:4326", crs.to_wkt(), always_xy=True).transform(9.0, latitude)
+    if crs.is_geographic:
+        return Affine(pixel_m / (111_320 * math.cos(math.radians(latitude))), 0, x, 0, -pixel_m / 110_574, y)
+    scale = 1 / math.cos(math.radians(latitude)) if crs.to_epsg() == 3857 else 1.0
+    return Affine(pixel_m * scale, 0, x, 0, -pixel_m * scale, y)
+
+
+def geodesic_hectares(crs: CRS, transform: Affine, cols: tuple[int, int], rows: tuple[int, int]) -> float:
+    """The area on the ellipsoid of the pixels ``cols`` × ``rows`` (first, stop) of a raster: its outline, 100
+    points a side, as a geodesic polygon (pyproj.Geod)."""
+    import pyproj
+
+    side = np.linspace(0, 1, 100, endpoint=False)
+    (c0, c1), (r0, r1) = cols, rows
+    outline_cols = np.concatenate([c0 + side * (c1 - c0), np.full(100, c1), c1 - side * (c1 - c0), np.full(100, c0)])
+    outline_rows = np.concatenate([np.full(100, r0), r0 + side * (r1 - r0), np.full(100, r1), r1 - side * (r1 - r0)])
+    source = pyproj.CRS.from_wkt(crs.to_wkt())
+    lon, lat = pyproj.Transformer.from_crs(source, source.geodetic_crs, always_xy=True).transform(
+        *(transform @ (outline_cols, outline_rows)))
+    return abs(source.get_geod().polygon_area_perimeter(lon, lat)[0]) / 10_000
+
+
+@pytest.mark.parametrize("epsg", [3857, 4326, 32632])
+@pytest.mark.parametrize("latitude", [0.0, 50.0, 70.0])
+def test_hectares_are_ground_hectares_in_every_crs(epsg: int, latitude: float) -> None:
+    """A 1200 × 1000 px scene of ~0.6 m pixels: each class's hectares within 0.5 % of the geodesic area of its
+    pixels, whatever the CRS (in Web Mercator at 50° N a projected m² is 2.4 ground m²)."""
+    crs = CRS.from_epsg(epsg)
+    transform = scene_transform(crs, latitude)
+    measure = GroundMeasure.of(crs, transform)
+    step, rows, cols = 100, np.full(10, 100), np.full(12, 100)
+    centres_cols, centres_rows = np.arange(12) * step + 50.0, np.arange(10) * step + 50.0
+    classes = np.zeros((10, 12), np.uint8)
+    classes[:, 7:] = 1  # class 1: the 500 px on the right
+    tally = AreaTally(2, 255)
+    tally.add(classes, rows, cols, measure.pixel_area_m2(centres_cols[None, :], centres_rows[:, None]))
+    expected = [geodesic_hectares(crs, transform, (0, 700), (0, 1000)),
+                geodesic_hectares(crs, transform, (700, 1200), (0, 1000))]
+    assert tally.hectares == pytest.approx(expected, rel=0.005)
+    assert 40 < sum(expected) < 46  # 1200 × 1000 pixels of about 0.6 m: 43.2 ha
+
+
+@pytest.mark.parametrize("epsg", [3857, 4326, 32632])
+@pytest.mark.parametrize("latitude", [0.0, 50.0, 70.0])
+def test_scale_bar_is_ground_metres_at_the_centre(epsg: int, latitude: float) -> None:
+    """A bar a fifth of the scene's width at its centre: its length in ground metres within 1 % of the geodesic
+    distance between its ends."""
+    import pyproj
+
+    crs = CRS.from_epsg(epsg)
+    transform = scene_transform(crs, latitude)
+    per_unit = GroundMeasure.of(crs, transform).metres_per_unit_east(600, 500)
+    units = 240 * transform.a
+    source = pyproj.CRS.from_wkt(crs.to_wkt())
+    ends = pyproj.Transformer.from_crs(source, source.geodetic_crs, always_xy=True).transform(
+        *(transform @ (np.array([480.0, 720.0]), np.array([500.0, 500.0]))))
+    _, _, ground = source.get_geod().inv(ends[0][0], ends[1][0], ends[0][1], ends[1][1])
+    assert per_unit * units == pytest.approx(ground, rel=0.01)
+    assert per_unit * units == pytest.approx(144, rel=0.01)  # 240 pixels of 0.6 m
+
+
+def test_no_ground_measure_without_a_crs_and_feet_count_as_feet() -> None:
+    assert GroundMeasure.of(None, Affine.identity()) is None
+    feet = CRS.from_epsg(2227)  # California zone 3, US survey feet: 2 ft pixels
+    transform = Affine(2.0, 0.0, 6_000_000.0, 0.0, -2.0, 2_100_000.0)
+    area = GroundMeasure.of(feet, transform).pixel_area_m2(np.array([0.5]), np.array([0.5]))
+    assert area[0] == pytest.approx(4 * (1200 / 3937) ** 2, rel=1e-3)  # Lambert conformal: scale ~1 in the zone
+
+
+def test_pixels_off_the_earth_have_no_hectares(tmp_path: Path) -> None:
+    measure = GroundMeasure.of(CRS.from_epsg(4326), Affine(0.001, 0, 0.0, 0, -0.001, 95.0))  # latitude 95°
+    tally = AreaTally(len(NAMES), 255)
+    tally.add(np.zeros((1, 1), np.uint8), np.array([10]), np.array([10]), measure.pixel_area_m2(np.array([[5.0]]),
+                                                                                                  np.array([[5.0]])))
+    write_area_table(tmp_path / "areas.csv", NAMES, tally)
+    assert [row["hectares"] for row in read_table(tmp_path / "areas.csv")] == ["", "0.00", "0.00", "0.00"]
 
 
 def test_area_table_on_a_full_disk_names_the_final_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,7 +368,7 @@ def test_area_table_on_a_full_disk_names_the_final_file(tmp_path: Path, monkeypa
     monkeypatch.setattr(areas_module, "atomic_write", full_disk)
     final = tmp_path / "scene_areas.csv"
     with pytest.raises(DiskFullError) as caught:
-        write_area_table(tmp_path / ".scene_areas.csv.tmp", NAMES, hand_tally(), 100.0, error_name=final)
+        write_area_table(tmp_path / ".scene_areas.csv.tmp", NAMES, hand_tally(), error_name=final)
     assert caught.value.path == str(final)
 
 

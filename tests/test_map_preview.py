@@ -183,7 +183,7 @@ def test_projected_geometry_labels_axes_limits_and_scale_bar() -> None:
     assert axes.get_xlabel() == "easting (m), EPSG:32611" and axes.get_ylabel() == "northing (m)"
     assert axes.get_xlim() == (500000.0, 500593.0) and axes.get_ylim() == (3759674.0, 3760000.0)  # not the overhang
     bars = [artist for artist in axes.artists if isinstance(artist, AnchoredSizeBar)]
-    assert [bar.txt_label.get_text() for bar in bars] == ["100 m"]  # a fifth of 593 m, rounded
+    assert [bar.txt_label.get_text() for bar in bars] == ["100 m at centre"]  # a fifth of 593 m, rounded
     assert legend_labels(figure) == ["forest 57.1 %", "runway 42.9 %"]
     assert "scene.tif" in [text.get_text() for text in figure.findobj(Text)]
 
@@ -198,7 +198,7 @@ def test_geographic_geometry(tmp_path: Path) -> None:
     axes = figure.axes[0]
     assert axes.get_xlabel() == "longitude (°), EPSG:4326" and axes.get_ylabel() == "latitude (°)"
     bars = [artist for artist in axes.artists if isinstance(artist, AnchoredSizeBar)]
-    assert [bar.txt_label.get_text() for bar in bars] == ["2 km"]  # 0.15° x 92.3 km / 5 = 2.8 km
+    assert [bar.txt_label.get_text() for bar in bars] == ["2 km at centre"]  # 0.15° x 92.3 km / 5 = 2.8 km
     write_preview(tmp_path / "geo.png", classes, NODATA, NAMES, shares, "scene.tif", geometry, ground(200, 300))
     assert png(tmp_path / "geo.png").shape[1] > png(tmp_path / "geo.png").shape[0]
 

@@ -149,7 +149,8 @@ def test_a_folder_of_four_band_rasters_is_normalised_with_its_training_statistic
     batch, _ = data.test.get_batch(range(len(data.test)))
     assert batch.shape == (len(data.test), 4, 16, 16)
     assert abs(float(batch.mean())) < 0.5  # normalised by the train statistics, not divided by 255
-    assert data.footprint == {"pixels": 24.0, "metres": pytest.approx(240.1, abs=0.05)}  # 24 px of 10 m (UTM 32N's
+    assert data.footprint == {"pixels": 24.0, "metres": pytest.approx(240.1, abs=0.05),  # 24 px of 10 m (UTM 32N's
+                              "source": "the training images' georeference"}
     # central meridian, where a projected metre is 1 / 0.9996 m on the ground)
     picture = data.test.picture(0)
     assert picture.dtype == np.uint8 and picture.shape == (16, 16, 3)

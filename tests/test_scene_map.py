@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from test_map_categories import compute_statistics, gdal_band, palette
 from rsnet.checkpoint import save_checkpoint
 from rsnet.data.raster import Bands, open_raster
 from rsnet.inference import load_predictor, read_image
-from rsnet.mapping.plan import scene_window
+from rsnet.mapping.plan import plan_scene, scene_window
 from rsnet.mapping.region import map_scene
 
 CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:8]
@@ -217,6 +218,37 @@ def test_the_window_is_a_training_images_ground_size_else_its_width_else_the_ima
                                                     "the ground at the scene's centre")  # 1e-5 degrees at 34° N
         assert scene_window(old, utm) == (64, "the model's image size; it records no training image size")
         assert scene_window(trained, utm, 100) == (100, "window=100")
+        sourced = SimpleNamespace(footprint={"pixels": 128.0, "metres": 76.8, "source": "the dataset's 0.6 m pixels"})
+        assert scene_window(sourced, utm)[1].startswith("a training image's ground size, 76.8 m (the dataset's 0.6 m "
+                                                        "pixels), at 0.5 m per pixel")
+
+
+def test_the_window_is_said_in_pixels_and_metres_and_an_unknown_footprint_is_a_warning(
+        predictor, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    raster = write_geotiff(tmp_path / "scene.tif", np.zeros((300, 300, 3), np.uint8), north_up(500_000, 4e6, 0.5))
+    with caplog.at_level(logging.INFO, logger="rsnet.mapping.plan"):
+        plan_scene(predictor, raster, tmp_path / "maps")  # the fixture's model: 128 px covering 38.4 m
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{raster}: window 77 px = 39 m on the ground, stride 77 px (a training image's ground size, 38.4 m, at 0.5 m "
+        "per pixel on the ground at the scene's centre)"]
+    caplog.clear()
+    unknown = SimpleNamespace(**{**vars(predictor), "footprint": {"pixels": 128.0, "metres": None}})
+    with caplog.at_level(logging.INFO, logger="rsnet.mapping.plan"):
+        plan_scene(unknown, raster, tmp_path / "maps")
+    said = [(record.levelno, record.getMessage()) for record in caplog.records]
+    assert said[0] == (logging.INFO, f"{raster}: window 128 px = 64 m on the ground, stride 128 px (a training "
+                                     "image's width in pixels; its ground size is unknown)")
+    assert said[1][0] == logging.WARNING and "pass window= in this scene's pixels (0.5 m each)" in said[1][1]
+    assert len(said) == 2
+
+
+def test_a_run_on_the_bundled_sample_from_before_it_had_a_ground_resolution_maps_at_its_scale() -> None:
+    from rsnet.model_loading import _footprint
+
+    assert _footprint({"pixels": 128.0, "metres": None}, "ucmerced_mini") == {
+        "pixels": 128.0, "metres": pytest.approx(76.8), "source": "ucmerced_mini's 0.6 m pixels"}
+    assert _footprint({"pixels": 600.0, "metres": None}, "aid") == {"pixels": 600.0, "metres": None}  # varies: unknown
+    assert _footprint({"pixels": 64.0, "metres": 640.0}, "ucmerced_mini") == {"pixels": 64.0, "metres": 640.0}
 
 
 @pytest.mark.parametrize("crs, transform, window", [
@@ -234,6 +266,24 @@ def test_the_ground_size_of_a_pixel_is_measured_at_the_scenes_centre(tmp_path: P
     with open_raster(raster) as src:
         size, rule = scene_window(trained, src)
     assert size == window and rule.endswith("m per pixel on the ground at the scene's centre")
+
+
+def test_a_web_mercator_scene_gets_ground_hectares_and_a_ground_scale_bar(predictor, tmp_path: Path) -> None:
+    """1200 × 1000 px of 0.6 m ground pixels at 50° N in EPSG:3857 (0.933 projected m a pixel): the table's hectares
+    are the geodesic area of the scene (43.2 ha), not the projected one (104.6 ha)."""
+    import pyproj
+
+    x, y = pyproj.Transformer.from_crs("EPSG:4326", "EPSG:3857", always_xy=True).transform(9.0, 50.0)
+    transform = north_up(x, y, 0.6 / np.cos(np.radians(50.0)))
+    raster = write_geotiff(tmp_path / "mercator.tif", np.full((1000, 1200, 3), 90, np.uint8), transform, "EPSG:3857")
+    map_scene(predictor, raster, tmp_path / "maps", progress=False, window=200)
+    with open(tmp_path / "maps" / "mercator_areas.csv", newline="") as handle:
+        hectares = sum(float(row["hectares"]) for row in csv.DictReader(handle))
+    geod = pyproj.Geod(ellps="WGS84")
+    corners = [transform @ corner for corner in ((0, 0), (1200, 0), (1200, 1000), (0, 1000))]
+    lon, lat = pyproj.Transformer.from_crs("EPSG:3857", "EPSG:4326", always_xy=True).transform(*zip(*corners))
+    expected = abs(geod.polygon_area_perimeter(lon, lat)[0]) / 10_000
+    assert hectares == pytest.approx(expected, rel=0.005) and expected == pytest.approx(43.2, abs=0.2)
 
 
 def test_a_plain_png_gives_the_same_map_without_coordinates(predictor, scene, tmp_path) -> None:

@@ -282,10 +282,10 @@ def ground_pixel_size(src: Any) -> float | None:
 
 
 def training_footprint(paths: Sequence[str], ground_resolution_m: float | None = None,
-                       sample: int = 32) -> dict[str, float | None]:
+                       sample: int = 32) -> dict[str, float | str | None]:
     """The ground footprint of a training image, for maps of whole scenes: the median width in pixels of up to
-    ``sample`` of ``paths`` and, where known, in metres (from their georeference in a projected coordinate system,
-    else ``ground_resolution_m`` × pixels)."""
+    ``sample`` of ``paths`` and, where known, in metres (from their georeference, else ``ground_resolution_m`` ×
+    pixels) with its ``source``."""
     widths, metres = [], []
     for path in list(paths)[:sample]:
         try:
@@ -302,10 +302,11 @@ def training_footprint(paths: Sequence[str], ground_resolution_m: float | None =
             continue
     pixels = float(np.median(widths)) if widths else None
     if metres:
-        ground = float(np.median(metres))
-    else:
-        ground = pixels * ground_resolution_m if pixels and ground_resolution_m else None
-    return {"pixels": pixels, "metres": ground}
+        return {"pixels": pixels, "metres": float(np.median(metres)), "source": "the training images' georeference"}
+    if pixels and ground_resolution_m:
+        return {"pixels": pixels, "metres": pixels * ground_resolution_m,
+                "source": f"the dataset's {ground_resolution_m:g} m pixels"}
+    return {"pixels": pixels, "metres": None}
 
 
 def rgb_composite(images: np.ndarray, rgb: Sequence[int]) -> np.ndarray:

@@ -104,7 +104,8 @@ AID = _spec(AID_COUNTS, name="aid", title="AID (Aerial Image Dataset)", base_dir
 UCMERCED_MINI = _spec({c: 20 for c in UCM_CLASSES}, name="ucmerced_mini",
                       title="UC Merced Land Use (bundled mini sample)", base_dir="ucmerced-mini",
                       images_subdir="Images", file_pattern="<class>NN.jpg",
-                      url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)")
+                      url="bundled with rsnet at data/ucmerced-mini (images 80-99 of every class of the UCM archive)",
+                      ground_resolution_m=0.6)  # UC Merced's 1 ft orthophotos halved: 128 px covering ~77 m
 # EuroSAT (Helber et al., JSTARS 2019 / IGARSS 2018; MIT, github.com/phelber/EuroSAT): Sentinel-2, 64 px at 10 m.
 # The Hugging Face copies are torchgeo's unmodified mirrors of the authors' archives (same checksums), pinned to
 # a revision: the URLs and md5s are torchvision's EuroSAT (RGB) and torchgeo's EuroSAT (all bands).

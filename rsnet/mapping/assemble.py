@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from rasterio.transform import Affine
 
-from rsnet.data.raster import ground_pixel_size, rgb_composite
+from rsnet.data.raster import rgb_composite
 from rsnet.integrity import file_digest
-from rsnet.mapping.areas import AreaTally, pixel_area_m2, write_area_table
+from rsnet.mapping.areas import AreaTally, GroundMeasure, write_area_table
 from rsnet.mapping.categories import write_categories, write_style
 from rsnet.mapping.cog import RasterLayout, write_cog
 from rsnet.mapping.grid import WindowGrid
@@ -51,7 +51,8 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
     every = max(1, -(-max(plan.grid.cells) // PREVIEW_CELLS))  # the preview draws every k-th cell
     with open_scene(plan.path) as src:
         crs, transform = src.crs, src.transform
-        geometry = _geometry(src, plan, every)
+        measure = GroundMeasure.of(crs, transform)
+        geometry = _geometry(src, plan, every, measure)
     imagery = _imagery(*partial.read_canvas())
     cell_transform = transform @ Affine.scale(plan.grid.step, plan.grid.step)
     with _staged(list(outputs.values())) as staged, tempfile.TemporaryDirectory(dir=plan.out_dir,
@@ -61,20 +62,17 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
                                                else np.uint16, plan.grid.cells)
         tally = AreaTally(len(names), nodata)
         windows = _write_probabilities(files["probabilities.tif"], outputs["probabilities.tif"], plan, partial, names,
-                                       crs, cell_transform, class_rows, tally, nodata)
+                                       crs, cell_transform, class_rows, tally, nodata, measure)
         colours = colour_table(names, nodata)
         write_cog(files["classes.tif"], (class_rows[None, i:i + BLOCK_ROWS] for i in range(0, len(class_rows),
                                                                                          BLOCK_ROWS)),
                   RasterLayout(*plan.grid.cells, 1, class_rows.dtype.name, nodata, crs, cell_transform, "mode",
                                ("class index (its name: tag class_names)",), {"class_names": json.dumps(list(names))},
                                colours), error_name=outputs["classes.tif"])
-        area = pixel_area_m2(crs, transform)
-        write_categories(files["classes.tif.aux.xml"], names, colours, tally.cells,
-                         None if area is None else tally.pixels * area / 10_000,
+        write_categories(files["classes.tif.aux.xml"], names, colours, tally.cells, tally.hectares,
                          error_name=outputs["classes.tif.aux.xml"])
         write_style(files["classes.qml"], names, colours, error_name=outputs["classes.qml"])
-        write_area_table(files["areas.csv"], names, tally, pixel_area_m2(crs, transform),
-                         error_name=outputs["areas.csv"])
+        write_area_table(files["areas.csv"], names, tally, error_name=outputs["areas.csv"])
         shares = tally.pixels / max(tally.pixels.sum(), 1)
         write_preview(files["preview.png"], np.array(class_rows[::every, ::every]), nodata, names, shares,
                       f"{plan.path.name}: window {plan.grid.size} px, stride {plan.grid.step} px", geometry, imagery,
@@ -92,20 +90,22 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
 
 
 def _write_probabilities(path: Path, final: Path, plan: ScenePlan, partial: PartialMap, names: Sequence[str],
-                         crs: Any, transform: Affine, class_rows: np.ndarray, tally: AreaTally, nodata: int) -> int:
+                         crs: Any, transform: Affine, class_rows: np.ndarray, tally: AreaTally, nodata: int,
+                         measure: GroundMeasure | None) -> int:
     """Write the probabilities COG at ``path``, filling ``class_rows`` and ``tally`` on the way; the windows
     classified."""
     counter = [0]
-    blocks = _cell_blocks(plan.grid, partial, class_rows, tally, nodata, counter)
+    blocks = _cell_blocks(plan.grid, partial, class_rows, tally, nodata, counter, measure)
     write_cog(path, blocks, RasterLayout(*plan.grid.cells, len(names), "float32", float("nan"), crs, transform,
                                          "average", tuple(names)), error_name=final)
     return counter[0]
 
 
 def _cell_blocks(grid: WindowGrid, partial: PartialMap, class_rows: np.ndarray, tally: AreaTally, nodata: int,
-                 classified: list[int]) -> Iterator[np.ndarray]:
+                 classified: list[int], measure: GroundMeasure | None) -> Iterator[np.ndarray]:
     """The probabilities of the cells, (classes, rows, columns) blocks of :data:`BLOCK_ROWS` rows from the top; each
-    cell the mean of the windows holding its centre (NaN where none was classified)."""
+    cell the mean of the windows holding its centre (NaN where none was classified); ``tally`` counts each block
+    with the ground area of a pixel at its cells' centres (by ``measure``)."""
     window_cols = len(grid.cols.offsets)
     first, stop = grid.cols.cover
     cells = np.arange(grid.cols.cells)
@@ -126,7 +126,10 @@ def _cell_blocks(grid: WindowGrid, partial: PartialMap, class_rows: np.ndarray, 
             block[:, i] = _cell_row([cached[row] for row in range(a, b)], lo, hi, span).T
         classes = np.where(np.isnan(block[0]), nodata, np.nan_to_num(block).argmax(axis=0)).astype(class_rows.dtype)
         class_rows[top:top + block.shape[1]] = classes
-        tally.add(classes, grid.rows.cell_pixels[top:top + block.shape[1]], grid.cols.cell_pixels)
+        rows = slice(top, top + block.shape[1])
+        pixel_m2 = None if measure is None else measure.pixel_area_m2(grid.cols.centres[None, :],
+                                                                       grid.rows.centres[rows, None])
+        tally.add(classes, grid.rows.cell_pixels[rows], grid.cols.cell_pixels, pixel_m2)
         yield block
 
 
@@ -147,9 +150,9 @@ def _cell_row(window_rows: Sequence[np.ndarray], lo: np.ndarray, hi: np.ndarray,
         return (sums / counts[:, None]).astype(np.float32)
 
 
-def _geometry(src: Any, plan: ScenePlan, every: int) -> PreviewGeometry:
+def _geometry(src: Any, plan: ScenePlan, every: int, measure: GroundMeasure | None) -> PreviewGeometry:
     """Where the scene and the preview's class grid (every ``every``-th cell) lie: in the CRS where the raster has
-    one and is not rotated, else in pixels."""
+    one and is not rotated, else in pixels; the scale bar in ground metres along x at the scene's centre."""
     rows, cols = (-(-cells // every) for cells in plan.grid.cells)
     step, transform = plan.grid.step * every, src.transform
     if src.crs is None or transform.b != 0 or transform.d != 0:
@@ -158,13 +161,11 @@ def _geometry(src: Any, plan: ScenePlan, every: int) -> PreviewGeometry:
     right, bottom = transform @ (cols * step, rows * step)
     map_bounds = (transform.c, bottom, right, transform.f) if transform.e < 0 else (transform.c, transform.f, right,
                                                                                      bottom)
-    scene = tuple(src.bounds)
-    if src.crs.is_geographic:  # the scale bar runs east-west: metres in a degree of longitude at the centre
-        metres = ground_pixel_size(src)
-        return PreviewGeometry(scene, map_bounds, src.crs.to_string(), "°",
-                               None if metres is None else metres / abs(transform.a), geographic=True)
+    metres = None if measure is None else measure.metres_per_unit_east(src.width / 2, src.height / 2)
+    if src.crs.is_geographic:
+        return PreviewGeometry(tuple(src.bounds), map_bounds, src.crs.to_string(), "°", metres, geographic=True)
     unit, factor = src.crs.linear_units_factor
-    return PreviewGeometry(scene, map_bounds, src.crs.to_string(), "m" if factor == 1 else unit, factor)
+    return PreviewGeometry(tuple(src.bounds), map_bounds, src.crs.to_string(), "m" if factor == 1 else unit, metres)
 
 
 def _imagery(samples: np.ndarray, data: np.ndarray | None) -> np.ndarray:

@@ -40,15 +40,16 @@ class Axis:
         return np.minimum(starts + self.step, self.length) - starts
 
     @cached_property
-    def _centres(self) -> np.ndarray:
+    def centres(self) -> np.ndarray:
+        """The centre of every cell's part inside the scene, in pixels along the axis."""
         starts = np.arange(self.cells, dtype=np.float64) * self.step
         return starts + self.cell_pixels / 2.0
 
     @cached_property
     def cover(self) -> tuple[np.ndarray, np.ndarray]:
         """Per window, the first and one-past-the-last cell whose centre lies inside it."""
-        return (np.searchsorted(self._centres, self.offsets, side="left"),
-                np.searchsorted(self._centres, self.offsets + self.size, side="left"))
+        return (np.searchsorted(self.centres, self.offsets, side="left"),
+                np.searchsorted(self.centres, self.offsets + self.size, side="left"))
 
     def windows_of_cell(self, cell: int) -> tuple[int, int]:
         """The windows (first, one past the last) holding the centre of ``cell``: a contiguous range."""

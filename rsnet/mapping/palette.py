@@ -25,7 +25,7 @@ NAMED = {  # keywords (any of them in a normalised class name) -> colour: vegeta
     # bare and sports grounds
     "forest wood": "#1b6b2f", "chaparral shrub scrub heath": "#757537", "meadow grass": "#8ccf5f",
     "herbaceous vegetation": "#4fa64a", "pasture": "#c2dc6e", "park garden": "#2fbf5a", "golf": "#00a679",
-    "agricultur farmland cropland arable": "#d8c843", "crop": "#efd64a", "permanentcrop orchard vineyard": "#e08a3c",
+    "agricultur farm cropland arable": "#d8c843", "crop": "#efd64a", "permanentcrop orchard vineyard": "#e08a3c",
     "circularfarmland pivot": "#a9cc3a", "terrace": "#a6ac4c", "river stream canal": "#1f78d1",
     "lake reservoir": "#47a3e8", "sea ocean": "#0c3c8c", "pond": "#6cc3f0", "wetland marsh swamp": "#678363",
     "harbor harbour port dock marina": "#3b789f", "seaice": "#8fd6e0", "snow glacier iceberg": "#bccaf2",

@@ -4,6 +4,7 @@ and nothing is written."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from rsnet.mapping.imagery import Canvas
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
+
+log = logging.getLogger(__name__)
 
 OUTPUT_SUFFIXES = ("classes.tif", "classes.tif.aux.xml", "classes.qml", "probabilities.tif", "preview.png", "areas.csv",
                    "map.json")
@@ -67,6 +70,7 @@ def plan_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | o
         indexes = bands_read(predictor, src, raster)
         size, rule = scene_window(predictor, src, window)
         step = size if stride is None else whole("stride", stride)
+        _say_the_footprint(raster, src, size, step, rule, window is None and not predictor.footprint.get("metres"))
         _check_fits(raster, src, size, step, "" if window is not None else f" ({rule})")
         plan = ScenePlan(raster, out_dir, tuple(indexes), rule, WindowGrid(src.height, src.width, size, step,
                                                                             batch_size), has_nodata(src),
@@ -88,12 +92,26 @@ def scene_window(predictor: Predictor, src: Any, window: int | None = None) -> t
     metres, pixels = predictor.footprint.get("metres"), predictor.footprint.get("pixels")
     pixel_m = ground_pixel_size(src)
     if metres and pixel_m is not None:
-        return round(metres / pixel_m), (f"a training image's ground size, {metres:g} m, at {pixel_m:.3g} m per "
-                                          "pixel on the ground at the scene's centre")
+        source = predictor.footprint.get("source")
+        measured = f"{metres:g} m ({source})" if source else f"{metres:g} m"
+        return round(metres / pixel_m), (f"a training image's ground size, {measured}, at {pixel_m:.3g} m per pixel "
+                                          "on the ground at the scene's centre")
     if pixels:
-        unknown = "; the raster has no coordinate system" if metres else ""
+        unknown = "; the raster has no coordinate system" if metres else "; its ground size is unknown"
         return round(pixels), f"a training image's width in pixels{unknown}"
     return predictor.image_size, "the model's image size; it records no training image size"
+
+
+def _say_the_footprint(path: Path, src: Any, size: int, step: int, rule: str, ground_unknown: bool) -> None:
+    """Log the window in pixels and ground metres and the rule that chose it; warn, with the setting to use, when the
+    model does not know how much ground a training image covered (the window may be at the wrong scale)."""
+    pixel_m = ground_pixel_size(src)
+    on_ground = f" = {size * pixel_m:.0f} m on the ground" if pixel_m is not None else ""
+    log.info("%s: window %d px%s, stride %d px (%s)", path, size, on_ground, step, rule)
+    if ground_unknown and pixel_m is not None:
+        log.warning("%s: the model does not record how much ground a training image covered (its dataset has no "
+                    "ground resolution): its window of %d px may be at the wrong scale; pass window= in this scene's "
+                    "pixels (%.3g m each) for the ground a training image covered", path, size, pixel_m)
 
 
 def whole(setting: str, value: Any) -> int:

@@ -37,8 +37,8 @@ class PreviewGeometry:
     Bounds are ``(left, bottom, right, top)`` in the CRS's units; a raster without coordinates gives pixel coordinates
     (left=0, right=width, top=0, bottom=height: y grows downwards). The class grid (``map_bounds``) may overhang the
     scene's right and bottom edges by less than one cell; the preview shows the scene's bounds. ``metres_per_unit``
-    sizes the scale bar (None: no scale bar); in a geographic CRS, give the metres in a degree of longitude at the
-    scene's middle latitude, as the bar is horizontal."""
+    sizes the scale bar (None: no scale bar): ground metres in one CRS unit along x at the scene's centre (a bar is
+    true there only: Web Mercator's scale changes with latitude, a degree of longitude towards the poles)."""
 
     scene_bounds: tuple[float, float, float, float]
     map_bounds: tuple[float, float, float, float]
@@ -210,8 +210,8 @@ def _round_length(metres: float) -> float:
 
 
 def _length_label(metres: float) -> str:
-    """``metres`` as "200 m", "2 km", "0.5 m"."""
-    return f"{metres / 1000:g} km" if metres >= 1000 else f"{metres:g} m"
+    """``metres`` as "200 m", "2 km", "0.5 m", and where: the ground length at the centre of the map."""
+    return (f"{metres / 1000:g} km" if metres >= 1000 else f"{metres:g} m") + " at centre"
 
 
 def _legend(figure: Figure, axes: Axes, entries: Sequence[tuple[int, str]], colours: np.ndarray, beside: bool,

@@ -275,9 +275,9 @@ def _write_scene(store: Any, index: int, plan: ScenePlan, partial: PartialMap, n
     record = {"grid": list(summary.grid), "windows": summary.windows, "shares": list(summary.shares)}
     _publish(store, index, False, record, started)
     rows, cols = summary.grid
-    print(f"{plan.path}\twrote {plan.outputs['classes.tif']}, _probabilities.tif, _preview.png, _areas.csv: {rows} x "
-          f"{cols} cells, window {plan.grid.size} px ({plan.window_rule}), stride {plan.grid.step} px, "
-          f"{summary.windows} windows", flush=True)
+    print(f"{plan.path}\twrote {plan.outputs['classes.tif']} (.aux.xml, .qml), _probabilities.tif, _preview.png, "
+          f"_areas.csv: {rows} x {cols} cells, window {plan.grid.size} px ({plan.window_rule}), "
+          f"stride {plan.grid.step} px, {summary.windows} windows", flush=True)
 
 
 def _publish(store: Any, index: int, skipped: bool, record: dict[str, Any], started: float) -> None:
