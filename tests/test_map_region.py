@@ -234,6 +234,8 @@ def test_two_cpu_workers_give_the_files_of_one_whatever_their_timing(checkpoint:
     assert sorted(rank for rank, _ in reports) == ["0", "1"], shared.stderr[-3000:]  # each worker reports
     windows = sum(json.loads((uninterrupted / f"{stem}_map.json").read_text())["windows"] for stem in "ab")
     assert sum(int(count) for _, count in reports) == windows  # every window classified once, by one of them
+    record = json.loads((out / "a_map.json").read_text())
+    assert record["classified_on"] == {"cpu": 90} and record["settings"]["amp"] == "none"
 
 
 # --- a partial map proves its data: every chunk's record matches its bytes, else it is classified again --------------
@@ -304,6 +306,23 @@ def test_a_chunks_record_is_written_only_once_its_bytes_are_on_the_disk(tmp_path
     with pytest.raises(ValueError, match=r"\(chunk\(s\) 0 of 2 have no record or do not match it\); the folder is"):
         partial.prove()
     partial.close()
+
+
+def test_each_chunks_record_names_the_kind_of_device_that_classified_it(tmp_path: Path) -> None:
+    """A map made on a GPU and a CPU together says how many chunks each classified (the map's record copies it)."""
+    grid, canvas = WindowGrid(100, 100, 50, 50, 2), Canvas(100, 100, (0, 1, 2), "uint8", False)
+    folder = tmp_path / ".s.map-partial"
+    PartialMap.prepare(folder, {"scene": "s"}, grid, 3, canvas)[0].close()
+    strips = [canvas.piece(np.full((3, 50, 100), 7, np.uint8), None, row, 0) for row in (0, 50)]
+    for chunk, device in ((0, "cuda"), (1, "cpu")):
+        partial = PartialMap(folder, grid, 3, canvas, device)
+        partial.write_chunk(chunk, np.full((2, 3), 0.5), [strips[chunk]])
+        assert partial.commit() == 1
+        partial.close()
+    partial = PartialMap(folder, grid, 3, canvas)
+    assert partial.classified_on() == {"cpu": 1, "cuda": 1} and partial.verified().tolist() == [True, True]
+    partial.close()
+
 
 def test_a_cut_short_probabilities_file_is_classified_again_from_where_it_was_cut(
         checkpoint: Path, scenes: Path, uninterrupted: Path, partial_a: Path, tmp_path: Path,
@@ -581,3 +600,13 @@ def test_the_meter_counts_the_seconds_spent_classifying_scenes_only() -> None:
     clock.now = 101.0
     meter.add(8)
     assert (meter.windows, meter.busy, meter.speed) == (16, 3.0, 4.0)
+
+
+def test_a_precision_that_is_not_one_is_refused_before_anything(checkpoint: Path, scenes: Path,
+                                                                tmp_path: Path) -> None:
+    from rsnet.mapping.region import map_scenes
+
+    with pytest.raises(ValueError) as refused:
+        map_scenes(checkpoint, [scenes / "a.tif"], tmp_path / "maps", devices=["cpu"], amp="fp32")
+    assert str(refused.value).startswith("amp='fp32': use bf16 (mixed precision in bfloat16), fp16")
+    assert not (tmp_path / "maps").exists()

@@ -140,7 +140,7 @@ def map_images(args: Mapping[str, Any]) -> list[SceneMap]:
     slowdown = args.get("slowdown")
     return map_scenes(str(args["checkpoint"]), paths, folder, window, stride, batch_size, devices, readers, progress,
                       model_digest(str(args["checkpoint"])), {"slowdown": None if slowdown is None else list(slowdown)},
-                      head=args["head"], tta=tta, max_pixels=args.get("max_pixels"))
+                      head=args["head"], tta=tta, max_pixels=args.get("max_pixels"), amp=args.get("amp", "none"))
 
 
 def _map_devices(value: Any) -> list[str]:

@@ -79,6 +79,7 @@ def assemble_scene(plan: ScenePlan, partial: PartialMap, names: Sequence[str],
                       error_name=outputs["preview.png"])
         del class_rows
         record = {"settings": dict(settings), "grid": list(plan.grid.cells), "windows": windows,
+                  "classified_on": partial.classified_on(),
                   "shares": [round(float(share), 6) for share in shares],
                   "files": {suffix: file_digest(files[suffix]) for suffix in outputs
                             if suffix not in ("map.json", *RESTYLED_SUFFIXES)}}

@@ -1,7 +1,7 @@
 """Decoded windows to class probabilities on the worker's device, handed over as training's batches are: on a GPU
 the samples travel in their own type from pinned memory without blocking, are normalised there, and the model runs
-channels_last under autocast (bfloat16 where the GPU has it, else float16); on a CPU, as rsnet-predict classifies
-files."""
+channels_last, in float32 (``amp=none``: the arithmetic of a CPU up to rounding) or under autocast (``bf16``,
+``fp16``); on a CPU, as rsnet-predict classifies files."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rsnet.data.raster import max_pixel_value
+from rsnet.precision import StepPrecision
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
@@ -20,9 +21,10 @@ if TYPE_CHECKING:
 class WindowClassifier:
     """Calls ``predictor`` on batches of decoded windows, (N, H, W, C) -> (N, classes) float32 probabilities."""
 
-    def __init__(self, predictor: Predictor) -> None:
+    def __init__(self, predictor: Predictor, amp: str = "none") -> None:
         self.predictor = predictor
         self.device = predictor.device
+        self._precision = StepPrecision.for_device(amp, self.device)
         if self.device.type == "cuda":
             scale = max_pixel_value(predictor.bands)
             shape = (1, len(predictor.mean), 1, 1)
@@ -30,7 +32,6 @@ class WindowClassifier:
             self._std = torch.tensor(predictor.std, device=self.device).reshape(shape) * scale
             if isinstance(predictor.full_model, torch.nn.Module):
                 predictor.full_model.to(memory_format=torch.channels_last)
-            self._half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         if len(images) == 0:
@@ -40,7 +41,7 @@ class WindowClassifier:
         host = torch.from_numpy(np.ascontiguousarray(images)).pin_memory()
         batch = host.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
         batch = ((batch - self._mean) / self._std).contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode(), torch.autocast("cuda", dtype=self._half):
+        with torch.inference_mode(), self._precision.autocast():
             logits = self.predictor.forward(batch)
         return torch.softmax(logits.float(), dim=1).cpu().numpy()
 

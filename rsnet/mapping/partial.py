@@ -31,7 +31,8 @@ PROBABILITIES = "windows.f32"
 FLAGS = "chunks.done"  # a RECORD per chunk
 IMAGERY = "imagery.raw"  # the preview's canvas: rows × columns × bands samples
 IMAGERY_DATA = "imagery.mask"  # one byte per canvas pixel: 1 where the scene has data (a masked scene)
-RECORD = np.dtype([("done", "<u4"), ("crc", "<u4")])  # 1 and the CRC-32 of the chunk's bytes; zeros: not done
+RECORD = np.dtype([("done", "<u4"), ("crc", "<u4")])  # 1 + DEVICE_KINDS index, the CRC-32 of its bytes; 0: not done
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu", "other")  # the kind of device that classified a chunk, in its record
 COMMIT_SECONDS = 2.0  # the records of the chunks stored meanwhile are written at most this often (and at a scene's end)
 _sync = getattr(os, "fdatasync", os.fsync)
 
@@ -81,8 +82,9 @@ class PartialMap:
     """The probabilities (windows × ``classes`` float32; NaN for a window mostly over nodata, not classified) and the
     chunk records of the scene of ``grid``, in ``folder``."""
 
-    def __init__(self, folder: Path, grid: WindowGrid, classes: int, canvas: Canvas) -> None:
+    def __init__(self, folder: Path, grid: WindowGrid, classes: int, canvas: Canvas, device: str = "cpu") -> None:
         self.folder, self.grid, self.classes, self.canvas = folder, grid, classes, canvas
+        self._kind = 1 + DEVICE_KINDS.index(device if device in DEVICE_KINDS else "other")
         self.windows, self.chunks = grid.windows, grid.chunks
         self._row_bytes = classes * 4
         self._pixel_bytes = len(canvas.bands) * np.dtype(canvas.dtype).itemsize
@@ -185,6 +187,12 @@ class PartialMap:
             if all(part.stop > part.start for part in span):
                 yield span
 
+    def classified_on(self) -> dict[str, int]:
+        """How many chunks each kind of device classified (their records say), e.g. ``{"cpu": 40, "cuda": 50}``."""
+        kinds, counts = np.unique(self._records()["done"], return_counts=True)
+        return {DEVICE_KINDS[kind - 1]: int(count) for kind, count in zip(kinds, counts)
+                if 0 < kind <= len(DEVICE_KINDS)}
+
     def _records(self) -> np.ndarray:
         return np.frombuffer(os.pread(self._fd(FLAGS), self.chunks * RECORD.itemsize, 0), RECORD)
 
@@ -226,7 +234,7 @@ class PartialMap:
                 for fd in written:
                     _sync(fd)
                 for chunk, crc in pending:
-                    _write_all(self._fd(FLAGS), np.array((1, crc), RECORD).tobytes(), chunk * RECORD.itemsize)
+                    _write_all(self._fd(FLAGS), np.array((self._kind, crc), RECORD).tobytes(), chunk * RECORD.itemsize)
         return len(pending)
 
     def _write_piece(self, piece: CanvasPiece) -> None:

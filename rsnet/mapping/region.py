@@ -17,6 +17,7 @@ from rsnet.mapping.mosaic import write_mosaics
 from rsnet.mapping.partial import MapLock
 from rsnet.mapping.plan import ScenePlan, plan_scene, whole
 from rsnet.mapping.worker import MapOptions, PredictorSpec, SceneResult, map_worker
+from rsnet.precision import check_amp
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
@@ -65,7 +66,8 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
                window: int | None = None, stride: int | None = None, batch_size: int = 32,
                devices: Sequence[str] | None = None, readers: int | None = None, progress: bool = True,
                model_id: str | None = None, launch_options: dict[str, Any] | None = None,
-               head: str | None = None, tta: str = "none", max_pixels: int | None = None) -> list[SceneMap]:
+               head: str | None = None, tta: str = "none", max_pixels: int | None = None,
+               amp: str = "none") -> list[SceneMap]:
     """Map ``rasters`` into ``out_dir`` with ``model`` (a loaded :class:`~rsnet.inference.Predictor`, or a
     checkpoint or export, loaded with ``head``, ``tta`` and ``max_pixels`` on each device) on ``devices`` (default:
     the predictor's device, else the best one here); ``readers`` reader threads per device (default 2). Every scene
@@ -73,8 +75,10 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
     settings) is skipped, one interrupted continues where it stopped (from the chunks its partial map proves), one
     that another process maps into ``out_dir`` now is refused (ValueError). ``model_id`` names the model in the
     settings a map is resumed with (default: its description; the command line adds a digest of the model's file).
-    ``launch_options``: the launcher's ``timeout_s``, ``slowdown``, ``backend``, ``cpu_threads``. Returns the maps
-    in the order of ``rasters``; a folder of several georeferenced scenes also gets ``mosaic_classes.vrt``."""
+    ``launch_options``: the launcher's ``timeout_s``, ``slowdown``, ``backend``, ``cpu_threads``; ``amp``: a GPU's
+    forward precision (none: float32; bf16, fp16: faster, and a cell may differ where two classes nearly tie).
+    Returns the maps in the order of ``rasters``; a folder of several georeferenced scenes also gets
+    ``mosaic_classes.vrt``."""
     from rsnet.devices import resolve_device
     from rsnet.inference import Predictor, load_predictor
     from rsnet.parallel.launcher import WorkerError, launch
@@ -82,6 +86,7 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
     out_dir = Path(out_dir)
     batch_size = whole("batch_size", batch_size)
     readers = 2 if readers is None else whole("readers", readers)
+    check_amp(amp)
     if isinstance(model, Predictor):
         predictor, spec = model, None
         devices = [str(predictor.device)] if devices is None else list(devices)
@@ -101,11 +106,11 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
         for plan in plans:  # a scene another process maps now: refused before any work (the workers hold the locks)
             MapLock(plan.out_dir, plan.stem).acquire().release()
     identity = model_id or predictor.description
-    settings = [_settings(plan, predictor, identity) for plan in plans]
+    settings = [{**_settings(plan, predictor, identity), "amp": amp} for plan in plans]
     started = time.perf_counter()
     source = predictor if len(devices) == 1 else spec
     try:
-        results = launch(map_worker, devices, source, plans, MapOptions(readers, settings, progress),
+        results = launch(map_worker, devices, source, plans, MapOptions(readers, settings, progress, amp),
                          **(launch_options or {}))
     except WorkerError as error:
         if isinstance(error.cause, ValueError):  # a map that cannot be proved, bad input: one line, as on one device

@@ -55,11 +55,12 @@ class PredictorSpec:
 class MapOptions:
     """``readers``: reader threads per worker; ``settings``: per scene, what its map depends on (a partial map or a
     complete one made with other settings is made again); ``progress``: a progress bar on stderr (the first
-    worker's)."""
+    worker's); ``amp``: a GPU's forward precision (none: float32, as on a CPU)."""
 
     readers: int
     settings: list[dict[str, Any]]
     progress: bool = True
+    amp: str = "none"
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
     """Map ``plans`` together with the other workers of ``ctx``; the first worker returns every scene's result."""
     store = dist.PrefixStore("rsnet_map", ctx.store)
     predictor = source.load(ctx.device) if isinstance(source, PredictorSpec) else source
-    classifier = WindowClassifier(predictor)
+    classifier = WindowClassifier(predictor, options.amp)
     board = ClaimBoard(store, ctx.rank, ctx.world_size, sum(plan.grid.windows for plan in plans))
     lanes = _Lanes(ctx, store)
     meter = _Meter(_probe(ctx, classifier, board, plans[0].grid.batch_size) if ctx.world_size > 1 else 0.0)
@@ -95,7 +96,8 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
             settings = options.settings[index]
             if _prepare(store, board, index, plan, settings, len(names), rgb, held):
                 continue
-            partial = PartialMap(partial_folder(plan.out_dir, plan.stem), plan.grid, len(names), plan.canvas(rgb))
+            partial = PartialMap(partial_folder(plan.out_dir, plan.stem), plan.grid, len(names), plan.canvas(rgb),
+                                 ctx.device.type)
             _classify_scene(ctx, store, board, classifier, lanes, index, plan, partial, options.readers, meter, bar)
             if int(store.add(f"map/{index}/done", 0)) == plan.grid.chunks and _elected(store, f"map/{index}/write"):
                 written.append(writer.submit(_write_scene, store, index, plan, partial, names, settings))
