@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rsnet.parallel import elastic  # noqa: E402
 from rsnet.parallel.launcher import launch  # noqa: E402
-from rsnet.parallel.worker import WorkerContext  # noqa: E402
+from rsnet.parallel.worker_setup import WorkerContext  # noqa: E402
 
 
 def first_step(ctx: WorkerContext) -> float:

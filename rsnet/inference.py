@@ -141,13 +141,13 @@ def load_predictor(path: str | Path, device: str | torch.device = "auto", head: 
         full_model = attention_model(model) if attention else None
         return Predictor(forward=scored, full_model=full_model, **settings, description=f"{loaded.source}: "
                          f"{meta.get('format', '?')} model ({meta.get('head', 'main')} head, tta {tta})")
-    with torch.no_grad():  # probe once: name the scoring head, reject an unknown one before reading images
+    with torch.no_grad():  # one forward on zeros: name the scoring head, reject an unknown one before reading images
         size = settings["image_size"]
-        probe = model(torch.zeros(1, len(settings["mean"]), size, size, device=device))
-    heads = ["main"] if isinstance(probe, Tensor) else list(probe.logits)
+        sample_output = model(torch.zeros(1, len(settings["mean"]), size, size, device=device))
+    heads = ["main"] if isinstance(sample_output, Tensor) else list(sample_output.logits)
     if head is not None and head not in heads:
         raise ValueError(f"the model in {path} has no head {head!r}; heads: {', '.join(heads)}")
-    head_name = head or ("main" if isinstance(probe, Tensor) else probe.ensemble or probe.main)
+    head_name = head or ("main" if isinstance(sample_output, Tensor) else sample_output.ensemble or sample_output.main)
     epoch = "?" if loaded.epoch is None else loaded.epoch
     return Predictor(forward=_head_logits(scored, head), full_model=model, **settings,
                      description=f"{loaded.source}: {model.model_config.get('arch', '?')} "

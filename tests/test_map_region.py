@@ -34,7 +34,7 @@ from rsnet.mapping.grid import Axis, WindowGrid
 from rsnet.mapping.imagery import Canvas
 from rsnet.mapping.partial import (FLAGS, IMAGERY, PROBABILITIES, RECORD, SETTINGS, MapLock, PartialMap,
                                    partial_folder)
-from rsnet.mapping.worker import PROBE_WINDOWS, _Meter, _probe, _simulated_delay
+from rsnet.mapping.map_worker import PROBE_WINDOWS, _Meter, _probe, _simulated_delay
 
 CLASSES = sorted(path.name for path in (MINI_ROOT / "Images").iterdir())[:6]
 OUTPUTS = ("classes.tif", "classes.tif.aux.xml", "classes.qml", "probabilities.tif", "preview.png", "areas.csv",
@@ -258,7 +258,7 @@ def partial_a(checkpoint: Path, scenes: Path, tmp_path_factory: pytest.TempPathF
 
     out = tmp_path_factory.mktemp("partial")
     with pytest.MonkeyPatch.context() as patch, pytest.raises(Stopped):
-        patch.setattr("rsnet.mapping.worker.assemble_scene", stop)
+        patch.setattr("rsnet.mapping.map_worker.assemble_scene", stop)
         main(compose_command("predict", f"checkpoint={checkpoint}", f"images={scenes / 'a.tif'}", f"map={out}",
                              "progress_bar=false", "device=cpu", *MAP))
     assert np.fromfile(partial_folder(out, "a") / FLAGS, RECORD)["done"].all()

@@ -23,7 +23,7 @@ from torch import nn
 
 from rsnet.parallel import WorkerContext, WorkerError, build_strategy, launch, launch_options, summarize
 from rsnet.parallel.merge import MergeResult, merge_share, merge_tensors, normalized_merge, pack_header
-from rsnet.parallel.probe import PROBE_FAILED, SpeedProbe
+from rsnet.parallel.speed_probe import PROBE_FAILED, SpeedProbe
 from rsnet.parallel.strategies import adaptive as adaptive_module
 from rsnet.parallel.strategies import base as strategy_base
 
@@ -849,7 +849,7 @@ def test_a_worker_not_joined_a_minute_after_the_launch_is_named_once_with_its_st
     """On a clock the test moves: before ARRIVE_S nothing is said; then each worker not yet joined is named once,
     with where its start-up stands; a joined one is not; the run is not stopped for it (only timeout_s does that)."""
     from rsnet.parallel.elastic import ARRIVE_S, _Watchdog
-    from rsnet.parallel.worker import JOINED
+    from rsnet.parallel.worker_setup import JOINED
 
     now = [1000.0]
     stages = [JOINED, 0, 2, JOINED]

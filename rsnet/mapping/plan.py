@@ -65,11 +65,11 @@ def plan_scene(predictor: Predictor, raster: str | os.PathLike, out_dir: str | o
     """Check ``raster`` against the model and the settings and lay out its windows; ValueError naming the file for a
     raster the model cannot read, a window that does not fit, or a folder in the way of an output."""
     raster, out_dir = Path(raster), Path(out_dir)
-    batch_size = whole("batch_size", batch_size)
+    batch_size = whole_number("batch_size", batch_size)
     with open_scene(raster) as src:
         indexes = bands_read(predictor, src, raster)
         size, rule = scene_window(predictor, src, window)
-        step = size if stride is None else whole("stride", stride)
+        step = size if stride is None else whole_number("stride", stride)
         _say_the_footprint(raster, src, size, step, rule, window is None and not predictor.footprint.get("metres"))
         _check_fits(raster, src, size, step, "" if window is not None else f" ({rule})")
         plan = ScenePlan(raster, out_dir, tuple(indexes), rule, WindowGrid(src.height, src.width, size, step,
@@ -88,7 +88,7 @@ def scene_window(predictor: Predictor, src: Any, window: int | None = None) -> t
     records it, a raster with a coordinate system), else a training image's width in pixels, else the model's image
     size (an older model)."""
     if window is not None:
-        return whole("window", window), f"window={window}"
+        return whole_number("window", window), f"window={window}"
     metres, pixels = predictor.footprint.get("metres"), predictor.footprint.get("pixels")
     pixel_m = ground_pixel_size(src)
     if metres and pixel_m is not None:
@@ -114,7 +114,7 @@ def _say_the_footprint(path: Path, src: Any, size: int, step: int, rule: str, gr
                     "pixels (%.3g m each) for the ground a training image covered", path, size, pixel_m)
 
 
-def whole(setting: str, value: Any) -> int:
+def whole_number(setting: str, value: Any) -> int:
     """``value`` as a whole number >= 1; ValueError naming ``setting`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{setting}={value!r}: must be a whole number >= 1")

@@ -15,8 +15,8 @@ import numpy as np
 
 from rsnet.mapping.mosaic import write_mosaics
 from rsnet.mapping.partial import MapLock
-from rsnet.mapping.plan import ScenePlan, plan_scene, whole
-from rsnet.mapping.worker import MapOptions, PredictorSpec, SceneResult, map_worker
+from rsnet.mapping.plan import ScenePlan, plan_scene, whole_number
+from rsnet.mapping.map_worker import MapOptions, PredictorSpec, SceneResult, map_worker
 from rsnet.precision import check_amp
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
     from rsnet.parallel.launcher import WorkerError, launch
 
     out_dir = Path(out_dir)
-    batch_size = whole("batch_size", batch_size)
-    readers = 2 if readers is None else whole("readers", readers)
+    batch_size = whole_number("batch_size", batch_size)
+    readers = 2 if readers is None else whole_number("readers", readers)
     check_amp(amp)
     if isinstance(model, Predictor):
         predictor, spec = model, None

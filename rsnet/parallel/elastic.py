@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from rsnet.parallel.worker import JOINED, START_STAGES, STARTING, LaunchSettings, run_torchrun_worker
+from rsnet.parallel.worker_setup import JOINED, START_STAGES, STARTING, LaunchSettings, run_torchrun_worker
 
 log = logging.getLogger(__name__)
 

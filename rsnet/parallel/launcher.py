@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rsnet.parallel.elastic import WorkerError, launch_local
-from rsnet.parallel.worker import (LaunchSettings, WorkerContext, agree_backend, choose_backend, destroy_group,
+from rsnet.parallel.worker_setup import (LaunchSettings, WorkerContext, agree_backend, choose_backend, destroy_group,
                                    join_group, run_torchrun_worker, setup_device)
 
 __all__ = ["DEFAULT_TIMEOUT_S", "WorkerContext", "WorkerError", "agree_backend", "check_slowdown", "choose_backend",

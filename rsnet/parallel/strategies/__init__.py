@@ -16,7 +16,7 @@ from rsnet.parallel.strategies.reports import format_row, scheduler_report, summ
 from rsnet.parallel.strategies.slowdown import slowed
 from rsnet.parallel.strategies.static_split import StaticSplitStrategy
 from rsnet.parallel.strategies.sync import SyncStrategy
-from rsnet.parallel.worker import WorkerContext
+from rsnet.parallel.worker_setup import WorkerContext
 
 __all__ = ["STRATEGIES", "AdaptiveStrategy", "Claim", "LocalSGDStrategy", "StaticSplitStrategy", "Strategy",
            "SyncStrategy", "build_strategy", "format_row", "register_strategy", "scheduler_report", "summarize"]

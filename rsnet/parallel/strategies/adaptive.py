@@ -15,7 +15,7 @@ import torch.distributed as dist
 from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim_ahead,
                                     may_claim_next, updated_speed)
 from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, merge_share, normalized_merge
-from rsnet.parallel.probe import PROBE_FAILED, ProbeStep, SpeedProbe
+from rsnet.parallel.speed_probe import PROBE_FAILED, ProbeStep, SpeedProbe
 from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, describe, next_interval
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row

@@ -14,7 +14,7 @@ from torch import nn
 
 from rsnet.parallel.batching import check_batch_per_worker, static_batches, static_partition
 from rsnet.parallel.strategies.reports import scheduler_report, slowdown_note, summarize
-from rsnet.parallel.worker import WorkerContext
+from rsnet.parallel.worker_setup import WorkerContext
 from rsnet.registry import Registry
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rsnet.parallel.strategies.base import StaticStrategy, register_strategy
-from rsnet.parallel.worker import WorkerContext
+from rsnet.parallel.worker_setup import WorkerContext
 
 
 # DDP's switch for broadcasting rank 0's buffers before every forward: broadcast_buffers, deprecated by newer torch.

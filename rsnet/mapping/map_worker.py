@@ -31,7 +31,7 @@ from rsnet.progress import progress_bar
 
 if TYPE_CHECKING:
     from rsnet.inference import Predictor
-    from rsnet.parallel.worker import WorkerContext
+    from rsnet.parallel.worker_setup import WorkerContext
 
 PROBE_WINDOWS = 4  # windows a device classifies to measure its speed before its first claim (several devices)
 
@@ -80,7 +80,7 @@ def map_worker(ctx: WorkerContext, source: Predictor | PredictorSpec, plans: lis
     predictor = source.load(ctx.device) if isinstance(source, PredictorSpec) else source
     classifier = WindowClassifier(predictor, options.amp)
     board = ClaimBoard(store, ctx.rank, ctx.world_size, sum(plan.grid.windows for plan in plans))
-    lanes = _Lanes(ctx, store)
+    lanes = _ForwardLanes(ctx, store)
     meter = _Meter(_probe(ctx, classifier, board, plans[0].grid.batch_size) if ctx.world_size > 1 else 0.0)
     lanes.join()
     names, rgb = predictor.class_names, None if predictor.bands is None else list(predictor.bands.rgb)
@@ -146,8 +146,8 @@ class _Meter:
             self.speed = self.windows / max(seconds, 1e-9)
 
 
-def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifier: WindowClassifier, lanes: _Lanes,
-                    index: int, plan: ScenePlan, partial: PartialMap, readers: int, meter: _Meter, bar: Any) -> None:
+def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifier: WindowClassifier,
+                    lanes: _ForwardLanes, index: int, plan: ScenePlan, partial: PartialMap, readers: int, meter: _Meter, bar: Any) -> None:
     """Claim chunks of ``plan`` and classify them on this worker's lanes until the scene has none left or this worker
     is left out; ``readers`` chunks are read ahead of the lanes."""
     grid = plan.grid
@@ -182,7 +182,7 @@ def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifie
             bar.update(int(store.add("map/classified", 0)) - bar.n)
 
 
-def _classify_chunk(ctx: WorkerContext, store: Any, classifier: WindowClassifier, lanes: _Lanes, index: int,
+def _classify_chunk(ctx: WorkerContext, store: Any, classifier: WindowClassifier, lanes: _ForwardLanes, index: int,
                     plan: ScenePlan, partial: PartialMap, chunk: int, reading: Future, meter: _Meter,
                     board: ClaimBoard) -> None:
     """On a lane: classify ``chunk`` once read, store its probabilities, count the chunks whose records are
@@ -317,7 +317,7 @@ def _finish(store: Any, world_size: int) -> None:
         time.sleep(0.02)
 
 
-class _Lanes:
+class _ForwardLanes:
     """Where a worker's chunks are classified: on a GPU one lane; on a CPU one lane per core this worker has, each
     forward on one thread (so a window's probabilities are the same bits on every CPU worker, whatever the number of
     workers and cores), the cores the launcher gave this host's CPU workers shared among those that classify (a
