@@ -116,8 +116,8 @@ def test_the_snapshot_is_a_detached_deep_copy_with_the_same_layout() -> None:
 def test_a_divergence_names_the_checkpoint_the_writer_was_still_writing(tmp_path: Path) -> None:
     """The loss may turn NaN while the previous epoch's last.pt is still being written: the message names the
     epoch that is on disk once the writes are done, not the one before it."""
-    from rsnet.engine.trainer import (NonFiniteLossError, _divergence_naming_the_written_checkpoint,
-                                      _last_good_checkpoint)
+    from rsnet.engine.epoch_loop import NonFiniteLossError, _last_good_checkpoint
+    from rsnet.engine.trainer import _divergence_naming_the_written_checkpoint
 
     last = tmp_path / "checkpoints" / "last.pt"
     write_checkpoint(last, epoch=1)

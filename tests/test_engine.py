@@ -275,7 +275,7 @@ class _MemoryBoundModel(torch.nn.Module):
 def test_out_of_memory_batch_is_retried_in_the_strategys_smaller_size() -> None:
     from types import SimpleNamespace
 
-    from rsnet.engine.trainer import train_one_epoch
+    from rsnet.engine.epoch_loop import train_one_epoch
     from rsnet.losses import MultiBranchLoss
 
     model = _MemoryBoundModel()
@@ -297,7 +297,7 @@ def test_the_speed_probe_draws_nothing_from_the_runs_random_streams() -> None:
     they were: the same first batch order and dropout mask with and without a probe."""
     from types import SimpleNamespace
 
-    from rsnet.engine.trainer import probe_step
+    from rsnet.engine.epoch_loop import probe_step
     from rsnet.losses import MultiBranchLoss
     from rsnet.models import build_model
 
@@ -356,7 +356,7 @@ def test_a_failed_background_write_stops_the_epoch_at_the_next_step() -> None:
     """Not at the end of the epoch that follows the write: the step after the failure is known is the last."""
     from types import SimpleNamespace
 
-    from rsnet.engine.trainer import train_one_epoch
+    from rsnet.engine.epoch_loop import train_one_epoch
     from rsnet.losses import MultiBranchLoss
 
     model = _MemoryBoundModel()
@@ -388,7 +388,7 @@ def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: 
     diverged: it never names a checkpoint that does not exist."""
     from types import SimpleNamespace
 
-    from rsnet.engine.trainer import NonFiniteLossError, train_one_epoch
+    from rsnet.engine.epoch_loop import NonFiniteLossError, train_one_epoch
     from rsnet.losses import MultiBranchLoss
 
     if checkpoint_epoch is not None:
@@ -464,7 +464,7 @@ def _seeds_after_seeding(seed: int, rank: int, epoch: int) -> tuple[int, int, fl
 
     import numpy as np
 
-    from rsnet.engine.trainer import _seed_generators
+    from rsnet.engine.epoch_loop import _seed_generators
 
     _seed_generators(seed, rank, epoch)
     return torch.initial_seed(), int(np.random.randint(2**31)), random.random()

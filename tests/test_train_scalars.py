@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rsnet.engine.trainer import EpochMeter, EpochTotals, group_train_scalars
+from rsnet.engine.epoch_loop import EpochMeter, EpochTotals, group_train_scalars
 from rsnet.parallel import launch
 
 

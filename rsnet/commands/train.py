@@ -41,7 +41,8 @@ def main(cfg: DictConfig) -> float | None:
     """Train, print the final figures, and return the reported test accuracy (for Hydra sweeps); None on a
     torchrun rank other than 0."""
     from rsnet.engine.config_checks import check_top_level_keys
-    from rsnet.engine.trainer import NonFiniteLossError, train
+    from rsnet.engine.epoch_loop import NonFiniteLossError
+    from rsnet.engine.trainer import train
     from rsnet.parallel.launcher import WorkerError
 
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -94,7 +95,7 @@ def report_worker_error(error: WorkerError, config: dict | None = None) -> NoRet
     run's ``config``, how to continue it."""
     if isinstance(error.cause, (*USER_ERRORS, DiskFullError)):
         raise error.cause from None
-    from rsnet.engine.trainer import NonFiniteLossError
+    from rsnet.engine.epoch_loop import NonFiniteLossError
 
     if isinstance(error.cause, NonFiniteLossError):
         stop(error.cause)
