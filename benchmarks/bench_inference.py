@@ -29,8 +29,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from rsnet.models import build_model
-from rsnet.models.backbones import MAIN_POOLS
 from rsnet.models.main_branch import extract_main_branch
+from rsnet.models.pooling import MAIN_POOLS
 
 NUM_CLASSES = 45  # NWPU-RESISC45
 

@@ -24,7 +24,7 @@ from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
 from rsnet.files import atomic_write, check_writable_dir
 from rsnet.models import build_model
 from rsnet.run_folders import pretrained_tag
-from rsnet.models.backbones import TIMM_MAIN_POOLS
+from rsnet.models.pooling import TIMM_MAIN_POOLS
 from rsnet.models.main_branch import baseline_from_main_branch, extract_main_branch, main_heads_of, main_pool_of
 from rsnet.integrity import file_digest
 from rsnet.checkpoint import DIGEST_KEY

@@ -149,7 +149,7 @@ def test_an_export_that_scores_another_number_of_classes_is_refused(checkpoint: 
 def test_weights_torch_cannot_read_get_a_reason_not_unsafe_advice(tmp_path: Path) -> None:
     """Random bytes as backbone.pretrained are refused with the reason, never with advice to retry with
     weights_only=False (which would run code from the file)."""
-    from rsnet.models.backbones import BackboneError, create_timm_classifier
+    from rsnet.models.timm_classifier import BackboneError, create_timm_classifier
 
     junk = tmp_path / "weights.pth"
     junk.write_bytes(np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8).tobytes())
@@ -163,7 +163,7 @@ def test_weights_torch_cannot_read_get_a_reason_not_unsafe_advice(tmp_path: Path
 
 def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp_path: Path) -> None:
     """A raw pickle as backbone weights is refused in rsnet's one line, with no warning of torch's before it."""
-    from rsnet.models.backbones import BackboneError, create_timm_classifier
+    from rsnet.models.timm_classifier import BackboneError, create_timm_classifier
 
     weights = tmp_path / "weights.pth"
     weights.write_bytes(pickle.dumps({"conv.weight": [1.0, 2.0]}))
@@ -178,7 +178,7 @@ def test_a_raw_pickle_as_backbone_weights_is_one_line_without_torchs_warning(tmp
 def test_a_local_dir_backbone_whose_weights_hold_objects_is_one_line_without_unsafe_advice(tmp_path: Path) -> None:
     """A local-dir backbone whose weights hold objects is refused in one line: no torch warning, no advice to retry
     with weights_only=False."""
-    from rsnet.models.backbones import BackboneError, create_timm_classifier
+    from rsnet.models.timm_classifier import BackboneError, create_timm_classifier
 
     folder = tmp_path / "mine"
     folder.mkdir()

@@ -22,9 +22,8 @@ from rsnet.exported_model import METADATA_FILE, ExportError, load_exported, meta
 from rsnet.losses import MultiBranchLoss
 from rsnet.model_loading import load_model, model_from_training_checkpoint
 from rsnet.models import BackboneError, build_model
-from rsnet.models.backbones import (MAIN_POOLS, GeneralizedMeanPool2d, GridAvgPool2d, pool_spatial_terms,
-                                    set_main_pool)
 from rsnet.models.main_branch import extract_main_branch
+from rsnet.models.pooling import MAIN_POOLS, GeneralizedMeanPool2d, GridAvgPool2d, pool_spatial_terms, set_main_pool
 from rsnet.viz.attention import class_activation_maps
 
 CLASSES = 5

@@ -8,14 +8,14 @@ from typing import Any
 
 from torch import nn
 
-from rsnet.models.backbones import (BackboneError, TimmBackbone, backbone_data_config, backbone_layout,
-                                    validate_image_size)
+from rsnet.models.backbones import TimmBackbone, backbone_data_config, backbone_layout, validate_image_size
 from rsnet.models.base import MODELS, RSNetModel, register_model
 from rsnet.models.baseline import Baseline
 from rsnet.models.esd_mbenet import ESDMBENet
 from rsnet.models.mgml_fenet import MGMLFENet
 from rsnet.models.output import MultiBranchOutput
 from rsnet.models.main_branch import extract_main_branch
+from rsnet.models.timm_classifier import BackboneError
 
 
 def check_arch(arch: str, setting: str = "model.arch") -> str:

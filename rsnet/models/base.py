@@ -7,7 +7,8 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
-from rsnet.models.backbones import TimmBackbone, check_main_pool
+from rsnet.models.backbones import TimmBackbone
+from rsnet.models.pooling import check_main_pool
 from rsnet.registry import Registry
 
 
@@ -31,7 +32,7 @@ class RSNetModel(nn.Module):
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  in_chans: int = 3, main_pool: str = "avg", **options: Any) -> None:
         """``main_pool``: how the main branch pools its map into its classifier (avg | gem | avgmax | grid2;
-        ``rsnet.models.backbones.MAIN_POOLS``); a model_config without it (an older checkpoint) means avg."""
+        ``rsnet.models.pooling.MAIN_POOLS``); a model_config without it (an older checkpoint) means avg."""
         super().__init__()
         check_main_pool(main_pool)
         self.backbone = TimmBackbone(backbone, num_classes, pretrained, drop_rate=drop_rate, in_chans=in_chans,
@@ -59,7 +60,7 @@ class RSNetModel(nn.Module):
     def cam_inputs(self, head: str, features: Tensor) -> Tensor:
         """(B, D, h, w) maps whose means over the map are the D inputs of ``cam_classifiers()[head]``, given
         ``features[head]``: the CAM of class k is ``weight[k] . cam_inputs`` at each pixel. A GAP head's are its
-        map; the main head's follow ``main_pool`` (``rsnet.models.backbones.pool_spatial_terms``)."""
+        map; the main head's follow ``main_pool`` (``rsnet.models.pooling.pool_spatial_terms``)."""
         return self.backbone.cam_inputs(features) if head == "main" else features
 
 

@@ -10,11 +10,12 @@ import timm
 import torch
 from torch import Tensor, nn
 
-from rsnet.models.backbones import TimmBackbone, check_main_pool, set_main_pool
+from rsnet.models.backbones import TimmBackbone
 from rsnet.models.baseline import Baseline
 from rsnet.models.branches import FullChannelGenerator
 from rsnet.models.mgml_fenet import head_grid, head_level
 from rsnet.models.output import MultiBranchOutput
+from rsnet.models.pooling import check_main_pool, set_main_pool
 
 
 def main_pool_of(config: Mapping[str, Any] | None) -> str:
@@ -75,7 +76,7 @@ def main_branch_classifier(backbone: str, num_classes: int, main_pool: str = "av
                            main_heads: Sequence[str] = ()) -> nn.Module:
     """The single-path classifier a main branch loads into: ``timm.create_model(backbone, num_classes=N)`` (for
     avg, exactly that), its global pool replaced by ``main_pool`` and its classifier widened to the pool's outputs
-    (``rsnet.models.backbones.set_main_pool``: trunk -> pool -> linear, nothing else); with ``main_heads``, a
+    (``rsnet.models.pooling.set_main_pool``: trunk -> pool -> linear, nothing else); with ``main_heads``, a
     :class:`MainBranchHeads` around it."""
     if main_heads:
         return MainBranchHeads(backbone, num_classes, main_pool, in_chans, main_heads)
