@@ -1,17 +1,17 @@
-"""The adaptive scheduler's decisions after a merge (rsnet/parallel/schedule.py): B, the size grid, the cadence, who
-takes part. Pure functions and the Schedule every worker moves on from the same merged table; no processes."""
+"""The adaptive scheduler's decisions after a merge (rsnet/parallel/schedule.py, schedule_rules.py): B, the size
+grid, the cadence, who takes part. Pure functions and the Schedule every worker moves on from the same merged table;
+no processes."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import trainer_config
 
-from rsnet.parallel.schedule import (
-    Schedule,
+from rsnet.parallel.schedule import Schedule, describe
+from rsnet.parallel.schedule_rules import (
     ScheduleSettings,
     auto_multiple,
     choose_workers,
-    describe,
     lr_rounds,
     mean_rounds,
     merge_rounds,

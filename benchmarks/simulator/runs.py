@@ -12,8 +12,9 @@ import torch
 
 from rsnet.parallel import batching
 from rsnet.parallel.speed_probe import PROBE_TIMED_STEPS
-from rsnet.parallel.schedule import Schedule, describe, next_interval, resolve_multiple
-from rsnet.parallel.strategies.adaptive import PROBE_GRACE_MIN_S, PROBE_GRACE_STEPS
+from rsnet.parallel.schedule import Schedule, describe
+from rsnet.parallel.schedule_rules import next_interval, resolve_multiple
+from rsnet.parallel.strategies.adaptive_probes import PROBE_GRACE_MIN_S, PROBE_GRACE_STEPS
 from .costs import comm_threshold_interval, gradient_allreduce_seconds, merge_seconds
 from .scenario import RunResult, Scenario, SimStore
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rsnet.parallel import batching
-from rsnet.parallel.schedule import ScheduleSettings, resolve_multiple
+from rsnet.parallel.schedule_rules import ScheduleSettings, resolve_multiple
 from .costs import STORE_RTT_LAN_S, DeviceProfile, Link, ModelSpec
 
 
@@ -60,7 +60,7 @@ class Scenario:
 
     @property
     def total_batch(self) -> int:
-        """The run's batch_size (sync's B; adaptive's B may be larger, :func:`schedule.round_batch`)."""
+        """The run's batch_size (sync's B; adaptive's B may be larger, :func:`schedule_rules.round_batch`)."""
         return self.settings.schedule.batch_size
 
     @property

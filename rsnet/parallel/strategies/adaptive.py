@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +14,10 @@ import torch.distributed as dist
 from rsnet.parallel.batching import (IntervalClaimer, coarse_multiple_warning, epoch_permutation, may_claim_ahead,
                                     may_claim_next, updated_speed)
 from rsnet.parallel.merge import MergeResult, broadcast_module, exchange_table, merge_share, normalized_merge
-from rsnet.parallel.speed_probe import PROBE_FAILED, ProbeStep, SpeedProbe
-from rsnet.parallel.schedule import MERGE_WEIGHTS, Schedule, ScheduleSettings, describe, next_interval
+from rsnet.parallel.schedule import Schedule, describe
+from rsnet.parallel.schedule_rules import MERGE_WEIGHTS, ScheduleSettings, next_interval
+from rsnet.parallel.speed_probe import SpeedProbe
+from rsnet.parallel.strategies.adaptive_probes import SpeedProbing
 from rsnet.parallel.strategies.base import Claim, Strategy, register_strategy
 from rsnet.parallel.strategies.reports import format_row
 
@@ -27,13 +28,6 @@ META_FIELDS = ("n", "s", "b", "updates", "compute", "batch_max", "w", "comm")
 # A step that runs longer than this while the prefetch thread waits to claim the next batch gets a log line (the
 # claim still waits for it: claiming ahead would hold samples that the others might train before the merge).
 SLOW_STEP_LOG_S = 30.0
-# At the start, once the first probe is done, every worker waits this many of that worker's timed probe steps (at least
-# PROBE_GRACE_MIN_S) for the others' probes: similar devices all train from the first interval, a worker whose probe
-# is still running then is pending. A grace counted in steps, not in the probe's time, which a GPU's autotuning of the
-# first step may make seconds long.
-PROBE_GRACE_STEPS = 4
-PROBE_GRACE_MIN_S = 0.1
-_POLL_S = 0.005  # how often a waiting worker reads the store's count of finished probes
 
 
 @dataclass
@@ -71,7 +65,7 @@ def check_settings(trainer: Mapping[str, Any], batch_size: int, workers: int) ->
 
 
 @register_strategy
-class AdaptiveStrategy(Strategy):
+class AdaptiveStrategy(SpeedProbing, Strategy):
     """Dynamic scheduling + adaptive batch sizes + normalized merging (docs/scheduler.md); what the workers agree
     on after every merge (who trains, B, the sizes, the cadence) is a :class:`~rsnet.parallel.schedule.Schedule`."""
 
@@ -101,7 +95,8 @@ class AdaptiveStrategy(Strategy):
         self._own_times: list[tuple[float, float]] = []  # this worker's (idle, merge) seconds of the epoch's merges
         self._order = torch.empty(0, dtype=torch.long)  # the epoch's permutation of the samples
         self._interval = Interval(0, 0, self.schedule.rounds, self._claim_key(0, 0))  # the one being trained
-        self._stepped = threading.Condition()  # after_step and stop_claiming notify the prefetch thread waiting to claim
+        # after_step and stop_claiming notify the prefetch thread waiting to claim
+        self._stepped = threading.Condition()
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
 
     @property
@@ -127,7 +122,7 @@ class AdaptiveStrategy(Strategy):
         return batch_size / reference
 
     def follow_lr(self, lr_ratio: Callable[[float], float], epochs: int) -> None:
-        """Intervals grow as the lr decays (:func:`~rsnet.parallel.schedule.lr_rounds`)."""
+        """Intervals grow as the lr decays (:func:`~rsnet.parallel.schedule_rules.lr_rounds`)."""
         self.schedule.follow_lr(lr_ratio, epochs)
 
     def work_shares(self) -> list[float]:
@@ -144,21 +139,6 @@ class AdaptiveStrategy(Strategy):
                     self.batch_max)
         return self.batch_max
 
-    @property
-    def wants_probe(self) -> bool:
-        """Whether this worker needs a speed probe (:meth:`probe_speed`): with others, before its speed is known."""
-        return (self.world > 1 and self.speed <= 0 and self._probe is None
-                and (self.schedule.pending[self.rank] or not self.schedule.started))
-
-    def probe_speed(self, step: ProbeStep) -> None:
-        """Time ``step`` (a training step on synthetic samples, on a private copy of the model) on a background
-        thread; its speed reaches the others at merge 0 or a later merge. A GPU probes at B, the batch it trains at
-        where it is the one device kept (a GPU beside CPUs: no second shape to tune), a CPU at its equal share."""
-        if self.wants_probe:
-            total = self.schedule.total_batch
-            batch = total if self.ctx.device.type == "cuda" else total // self.world
-            self._probe = SpeedProbe(step, min(batch, self.batch_max), self.ctx.device,
-                                     self.schedule.settings.batch_min, self.ctx.slowdown).start()
 
     def intervals(self, epoch: int) -> Iterator[int]:
         """The epoch's merge intervals, each planned when the one before it has merged (before the run's first: the
@@ -196,7 +176,8 @@ class AdaptiveStrategy(Strategy):
         meta[self.rank * k + META_FIELDS.index("s")] = self.speed
         meta[self.rank * k + META_FIELDS.index("batch_max")] = self.batch_max
         result = exchange_table(meta, comm_device=self.ctx.comm_device)
-        table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, result.meta.view(self.world, k).T)}
+        table = {field: [float(v) for v in column]
+                 for field, column in zip(META_FIELDS, result.meta.view(self.world, k).T)}
         if all(speed < 0 for speed in table["s"]):
             raise RuntimeError("every worker's speed probe failed or ran past trainer.probe_timeout_s (each worker's "
                                "log line says which): no worker can train")
@@ -210,43 +191,6 @@ class AdaptiveStrategy(Strategy):
             log.info("adaptive: speed probes (samples/s): %s; batch sizes %s", ", ".join(
                 f"w{rank} {speed:.1f}" for rank, speed in enumerate(table["s"])), self.sizes)
 
-    def _await_probes(self) -> None:
-        """Block until every worker's probe is done, or for :data:`PROBE_GRACE_STEPS` timed steps of the first worker
-        done (the grace it publishes in the store) after this worker learnt of it."""
-        probe, store = self._probe, self.ctx.store
-        assert probe is not None
-        done_key, measured_key = f"{self.prefix}/probes_done", f"{self.prefix}/probes_measured"
-        grace_key = f"{self.prefix}/probes_grace"
-        counted, grace_end = False, None
-        while True:
-            failed = probe.failure(self.probe_timeout_s) is not None
-            if (probe.done or failed) and not counted:  # a failed probe leaves its worker out, not the run
-                counted = True
-                store.add(done_key, 1)
-                if not failed and int(store.add(measured_key, 1)) == 1:
-                    store.set(grace_key, repr(max(PROBE_GRACE_STEPS * probe.step_seconds, PROBE_GRACE_MIN_S)))
-            if int(store.add(done_key, 0)) >= self.world:
-                return
-            if grace_end is None and int(store.add(measured_key, 0)):
-                grace_end = time.perf_counter() + float(store.get(grace_key))
-            if grace_end is not None and time.perf_counter() >= grace_end:
-                return
-            probe.wait(_POLL_S)
-
-    def _take_probe_result(self) -> None:
-        """Once this worker's probe is done: its speed becomes the worker's, and the probe (its model copy) goes. A
-        probe that raised or ran past ``trainer.probe_timeout_s`` gives :data:`PROBE_FAILED`: this worker is left out
-        at the merge that carries it, with one log line here saying why."""
-        probe = self._probe
-        if probe is None:
-            return
-        failure = probe.failure(self.probe_timeout_s)
-        if failure is not None:
-            log.warning("worker %d (%s): its speed probe %s; it is left out, the others train on", self.rank,
-                        self.ctx.device, failure)
-            self.speed, self._probe = PROBE_FAILED, None
-        elif probe.done:
-            self.speed, self._probe = probe.result(), None
 
     def claims(self, interval: int) -> Iterator[Claim]:
         """Claim batches of the interval through the store until it is used up (no collective): ahead of the current

@@ -9,7 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rsnet.parallel import batching
-from rsnet.parallel.schedule import resolve_multiple
+from rsnet.parallel.schedule_rules import resolve_multiple
 from rsnet.parallel.strategies.base import register_strategy
 from rsnet.parallel.strategies.sync import SyncStrategy
 
