@@ -25,7 +25,8 @@ from rasterio.transform import Affine
 from rsnet.files import DiskFullError, disk_full_named
 from rsnet.mapping import areas as areas_module
 from rsnet.mapping import cog as cog_module
-from rsnet.mapping.areas import AreaTally, GroundMeasure, write_area_table
+from rsnet.data.ground import GroundMeasure
+from rsnet.mapping.areas import AreaTally, write_area_table
 from rsnet.mapping.cog import RasterLayout, write_cog
 from rsnet.mapping.mosaic import write_mosaics
 

@@ -16,12 +16,13 @@ import cv2
 import numpy as np
 from PIL import Image
 from rasterio.enums import MaskFlags
-from rasterio.warp import transform as transform_points
 
 from .errors import CorruptImageError
+from .ground import ground_pixel_size
 
 __all__ = ["DEFAULT_MAX_PIXELS", "SAMPLE_TYPES", "Bands", "band_statistics", "bands_from_metadata", "check_max_pixels",
-           "ground_pixel_size", "max_pixel_value", "open_raster", "pictures", "resize_bands", "resolve_bands", "rgb_composite", "training_footprint"]
+           "max_pixel_value", "open_raster", "pictures", "resize_bands", "resolve_bands", "rgb_composite",
+           "training_footprint"]
 
 SAMPLE_TYPES = ("uint8", "uint16", "int16", "float32")  # sample types a model can read (OpenCV resizes them)
 DEFAULT_MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # pixels of one band file: PIL's decompression-bomb limit for pictures
@@ -258,27 +259,6 @@ def band_statistics(images: Any, rows: Sequence[int], chunk: int = 256, nodata: 
     std = np.sqrt(np.maximum(sq / count - mean * mean, 0.0))
     std[std <= 0] = 1.0
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
-def ground_pixel_size(src: Any) -> float | None:
-    """Metres on the ground of a pixel's side at the centre of the open raster ``src`` (the square root of a pixel's
-    ground area there, so rotated or sheared transforms, geographic coordinates and projections whose units are not
-    ground metres, such as Web Mercator's, all count right), else None (no coordinate system, or PROJ cannot place
-    it on the Earth)."""
-    if src.crs is None:
-        return None
-    col, row = src.width / 2, src.height / 2
-    xs, ys = zip(*(src.transform @ corner for corner in ((col, row), (col + 1, row), (col, row + 1))))
-    try:
-        (lon,), (lat,) = transform_points(src.crs, "EPSG:4326", xs[:1], ys[:1])
-        local = f"+proj=aeqd +lat_0={lat} +lon_0={lon} +datum=WGS84 +units=m"  # true distances from the centre
-        east, north = transform_points(src.crs, local, xs, ys)
-    except Exception:  # noqa: BLE001 - rasterio raises CRSError, CPLE_* errors, ... for a CRS PROJ cannot convert
-        return None
-    across = (east[1] - east[0], north[1] - north[0])
-    down = (east[2] - east[0], north[2] - north[0])
-    area = abs(across[0] * down[1] - across[1] * down[0])
-    return math.sqrt(area) if math.isfinite(area) and area > 0 else None
 
 
 def training_footprint(paths: Sequence[str], ground_resolution_m: float | None = None,

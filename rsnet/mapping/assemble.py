@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 from rasterio.transform import Affine
 
+from rsnet.data.ground import GroundMeasure
 from rsnet.data.raster import rgb_composite
 from rsnet.integrity import file_digest
-from rsnet.mapping.areas import AreaTally, GroundMeasure, write_area_table
+from rsnet.mapping.areas import AreaTally, write_area_table
 from rsnet.mapping.categories import write_categories, write_style
 from rsnet.mapping.cog import RasterLayout, write_cog
 from rsnet.mapping.grid import WindowGrid

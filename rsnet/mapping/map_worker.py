@@ -147,7 +147,8 @@ class _Meter:
 
 
 def _classify_scene(ctx: WorkerContext, store: Any, board: ClaimBoard, classifier: WindowClassifier,
-                    lanes: _ForwardLanes, index: int, plan: ScenePlan, partial: PartialMap, readers: int, meter: _Meter, bar: Any) -> None:
+                    lanes: _ForwardLanes, index: int, plan: ScenePlan, partial: PartialMap, readers: int, meter: _Meter,
+                    bar: Any) -> None:
     """Claim chunks of ``plan`` and classify them on this worker's lanes until the scene has none left or this worker
     is left out; ``readers`` chunks are read ahead of the lanes."""
     grid = plan.grid

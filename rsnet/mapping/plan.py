@@ -15,7 +15,8 @@ import numpy as np
 from rasterio.enums import MaskFlags
 
 from rsnet.data.decode import picture_bands
-from rsnet.data.raster import ground_pixel_size, open_raster
+from rsnet.data.ground import ground_pixel_size
+from rsnet.data.raster import open_raster
 from rsnet.mapping.grid import WindowGrid
 from rsnet.mapping.imagery import Canvas
 

@@ -106,7 +106,7 @@ def map_scenes(model: Predictor | str | os.PathLike, rasters: Sequence[str | os.
         for plan in plans:  # a scene another process maps now: refused before any work (the workers hold the locks)
             MapLock(plan.out_dir, plan.stem).acquire().release()
     identity = model_id or predictor.description
-    settings = [{**_settings(plan, predictor, identity), "amp": amp} for plan in plans]
+    settings = [_settings(plan, predictor, identity, amp) for plan in plans]
     started = time.perf_counter()
     source = predictor if len(devices) == 1 else spec
     try:
@@ -142,12 +142,13 @@ def _planning_predictor(spec: PredictorSpec) -> Predictor:
     return spec.load(torch.device("cpu"))
 
 
-def _settings(plan: ScenePlan, predictor: Predictor, model_id: str) -> dict[str, Any]:
-    """What a scene's map depends on: the raster (path, size, time), the model, the window, stride and chunks."""
+def _settings(plan: ScenePlan, predictor: Predictor, model_id: str, amp: str) -> dict[str, Any]:
+    """What a scene's map depends on: the raster (path, size, time), the model, the window, stride and chunks, and a
+    GPU's forward precision."""
     stat = plan.path.stat()
     return {"scene": str(plan.path.resolve()), "scene_bytes": stat.st_size, "scene_mtime_ns": stat.st_mtime_ns,
             "model": model_id, "classes": list(predictor.class_names), "bands": list(plan.indexes),
-            "window": plan.grid.size, "stride": plan.grid.step, "batch_size": plan.grid.batch_size}
+            "window": plan.grid.size, "stride": plan.grid.step, "batch_size": plan.grid.batch_size, "amp": amp}
 
 
 def _check_distinct(plans: Sequence[ScenePlan]) -> None:
