@@ -189,21 +189,21 @@ def profile_epoch(args: argparse.Namespace, device: torch.device) -> None:
     seconds: dict[str, float] = {}
 
     def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*arguments: Any) -> Any:
+        def wrapper(*arguments: Any, **options: Any) -> Any:
             started = time.perf_counter()
             try:
-                return function(*arguments)
+                return function(*arguments, **options)
             finally:
                 synchronize(device)
                 seconds[name] = time.perf_counter() - started
         return wrapper
 
-    def profiled_epoch(ctx: Any, config: dict[str, Any], epoch: int, *rest: Any) -> Any:
+    def profiled_epoch(ctx: Any, config: dict[str, Any], epoch: int, *rest: Any, **options: Any) -> Any:
         if epoch != args.epoch - 1:
-            return timed("train", train_epoch)(ctx, config, epoch, *rest)
+            return timed("train", train_epoch)(ctx, config, epoch, *rest, **options)
         with profile(activities=activities(ctx.device)) as prof:
             started = time.perf_counter()
-            meter = train_epoch(ctx, config, epoch, *rest)
+            meter = train_epoch(ctx, config, epoch, *rest, **options)
             synchronize(ctx.device)
             wall = seconds["train"] = time.perf_counter() - started
         extra = (f"trainer's own meters: data wait {meter.data_seconds:.3f} s, compute (step to interval end) "

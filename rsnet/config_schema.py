@@ -57,6 +57,7 @@ class LauncherSchema:
     backend: str
     cpu_threads: Optional[int]
     timeout_s: float
+    max_restarts: int
 
 
 @dataclass
@@ -79,6 +80,7 @@ class AdaptiveSchema(LauncherSchema):
     elastic: float
     leave_out: bool
     probe_timeout_s: float
+    lose_worker: Optional[List[int]]  # SIMULATED loss: [rank, epoch, interval]
     log_intervals: bool
 
 

@@ -203,8 +203,8 @@ def test_a_full_disk_in_a_write_stops_the_run_in_one_line_by_the_next_epochs_end
 
     monkeypatch.setattr(torch, "save", full_disk_at_epoch_2)
     monkeypatch.setattr(trainer, "BackgroundWriter", functools.partial(BackgroundWriter, lowest_priority=False))
-    monkeypatch.setattr(trainer, "train_one_epoch", lambda ctx, config, epoch, *rest: (
-        trained.append(epoch + 1), real_epoch(ctx, config, epoch, *rest))[1])
+    monkeypatch.setattr(trainer, "train_one_epoch", lambda ctx, config, epoch, *rest, **options: (
+        trained.append(epoch + 1), real_epoch(ctx, config, epoch, *rest, **options))[1])
     run_dir = tmp_path / "run"
     capfd.readouterr()
     assert run_train(run_dir, *TINY, "epochs=5", f"log.background_writes={background}") == 1

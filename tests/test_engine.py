@@ -455,7 +455,7 @@ def test_the_run_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path / "last.pt", {**_checkpoint_payload(), **state.as_payload()})
     assert RunState.from_checkpoint(load_checkpoint(path)) == state
     assert RunState.from_checkpoint({"epoch": 2}) == RunState(epoch=2)  # a key a checkpoint lacks keeps its default
-    assert set(state.as_payload()) == {"epoch", "history", "wall_time_s", "last_metrics", "selected"}
+    assert set(state.as_payload()) == {"epoch", "history", "wall_time_s", "last_metrics", "selected", "changes"}
 
 
 def _seeds_after_seeding(seed: int, rank: int, epoch: int) -> tuple[int, int, float]:

@@ -163,3 +163,53 @@ def test_static_strategies_share_one_clock() -> None:
             per_worker.append(positions)
         assert per_worker[0] == per_worker[1] == per_worker[2]
         assert per_worker[0][0] == 1.0 and all(1.0 <= p < 2.0 for p in per_worker[0])
+
+
+def _claim_round_robin(strategies: list, interval: int) -> list:
+    """Every claim of the workers' ``interval``, the workers taking turns, each training a batch before it claims
+    again."""
+    streams = [strategy.claims(interval) for strategy in strategies]
+    claims, active = [], list(range(len(streams)))
+    while active:
+        for rank in list(active):
+            claim = next(streams[rank], None)
+            if claim is None:
+                active.remove(rank)
+                continue
+            claims.append(claim)
+            strategies[rank].after_step(len(claim.indices), None)
+    return claims
+
+
+def test_every_sample_of_an_epoch_once_across_a_lost_worker() -> None:
+    """Three workers merge the epoch's first two intervals and are claiming the third when one is lost: the claims
+    in flight go with it (the survivors go back to the last merge). Two survivors, as new processes with a new store,
+    go on from the commit's position: the epoch's samples in the model that goes on are its permutation, each once."""
+    n, epoch, trainer = 200, 1, trainer_config("adaptive", merge_rounds=1, merge_cost_max=0, share_min=0,
+                                               leave_out=False, log_intervals=False)
+    store = DictStore()
+    before = [_build(trainer, _context(rank, 3, store), n, 48) for rank in range(3)]
+    for strategy in before:
+        strategy.schedule.start([1.0] * 3)
+    plans, merged = [strategy.intervals(epoch) for strategy in before], []
+    for _ in range(2):  # two intervals merged: the commit holds them
+        interval = _same(next(plan) for plan in plans)
+        merged += _claim_round_robin(before, interval)
+    position = _same(strategy._interval.high for strategy in before)
+    interval = _same(next(plan) for plan in plans)
+    in_flight = [next(strategy.claims(interval)) for strategy in before]  # claimed, never merged: lost
+    assert position == 96 and all(len(claim.indices) for claim in in_flight)
+
+    store = DictStore()  # the survivors' launch: a new rendezvous and store
+    after = [_build(trainer, _context(rank, 2, store), n, 48) for rank in range(2)]
+    for strategy in after:
+        strategy.schedule.start([1.0] * 2)
+        strategy.resume_within_epoch(position)
+    plans, resumed = [strategy.intervals(epoch) for strategy in after], []
+    while (interval := _same(next(plan, None) for plan in plans)) is not None:
+        resumed += _claim_round_robin(after, interval)
+    trained = torch.cat([claim.indices for claim in merged + resumed]).tolist()
+    assert sorted(trained) == list(range(n))  # every sample once: none dropped, none twice
+    assert torch.cat([c.indices for c in merged]).tolist() == epoch_permutation(n, SEED, epoch)[:position].tolist()
+    assert min(claim.position for claim in resumed) == pytest.approx(epoch + position / n)  # the lr's clock goes on
+    assert next(after[0].intervals(epoch + 1)) == 0 and after[0]._interval.low == 0  # the next epoch from its start

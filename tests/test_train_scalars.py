@@ -23,7 +23,8 @@ def test_unequal_shares_add_up_and_the_slowest_worker_times_the_epoch() -> None:
     group = EpochTotals.combined([_totals(10, 5, 20.0, 1.0, 1.0, lr=0.1), _totals(30, 27, 30.0, 0.0, 3.0, lr=0.3)])
     assert (group.samples, group.steps, group.correct) == (40, 20, 32)
     assert group.summary() == pytest.approx({"train/loss/total": 1.25, "train/oa_main": 80.0,
-                                             "train/images_per_s": 40 / 3, "train/data_stall": 0.2, "train/lr": 0.1})
+                                             "train/images_per_s": 40 / 3, "train/data_stall": 0.2, "train/lr": 0.1,
+                                             "train/samples": 40})
 
 
 def test_a_worker_left_out_counts_for_nothing_and_divides_by_nothing() -> None:
@@ -34,9 +35,9 @@ def test_a_worker_left_out_counts_for_nothing_and_divides_by_nothing() -> None:
     alone = _totals(8, 6, 4.0, 0.5, 1.5, lr=0.3)
     assert EpochTotals.combined([empty, alone]).summary() == alone.summary() == pytest.approx(
         {"train/loss/total": 0.5, "train/oa_main": 75.0, "train/images_per_s": 4.0, "train/data_stall": 0.25,
-         "train/lr": 0.3})
+         "train/lr": 0.3, "train/samples": 8})
     assert empty.summary() == {"train/oa_main": 0.0, "train/images_per_s": 0.0, "train/data_stall": 0.0,
-                               "train/lr": 0.0}
+                               "train/lr": 0.0, "train/samples": 0}
 
 
 def test_a_meters_totals_are_its_sums_on_the_host() -> None:
@@ -69,4 +70,4 @@ def test_the_primary_logs_every_workers_samples(shares: list[int]) -> None:
     first_lr = 0.1 if shares[0] else 0.2
     assert scalars == pytest.approx({"train/loss/total": 2.5, "train/oa_main": 50.0,
                                      "train/images_per_s": 6 / max(shares), "train/data_stall": 0.0,
-                                     "train/lr": first_lr})
+                                     "train/lr": first_lr, "train/samples": 6})

@@ -115,13 +115,17 @@ def stop(error: BaseException, then: str = "") -> NoReturn:
 
 def how_to_continue(config: dict) -> str | None:
     """What the run dir keeps and the command that continues the run from it; None where it keeps no checkpoint."""
-    from rsnet.checkpoint import last_checkpoint
+    from rsnet.checkpoint import load_checkpoint
+    from rsnet.engine.merge_commit import committed_position, resume_point
 
-    saved = last_checkpoint(config["run_dir"])
-    if saved is None:
+    point = resume_point(Path(config["run_dir"]))
+    if point is None:
         return None
-    return (f"{saved[0]} holds epoch {saved[1]} of {config['epochs']}; continue with\n"
-            f"  {resume_command(sys.argv, config['run_dir'])}")
+    saved = load_checkpoint(point, mmap=True)
+    position = committed_position(saved)
+    holds = (f"epoch {saved['epoch'] + 1} of {config['epochs']} up to its last merge ({position} samples)" if position
+             else f"epoch {saved['epoch']} of {config['epochs']}")
+    return f"{point} holds {holds}; continue with\n  {resume_command(sys.argv, config['run_dir'])}"
 
 
 def log_to_files(message: str) -> None:

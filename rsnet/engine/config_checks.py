@@ -125,7 +125,7 @@ def _check_run_settings(config: dict[str, Any]) -> None:
 
 
 def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
-    """One simulated-slowdown factor (>= 1) per worker, and a positive timeout."""
+    """One simulated-slowdown factor (>= 1) per worker, a positive timeout, restarts >= 0, a simulated loss in range."""
     from rsnet.parallel.launcher import check_slowdown
 
     try:
@@ -135,6 +135,14 @@ def _check_launch_settings(trainer: dict[str, Any], num_workers: int) -> None:
     timeout = trainer["timeout_s"]
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"trainer.timeout_s={timeout!r}: must be a positive number of seconds (e.g. 600)")
+    if trainer["max_restarts"] < 0:
+        raise ConfigError(f"trainer.max_restarts={trainer['max_restarts']}: must be >= 0 (the lost workers a run goes "
+                          "on without; 0: a lost worker stops the run)")
+    lose = trainer.get("lose_worker")
+    if lose is not None and (not isinstance(lose, list) or len(lose) != 3 or not 0 <= lose[0] < num_workers
+                             or min(lose[1:]) < 1):
+        raise ConfigError(f"trainer.lose_worker={lose!r}: give [rank, epoch, interval] (rank < {num_workers} workers, "
+                          "1-based epoch and interval), e.g. [1, 2, 3], or null")
 
 
 def check_devices(devices: list[str]) -> None:
@@ -211,18 +219,21 @@ def _has(config: dict[str, Any], dotted: str) -> bool:
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
-    """Return the checkpoint to resume from (or None); refuse to silently overwrite an earlier run."""
+    """Return the checkpoint to resume from (or None): the last merge's commit where it is newer than last.pt;
+    refuse to silently overwrite an earlier run."""
     from rsnet.checkpoint import run_checkpoint_path
+    from rsnet.engine.merge_commit import resume_point
 
     last = run_checkpoint_path(run_dir)
     if resume and overwrite:
         raise ConfigError("resume=true and overwrite=true contradict each other: pass resume to "
                           "continue the run in this run dir, overwrite to start afresh there")
     if resume:
-        if not last.is_file():
+        point = resume_point(run_dir)
+        if point is None:
             raise ConfigError(f"resume=true but {last} does not exist; start without resume, or point "
                               "hydra.run.dir at the run to continue")
-        return last
+        return point
     if last.is_file() and not overwrite:
         raise ConfigError(f"{run_dir} already holds a run ({last}); pass resume=true to continue it, "
                           "overwrite=true to start afresh there, or choose another hydra.run.dir")

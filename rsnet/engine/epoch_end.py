@@ -41,6 +41,7 @@ class RunState:
     wall_time_s: float = 0.0
     last_metrics: dict[str, Any] | None = None
     selected: dict[str, Any] | None = None
+    changes: list[dict[str, Any]] = field(default_factory=list)  # membership changes (lost workers, restarts)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any]) -> RunState:
@@ -97,7 +98,7 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
         state.history.append({"epoch": epoch, "wall_time_s": round(state.wall_time_s, 3), **_rounded(train_scalars)})
     summary = run_summary(config, data, state, strategy.report()) if evaluation is not None else None
     # what the writer reads: copied off the live tensors and the run's state when it writes in the background
-    kept = _kept_for(writer, {"checkpoint": _checkpoint_payload(config, data, model, optimizer, strategy, state),
+    kept = _kept_for(writer, {"checkpoint": checkpoint_payload(config, data, model, optimizer, strategy, state),
                               "summary": summary, "scheduler_rows": strategy.stats(), "train_scalars": train_scalars,
                               "evaluation": evaluation})
     run_dir = Path(config["run_dir"])
@@ -182,7 +183,7 @@ def _select(evaluation: EpochEvaluation, state: RunState, train_scalars: dict[st
     return improved
 
 
-def _checkpoint_payload(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
+def checkpoint_payload(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState) -> dict[str, Any]:
     """A checkpoint's contents: the live model, optimizer, scheduler and run state, the data's facts, the config."""
     return {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
@@ -245,6 +246,8 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
         last = state.last_metrics
         summary.update(selected_epoch=selected["epoch"], val_accuracy=selected["val_accuracy"],
                        last_epoch_test={"accuracy": last["accuracy"], "oa": last["oa"]})
+    if state.changes:
+        summary["membership_changes"] = state.changes
     return rounded_numbers({**summary, "scheduler": scheduler, "history": state.history})
 
 

@@ -100,6 +100,7 @@ class EpochTotals:
         samples = max(self.samples, 1)
         scalars = {f"train/loss/{name}": total / samples for name, total in self.loss_sums.items()}
         scalars["train/oa_main"] = 100.0 * self.correct / samples
+        scalars["train/samples"] = self.samples
         slowest = self.slowest_busy_seconds
         scalars["train/images_per_s"] = self.samples / slowest if slowest else 0.0
         scalars["train/data_stall"] = self.data_seconds / self.busy_seconds if self.busy_seconds else 0.0
@@ -107,23 +108,30 @@ class EpochTotals:
         return scalars
 
 
-def group_train_scalars(ctx: WorkerContext, meter: EpochMeter) -> dict[str, float] | None:
+def group_train_scalars(ctx: WorkerContext, meter: EpochMeter, merged_before: int = 0) -> dict[str, float] | None:
     """The epoch's training scalars of every worker together (:meth:`EpochTotals.combined`), on the primary; None
-    on the others. A collective: every worker calls it."""
+    on the others. ``merged_before``: the epoch's samples trained before a resume (they count in ``train/samples``
+    only). A collective: every worker calls it."""
     own = meter.totals()
     if ctx.world_size == 1:
-        return own.summary()
-    parts: list[Any] | None = [None] * ctx.world_size if ctx.is_primary else None
-    dist.gather_object(own, parts, dst=0)
-    return EpochTotals.combined(parts).summary() if parts is not None else None
+        scalars = own.summary()
+    else:
+        parts: list[Any] | None = [None] * ctx.world_size if ctx.is_primary else None
+        dist.gather_object(own, parts, dst=0)
+        if parts is None:
+            return None
+        scalars = EpochTotals.combined(parts).summary()
+    scalars["train/samples"] += merged_before
+    return scalars
 
 
 def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data: DataBundle, strategy: Strategy,
                     criterion: MultiBranchLoss, optimizer: torch.optim.Optimizer,
-                    writer: BackgroundWriter | None = None) -> EpochMeter:
+                    writer: BackgroundWriter | None = None, on_merge: Callable[[], None] | None = None) -> EpochMeter:
     """Train one epoch on the batches the strategy hands this worker, interval by interval (one host wait per interval);
     a batch that runs out of CUDA memory is retried at ``strategy.on_out_of_memory()``'s size. ``writer``: the
-    previous epoch's background writes, whose failure stops the epoch at the next step."""
+    previous epoch's background writes, whose failure stops the epoch at the next step; ``on_merge``: called after
+    each interval's end (the primary's commit)."""
     model = strategy.model
     model.train()
     if strategy.wants_probe:
@@ -147,6 +155,8 @@ def train_one_epoch(ctx: WorkerContext, config: dict[str, Any], epoch: int, data
             meter.data_seconds = prefetcher.wait_s
             with record_function("rsnet.interval_end"):  # merge and schedule
                 strategy.end_interval(compute)
+            if on_merge is not None:
+                on_merge()
             bar.set_postfix(loss=f"{float(meter.loss_sums.get('total', 0.0)) / max(meter.samples, 1):.3f}",
                             acc=f"{100 * float(meter.correct) / max(meter.samples, 1):.1f}",
                             img_s=f"{meter.samples / max(meter.data_seconds + meter.compute_seconds, 1e-9):.0f}",

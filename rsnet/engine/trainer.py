@@ -18,15 +18,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rsnet.checkpoint import load_checkpoint
+from rsnet.checkpoint import load_checkpoint, run_checkpoint_path
 from rsnet.data import DataBundle, build_datasets_from_config
 from rsnet.data.shared_decode import load_decoded_once
 from rsnet.engine.acceleration import set_deterministic, tune_convolutions, use_channels_last
 from rsnet.engine.background_writer import BackgroundWriter, writes_in_background
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.epoch_end import RunState, evaluate_epoch, finish_epoch
+from rsnet.engine.epoch_end import RunState, checkpoint_payload, evaluate_epoch, finish_epoch
 from rsnet.engine.epoch_loop import (NonFiniteLossError, _last_good_checkpoint, _lr_ratio, _seed_generators,
                                      group_train_scalars, train_one_epoch)
+from rsnet.engine.membership import launch_through_losses
+from rsnet.engine.merge_commit import COMMIT_NAME, POSITION_KEY, MergeCommits, committed_position, resume_point
 from rsnet.engine.fresh_start import SET_ASIDE, put_back_or_drop_an_unfinished_set_aside, set_aside_earlier_run
 from rsnet.engine.optim import build_optimizer
 from rsnet.engine.run_lock import hold_run_dir, share_run_dir
@@ -51,7 +53,13 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     run_dir = Path(config["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     primary = os.environ.get("RANK", "0") == "0" or not started_by_torchrun()
-    with hold_run_dir(run_dir) if primary else nullcontext():
+    restarted = _torchrun_restart()
+    with hold_run_dir(run_dir) if primary and not restarted else nullcontext():
+        if restarted:  # torchrun's agent started this worker again (a node left or joined): go on from the commit
+            point = resume_point(run_dir)
+            change = {"torchrun_restart": restarted, "workers": workers, "resumed_from": point.name if point else None}
+            return launch(run_worker, devices, config, str(point) if point else None, change,
+                          **launch_options(trainer))
         if primary:
             put_back_or_drop_an_unfinished_set_aside(run_dir)
         resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
@@ -70,8 +78,14 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
                          "checkpoint (put back if it stops before)", run_dir, ", ".join(set_aside), SET_ASIDE)
             if primary and on_accepted is not None:
                 on_accepted(run_dir)
-            return launch(run_worker, devices, config, str(resume_from) if resume_from else None,
-                          **launch_options(trainer))
+            return launch_through_losses(run_worker, devices, config, str(resume_from) if resume_from else None,
+                                         launch_options(trainer))
+
+
+def _torchrun_restart() -> int:
+    """How many times torchrun's agent has started this worker again (``TORCHELASTIC_RESTART_COUNT``; 0 outside
+    torchrun and at its first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if started_by_torchrun() else 0
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
@@ -85,15 +99,18 @@ def resolve_devices(devices: list[str] | str | None) -> list[str]:
     return ["cuda:0" if name == "cuda" else name for name in names]
 
 
-def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
+def run_worker(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None,
+               change: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """One worker's whole run (:func:`_train`), holding the run dir's workers' lock until it ends: a new run there
-    is refused until the last worker is gone, even when the launcher was killed before them."""
+    is refused until the last worker is gone, even when the launcher was killed before them. ``change``: the
+    membership change this launch follows (a lost worker, a torchrun restart), for the run's history."""
     with share_run_dir(Path(config["run_dir"])):
-        return _train(ctx, config, resume_from)
+        return _train(ctx, config, resume_from, change)
 
 
-def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) -> dict[str, Any] | None:
-    """Data, model, strategy, epochs; the primary evaluates and saves."""
+def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None,
+           change: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Data, model, strategy, epochs; the primary evaluates, saves, and commits the merges."""
     run_dir = Path(config["run_dir"])
     seed = int(config["seed"])
     if ctx.world_size > 1:  # tqdm's default lock is a multiprocessing semaphore, leaked when a worker is stopped
@@ -111,30 +128,46 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None) 
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
     strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
-    state = RunState()
+    state, merged_before = RunState(), 0  # merged_before: samples of the first epoch trained before the resume
     if resume_from:
         # train() checked its SHA-256 before any worker started: not hashed again per worker
         checkpoint = load_checkpoint(resume_from, map_location=ctx.device, verify=False)
         model.load_state_dict(checkpoint["model_state"])
         optimizer.load_state_dict(checkpoint["optimizer_state"])
         strategy.load_state_dict(checkpoint["strategy_state"])
+        merged_before = committed_position(checkpoint)
+        strategy.resume_within_epoch(merged_before)
         state = RunState.from_checkpoint(checkpoint)
-        log.info("resumed from %s after epoch %d", resume_from, state.epoch)
+        log.info("resumed from %s: %s", resume_from, _where(checkpoint, len(data.train)))
+    if change is not None:
+        lost_at = change.get("lost_at")  # seconds from the loss to the state loaded again
+        state.changes.append({**{key: value for key, value in change.items() if key != "lost_at"},
+                              **({"restart_s": round(time.time() - lost_at, 2)} if lost_at else {})})
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
     writer = BackgroundWriter(writes_in_background(config["log"]["background_writes"], ctx.device))
+    commits = MergeCommits(run_dir) if ctx.is_primary and strategy.commits_merges else None
     # TensorBoard's writer thread reports a full disk as a bare OSError; leaving the block waits for the writes
-    with disk_full_named(run_dir), tb, writer, _divergence_naming_the_written_checkpoint(writer, run_dir):
+    with disk_full_named(run_dir), tb, writer, _divergence_naming_the_written_checkpoint(writer, run_dir), \
+            _closing_commits(commits, ctx.is_primary, run_dir):
         for epoch in range(state.epoch, config["epochs"]):
             _seed_generators(seed, ctx.rank, epoch)  # each epoch as in a run never stopped: a resumed one trains alike
-            started = time.perf_counter()
-            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, writer)
-            state.wall_time_s += time.perf_counter() - started
+            started, wall_before = time.perf_counter(), state.wall_time_s
+
+            def commit() -> None:  # after each merge: the run as it stands, the epoch's merged samples with it
+                state.wall_time_s = wall_before + time.perf_counter() - started
+                commits.offer(lambda: {**checkpoint_payload(config, data, model, optimizer, strategy, state),
+                                       POSITION_KEY: strategy.epoch_merged})
+
+            meter = train_one_epoch(ctx, config, epoch, data, strategy, criterion, optimizer, writer,
+                                    on_merge=commit if commits is not None else None)
+            state.wall_time_s = wall_before + time.perf_counter() - started
             state.epoch = epoch + 1
             # every worker: its shard, in proportion to its measured speed
             evaluation = evaluate_epoch(ctx, config, data, model, state.epoch, strategy.work_shares())
-            train_scalars = group_train_scalars(ctx, meter)
+            train_scalars = group_train_scalars(ctx, meter, merged_before)
+            merged_before = 0
             if ctx.is_primary:
                 final = finish_epoch(config, data, model, optimizer, strategy, train_scalars, state, tb,
                                      attention_ids, evaluation, writer) or final
@@ -168,6 +201,34 @@ def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
     if started_by_torchrun():
         return int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     return ctx.rank, ctx.world_size
+
+
+@contextmanager
+def _closing_commits(commits: MergeCommits | None, primary: bool, run_dir: Path) -> Iterator[None]:
+    """The merge commits of the block, waited for on every way out; a run that finished drops its commit.pt (its
+    last.pt holds more; also one written before a lost worker left this launch alone)."""
+    try:
+        yield
+    except BaseException:
+        if commits is not None:
+            try:
+                commits.close()
+            except Exception as error:  # noqa: BLE001 - the commit's own error, second to the one in flight
+                log.warning("a merge commit failed as well: %s: %s", type(error).__name__, error)
+        raise
+    if commits is not None:
+        commits.close()
+        log.info("%s", commits.cost())
+    if primary:
+        run_checkpoint_path(run_dir, COMMIT_NAME).unlink(missing_ok=True)
+
+
+def _where(checkpoint: dict[str, Any], samples: int) -> str:
+    """Where a checkpoint leaves the run: after an epoch, or within one (a merge's commit)."""
+    position = committed_position(checkpoint)
+    if not position:
+        return f"after epoch {checkpoint['epoch']}"
+    return f"epoch {checkpoint['epoch'] + 1}, {position} of its {samples} samples merged (the last merge's commit)"
 
 
 _LAST_GOOD = re.compile(r"Its last good checkpoint is .+? \(after epoch \d+\)\.|"

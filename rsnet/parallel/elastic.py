@@ -42,11 +42,14 @@ _QUIET = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.mult
 
 class WorkerError(RuntimeError):
     """A worker process failed; ``rank`` and ``device`` name it, ``details`` has its traceback if any and
-    ``cause`` the exception it raised (when it could be sent back; None if it died or hung)."""
+    ``cause`` the exception it raised (when it could be sent back; None if it died or hung). ``lost``: it died
+    (killed, exited without a result) or stopped responding, without an error of its own: the device left the run,
+    which the others can go on without (docs/scheduler.md, "Devices that come and go")."""
 
     def __init__(self, rank: int, device: str, reason: str, details: str = "", others: str = "",
-                 cause: BaseException | None = None) -> None:
+                 cause: BaseException | None = None, lost: bool = False) -> None:
         self.rank, self.device, self.reason, self.details, self.cause = rank, device, reason, details, cause
+        self.lost, self.others = lost, others
         message = f"worker rank {rank} ({device}) failed: {reason}"
         if details:
             message += f"\n--- traceback of worker {rank} ---\n{details.rstrip()}"
@@ -309,4 +312,4 @@ def _root_cause(failed: ChildFailedError, stopped: dict[int, str], folder: Path,
     order = sorted(failures, key=lambda rank: failures[rank][:2])
     root = failures[order[0]]
     others = "\n".join(f"worker rank {rank} ({devices[rank]}): {failures[rank][2]}" for rank in order[1:])
-    return WorkerError(order[0], devices[order[0]], root[2], root[3], others, root[4])
+    return WorkerError(order[0], devices[order[0]], root[2], root[3], others, root[4], lost=root[0] <= 0)

@@ -98,6 +98,8 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         # after_step and stop_claiming notify the prefetch thread waiting to claim
         self._stepped = threading.Condition()
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
+        self._resume_position = 0  # where the next epoch starts: the commit's position, for the epoch it was made in
+        self.epoch_merged = 0  # samples of the epoch merged so far (the first positions of its permutation)
 
     @property
     def sizes(self) -> list[int]:
@@ -147,7 +149,8 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         if not self.schedule.started:
             self._start()
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
-        start, index = 0, 0
+        start, index = self._resume_position, 0
+        self._resume_position, self.epoch_merged = 0, start
         while start < self.num_samples:
             size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start,
                                              self.num_samples)
@@ -224,6 +227,16 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
             self._stepped.notify_all()
 
     @property
+    def commits_merges(self) -> bool:
+        """With others, every merge is a commit point: the run can go on from it (:meth:`resume_within_epoch`)."""
+        return self.world > 1
+
+    def resume_within_epoch(self, position: int) -> None:
+        """The next epoch starts at ``position`` of its permutation: the samples before it are in the model already
+        (a commit's, :mod:`rsnet.engine.merge_commit`); the rest is split among this run's workers."""
+        self._resume_position = int(position)
+
+    @property
     def fixed_batch_sizes(self) -> bool:
         """Alone, a worker claims its batch (the epoch's rest joined); with others, claims of any size."""
         return self.world == 1
@@ -290,6 +303,7 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
             self.ctx.store.delete_key(interval.claim_key)
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
+        self.epoch_merged = interval.high
         was_active = self.schedule.active[self.rank]
         self.adapt(table)
         if self.schedule.joined:  # the admitted workers start from the trained model (their weight: 0)
@@ -362,9 +376,11 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         if int(state.get("world_size", -1)) != self.world:
             log.warning("adaptive: checkpoint has %s workers, this run %d: batch sizes start from an equal split",
                         state.get("world_size"), self.world)
+            self.schedule.merges = int(state.get("merges", 0))  # the merges go on counting (rows, TensorBoard steps)
             return
         self.schedule.load_state_dict(state)
         self.speed = self.schedule.speeds[self.rank]
         # Only rank 0's batch_max is in the checkpoint (rank 0 saves it); others keep the configured one.
         if self.rank == 0 and "batch_max" in state:
             self.schedule.batch_maxes[0] = int(state["batch_max"])
+

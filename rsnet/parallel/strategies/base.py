@@ -55,6 +55,7 @@ class Strategy:
 
     name = "base"
     rows_are_merges = False  # each stats row is one merge (adaptive); else rows count averages in ``averages/0``
+    epoch_merged = 0  # samples of the current epoch merged into the model so far (where ``commits_merges``)
 
     def __init__(self, trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                  seed: int) -> None:
@@ -120,6 +121,18 @@ class Strategy:
     def claims(self, interval: int) -> Iterator[Claim]:  # pragma: no cover - abstract
         """This worker's batches of ``interval`` of the current epoch, in order."""
         raise NotImplementedError
+
+    @property
+    def commits_merges(self) -> bool:
+        """Whether the run can go on from this strategy's merges within an epoch (a commit, ``checkpoints/commit.pt``);
+        else only from an epoch's end."""
+        return False
+
+    def resume_within_epoch(self, position: int) -> None:
+        """Start the next epoch at ``position`` of its order: only a strategy that :attr:`commits_merges` can."""
+        if position:
+            raise ValueError(f"trainer={self.name} cannot go on from within an epoch (a commit.pt of "
+                             "trainer=adaptive); resume with trainer=adaptive, or from last.pt")
 
     def stop_claiming(self) -> None:
         """The loop takes no more of the interval's batches (an error stopped it); nothing to release here."""

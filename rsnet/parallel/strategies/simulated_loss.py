@@ -1,0 +1,49 @@
+"""The simulated loss of a worker (``trainer.lose_worker=[rank, epoch, interval]``): :func:`losing` gives a strategy
+class whose worker kills itself (SIGKILL) once it has claimed its first batch of that interval, as ``kill -9`` from
+outside would; the studies and tests of a run that goes on without it use it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+from rsnet.parallel.strategies.base import Claim, Strategy
+
+log = logging.getLogger(__name__)
+
+
+def loss_point(setting: Any, rank: int) -> tuple[int, int] | None:
+    """``trainer.lose_worker`` (``[rank, epoch, interval]``, 1-based epoch and interval; null: none): the 0-based
+    epoch and interval in which worker ``rank`` is lost, or None if it is not the one."""
+    if setting is None:
+        return None
+    lost_rank, epoch, interval = (int(value) for value in setting)
+    return (epoch - 1, interval - 1) if lost_rank == rank else None
+
+
+class SimulatedLoss:
+    """Mixed in before a strategy class: the worker SIGKILLs itself with its first batch of the interval claimed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lost_at = loss_point(self.cfg.get("lose_worker"), self.rank)
+
+    def claims(self, interval: int) -> Iterator[Claim]:
+        for number, claim in enumerate(super().claims(interval)):
+            if number == 0 and (self.epoch, interval) == self._lost_at:
+                log.warning("worker %d (%s): SIMULATED loss (trainer.lose_worker): it kills itself (SIGKILL) in epoch "
+                            "%d, interval %d, with a batch claimed", self.rank, self.ctx.device, self.epoch + 1,
+                            interval + 1)
+                logging.shutdown()
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield claim
+
+
+@functools.cache
+def losing(strategy: type[Strategy]) -> type[Strategy]:
+    """``strategy`` with :class:`SimulatedLoss` mixed in (same name and registry entry; one class per strategy)."""
+    return type(strategy.__name__, (SimulatedLoss, strategy), {"__doc__": strategy.__doc__})

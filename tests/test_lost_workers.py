@@ -1,0 +1,154 @@
+"""Devices that come and go: a run goes on without a lost worker from its last merge's commit (commit.pt), at most
+``trainer.max_restarts`` times; a worker's own error still stops it; ``resume=true`` takes the newest commit point.
+The losses are real: a worker kills itself with SIGKILL at a set point (``trainer.lose_worker``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_train
+
+import rsnet.engine.membership as membership
+from rsnet.checkpoint import save_checkpoint
+from rsnet.engine.config_checks import check_run_dir
+from rsnet.engine.merge_commit import POSITION_KEY, resume_point
+from rsnet.parallel.launcher import WorkerError
+
+SMALL = ["backbone=test_resnet", "model=baseline", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false",
+         "log.attention_every=100", "trainer.cpu_threads=1", "trainer.merge_rounds=1", "trainer.merge_rounds_max=null",
+         "trainer.merge_cost_max=0", "trainer.leave_out=false", "epochs=3"]
+TRAIN_SAMPLES = 210  # ucmerced-mini's training split
+
+
+def _config(tmp_path: Path, max_restarts: int = 3) -> dict[str, Any]:
+    return {"run_dir": str(tmp_path), "trainer": {"max_restarts": max_restarts, "lose_worker": [1, 2, 2]}}
+
+
+def _lost(rank: int, device: str = "cpu") -> WorkerError:
+    return WorkerError(rank, device, "killed by signal SIGKILL", lost=True)
+
+
+class _Launches:
+    """A stand-in for ``launch``: raises the given errors in turn, then returns; records each launch's arguments."""
+
+    def __init__(self, *errors: WorkerError) -> None:
+        self.errors, self.calls = list(errors), []
+
+    def __call__(self, worker_fn: Any, devices: list[str], config: dict, resume_from: str | None,
+                 change: dict | None, **options: Any) -> str:
+        self.calls.append({"devices": devices, "config": config, "resume_from": resume_from, "change": change,
+                           **options})
+        if self.errors:
+            raise self.errors.pop(0)
+        return "done"
+
+
+def _commit(path: Path, epoch: int, position: int = 0) -> None:
+    payload = {"model_config": {}, "model_state": {}, "class_names": [], "image_size": 32, "mean": [0.0],
+               "std": [1.0], "epoch": epoch}
+    save_checkpoint(path, {**payload, POSITION_KEY: position} if position else payload)
+
+
+def test_a_lost_worker_is_left_out_and_the_run_launched_again_from_the_commit(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _commit(tmp_path / "checkpoints" / "last.pt", epoch=1)
+    _commit(tmp_path / "checkpoints" / "commit.pt", epoch=1, position=96)
+    launches = _Launches(_lost(1, "cuda:0"), _lost(0))
+    monkeypatch.setattr(membership, "launch", launches)
+    result = membership.launch_through_losses(print, ["cpu", "cuda:0", "cpu"], _config(tmp_path), None,
+                                              {"slowdown": [1.0, 2.0, 3.0], "timeout_s": 60.0})
+    assert result == "done"
+    assert [call["devices"] for call in launches.calls] == [["cpu", "cuda:0", "cpu"], ["cpu", "cpu"], ["cpu"]]
+    assert [call["slowdown"] for call in launches.calls] == [[1.0, 2.0, 3.0], [1.0, 3.0], [3.0]]  # it goes with it
+    assert launches.calls[1]["resume_from"] == str(tmp_path / "checkpoints" / "commit.pt")
+    assert launches.calls[0]["config"]["trainer"]["lose_worker"] == [1, 2, 2]
+    assert launches.calls[1]["config"]["trainer"]["lose_worker"] is None  # the simulated loss happened once
+    change = launches.calls[1]["change"]
+    assert change["lost"] == "worker rank 1 (cuda:0)" and change["cause"] == "killed by signal SIGKILL"
+    assert (change["epoch"], change["position"], change["devices"]) == (1, 96, ["cpu", "cpu"])
+    assert change["resumed_from"] == "commit.pt (epoch 2, 96 samples merged)"
+
+
+def test_beyond_max_restarts_or_an_error_of_its_own_the_run_stops(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(membership, "launch", _Launches(_lost(2), _lost(1)))
+    with pytest.raises(WorkerError) as caught:
+        membership.launch_through_losses(print, ["cpu"] * 3, _config(tmp_path, max_restarts=1), None, {})
+    assert str(caught.value) == ("worker rank 1 (cpu) failed: killed by signal SIGKILL (trainer.max_restarts=1: the "
+                                 "run had gone on without 1 lost worker(s) already)")
+    own_error = WorkerError(1, "cpu", "ValueError: bad band", "Traceback ...", cause=ValueError("bad band"))
+    launches = _Launches(own_error)
+    monkeypatch.setattr(membership, "launch", launches)
+    with pytest.raises(WorkerError) as caught:
+        membership.launch_through_losses(print, ["cpu"] * 3, _config(tmp_path), None, {})
+    assert caught.value is own_error and len(launches.calls) == 1  # it would fail again: no second launch
+    launches = _Launches(_lost(0))
+    monkeypatch.setattr(membership, "launch", launches)
+    with pytest.raises(WorkerError):
+        membership.launch_through_losses(print, ["cpu"], _config(tmp_path), None, {})  # the last worker
+    assert len(launches.calls) == 1
+
+
+def test_resume_goes_on_from_the_newest_commit_point(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    assert resume_point(tmp_path) is None
+    _commit(checkpoints / "commit.pt", epoch=0, position=48)  # killed within the first epoch
+    assert check_run_dir(tmp_path, resume=True, overwrite=False) == checkpoints / "commit.pt"
+    _commit(checkpoints / "last.pt", epoch=1)  # the first epoch ended after it
+    assert resume_point(tmp_path) == checkpoints / "last.pt"
+    _commit(checkpoints / "commit.pt", epoch=1, position=48)  # a merge of the second epoch
+    assert check_run_dir(tmp_path, resume=True, overwrite=False) == checkpoints / "commit.pt"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices, lost", [("[cpu,cpu,cpu]", 1), ("[cpu,cpu]", 0)])
+def test_a_run_goes_on_without_a_worker_killed_mid_epoch(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                         caplog: pytest.LogCaptureFixture, devices: str,
+                                                         lost: int) -> None:
+    """A worker SIGKILLs itself in epoch 2 with a batch of the third interval claimed: the run finishes its epochs
+    with no action, from the second interval's commit, or the first's where the primary was stopped while writing the
+    second's (the next merge waits for a commit's write: the first is on disk); every epoch trains its 210 samples
+    once (the resumed one: the commit's and the survivors'). Losing rank 0 of two leaves one worker, which goes on
+    alone."""
+    status = run_train(tmp_path / "run", *SMALL, f"trainer.devices={devices}", f"trainer.lose_worker=[{lost},2,3]")
+    out, err = capfd.readouterr()
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["epochs"] == 3
+    [change] = metrics["membership_changes"]
+    workers = devices.count("cpu")
+    assert change["lost"] == f"worker rank {lost} (cpu)" and change["cause"] == "killed by signal SIGKILL"
+    batch = max(32, 16 * workers)  # B: an interval's samples (merge_rounds=1)
+    assert change["epoch"] == 1 and change["position"] in (batch, 2 * batch)
+    assert change["devices"] == ["cpu"] * (workers - 1) and change["restart_s"] >= 0
+    assert [row["train/samples"] for row in metrics["history"]] == [TRAIN_SAMPLES] * 3
+    assert len(metrics["scheduler"]["workers"]) == workers - 1
+    assert (f"worker rank {lost} (cpu) is lost (killed by signal SIGKILL); the run goes on with {workers - 1} "
+            f"worker(s) on {['cpu'] * (workers - 1)} from commit.pt (epoch 2, {change['position']} samples merged) "
+            "(lost worker 1 of trainer.max_restarts=3)") in caplog.text  # the launcher's line
+    assert not (tmp_path / "run" / "checkpoints" / "commit.pt").exists()  # a finished run keeps its last.pt only
+
+
+@pytest.mark.slow
+def test_with_max_restarts_0_a_lost_worker_stops_the_run_saying_how_to_go_on(tmp_path: Path,
+                                                                             capfd: pytest.CaptureFixture,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)  # the workers log at the launcher's level: "resumed from ..." is an INFO line
+    status = run_train(tmp_path / "run", *SMALL, "trainer.devices=[cpu,cpu]", "trainer.lose_worker=[1,2,2]",
+                       "trainer.max_restarts=0")
+    _, err = capfd.readouterr()
+    assert status == 1
+    assert ("error: the run stopped: worker rank 1 (cpu) failed: killed by signal SIGKILL (trainer.max_restarts=0: "
+            "a lost worker stops the run)") in err
+    commit = tmp_path / "run" / "checkpoints" / "commit.pt"
+    assert f"{commit} holds epoch 2 of 3 up to its last merge (32 samples); continue with" in err
+    status = run_train(tmp_path / "run", *SMALL, "trainer.devices=[cpu,cpu]", "resume=true")
+    _, err = capfd.readouterr()
+    assert status == 0, err
+    assert f"resumed from {commit}: epoch 2, 32 of its 210 samples merged" in err
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert [row["train/samples"] for row in history] == [TRAIN_SAMPLES] * 3
