@@ -94,13 +94,14 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
     pixel_scale = max_pixel_value(raster_bands)
     train, test, val = _views(scan, store, rows, image_size, mean_t, std_t, augmentation, pixel_scale)
     held_out = f" / {len(val)} val" if val is not None else ""
+    paths = scan.paths  # built anew at each access: once here, not once a row
     log.info("%s: %d train%s / %d test images, %d classes, %d px, cache=%s",
              spec.name, len(train), held_out, len(test), spec.num_classes, image_size, cache)
     return DataBundle(train, test, list(spec.classes), mean_t, std_t, image_size, split, skipped,
                       scan.class_root, spec, val,
                       DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation, max_pixel_value=pixel_scale),
                       DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands,
-                      training_footprint([scan.paths[r] for r in rows.train], spec.ground_resolution_m))
+                      training_footprint([paths[r] for r in rows.train], spec.ground_resolution_m))
 
 
 def _band_normalisation(name: str, bands: Bands, store: ImageStore, train_rows: np.ndarray
