@@ -37,6 +37,7 @@ import simulator as sim  # noqa: E402 - benchmarks/simulator/, beside this scrip
 
 # benchmarks/bench_scheduler.py's study: aid-dev at 64 px, 720 training images, baseline resnet18 (30 classes: 4.6 k
 # parameters more than the 21-class spec, 0.04 % of the all-reduce), batch 32.
+RESTART_S = 1.0  # seconds from a lost worker to the survivors' state loaded again: bench_lost_worker.py (CPU)
 STUDY = {"samples": 720, "batch": 32, "model": sim.RESNET18_21}
 # The strategies the simulator models, as the study runs them: trainer=static trains its first epoch at the equal
 # split while it measures the speeds.
@@ -346,6 +347,32 @@ def measure_all() -> None:
     print(f"(measured in {time.perf_counter() - started:.0f} s)")
 
 
+def membership_table(intervals: int, restart_s: float) -> None:
+    """A device lost at 30 % of the run's samples, and one more joining at 50 %: the time to train every sample (the
+    same samples as the undisturbed run) against that run and against the survivors alone from the start."""
+    cases = [("4 x A100 + 4 x V100 (resnet50): an A100 lost, a V100 joining", [sim.A100] * 4 + [sim.V100] * 4,
+              sim.A100, sim.V100, sim.RESNET50, sim.INFINIBAND, 256),
+             ("CPU x 4, every 2nd at 1/2 (resnet18, 64 px): a full-speed one lost, a half-speed one joining",
+              _alternate(sim.CPU_RESNET18_64, sim.CPU_RESNET18_64.slowed(2), 4), sim.CPU_RESNET18_64,
+              sim.CPU_RESNET18_64.slowed(2), sim.RESNET18_21, sim.ETHERNET_10G, 16)]
+    print(f"\n## Devices that come and go: a device lost at 30 % of the run, one joining at 50 % ({restart_s:g} s a "
+          "restart)\n")
+    print("| run | undisturbed s | lost at 30 % | lost at 30 %, one joining at 50 % | the survivors alone from the start "
+          "| samples trained again |\n|---|---|---|---|---|---|")
+    for name, devices, lost, joining, model, link, batch in cases:
+        scenario = sim.build_scenario(name, devices, model, link, batch, SETTINGS, intervals)
+        whole = sim.simulate_adaptive(scenario).wall_s
+        departed = sim.simulate_membership(scenario, [sim.Change(0.3, lost)], restart_s)
+        both = sim.simulate_membership(scenario, [sim.Change(0.3, lost), sim.Change(0.5, joining, joins=True)],
+                                       restart_s)
+        survivors = list(devices)
+        survivors.remove(lost)
+        alone = sim.simulate_adaptive(replace(scenario, devices=tuple(survivors))).wall_s
+        print(f"| {name} | {whole:.1f} | {departed.wall_s:.1f} ({departed.wall_s / whole:.2f}x) | {both.wall_s:.1f} "
+              f"({both.wall_s / whole:.2f}x) | {alone:.1f} ({alone / whole:.2f}x) | {departed.retrained} of "
+              f"{scenario.samples * scenario.epochs} |")
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -357,7 +384,12 @@ def main() -> None:
                         help="simulated vs measured samples/s of the runs of bench_scheduler.py in this JSON-lines "
                              "file (sync, adaptive and static; sync and adaptive at 1:2 and 1:1 required)")
     parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in benchmarks/simulator/costs.py")
+    parser.add_argument("--membership", action="store_true", help="only the table of a run that loses and gains a device")
+    parser.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds a change of devices costs")
     args = parser.parse_args()
+    if args.membership:
+        membership_table(10 * (10 if args.quick else args.intervals), args.restart_s)
+        return
     if args.measure_cpu:
         measure_all()
         return
@@ -375,6 +407,7 @@ def main() -> None:
     for title, comparisons in rows.items():
         comparison_table(title, comparisons)
     batch_table([row for comparisons in rows.values() for row in comparisons if row.scenario.world <= 9])
+    membership_table(10 * intervals, args.restart_s)  # long enough runs for a change to pay off
     print(f"\n({intervals} merge intervals per run; simulated in {time.perf_counter() - started:.1f} s)")
 
 

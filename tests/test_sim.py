@@ -266,3 +266,26 @@ def test_local_sgd_waits_for_the_slowest_every_h_steps_and_merges_then():
     assert local.comm_s == pytest.approx(merges * sim.merge_seconds(costly.model, 2, link))
     assert local.idle[0] > 0.4 and local.idle[1] == pytest.approx(0.0, abs=1e-9)  # the fast worker waits
     assert sim.simulate_sync(costly).comm_s > local.comm_s  # one merge per 4 steps vs an all-reduce per step
+
+
+def test_a_run_that_loses_a_device_trains_every_sample_and_pays_the_interval_in_flight():
+    """Three equal devices, one lost at 31 % of the samples: the survivors go on from the last merge (every sample
+    merged once in the end, the lost interval's trained again), slower than the three together by at least the
+    restart, faster than the two alone from the start; with nothing changing it is the undisturbed run."""
+    device = sim.DeviceProfile("dev", 0.0, 0.01)
+    scenario = sim.build_scenario("three", [device] * 3, sim.TEST_RESNET_21, FAST, 16, SETTINGS, 30, store_rtt=0.0)
+    total = scenario.samples * scenario.epochs
+    whole = sim.simulate_adaptive(scenario)
+    assert sim.simulate_membership(scenario, [], restart_s=5.0).wall_s == pytest.approx(whole.wall_s)
+    lost = sim.simulate_membership(scenario, [sim.Change(0.31, device)], restart_s=5.0)
+    first, rest = lost.launches
+    assert first.committed < 0.31 * total < first.committed + 4 * 48  # the interval in flight (4 rounds of B = 48)
+    assert rest.committed == total and first.samples + rest.samples == total  # every sample merged once
+    assert lost.retrained == int(0.31 * total) - first.committed > 0
+    assert len(rest.worker_samples) == 2  # the survivors
+    alone = sim.simulate_adaptive(replace(scenario, devices=(device, device)))
+    assert whole.wall_s + 5.0 < lost.wall_s < alone.wall_s + 5.0
+    joined = sim.simulate_membership(scenario, [sim.Change(0.31, device), sim.Change(0.5, device, joins=True)], 5.0)
+    assert [len(launch.worker_samples) for launch in joined.launches] == [3, 2, 3]
+    assert joined.launches[1].committed >= 0.5 * total and joined.retrained == lost.retrained  # an arrival loses none
+    assert sum(launch.samples for launch in joined.launches) == total

@@ -24,7 +24,8 @@ admission) with cost models in place of devices:
 The run is deterministic: no noise is added to the step times.
 
 The package: :mod:`.costs` (devices, links, models and what communication costs), :mod:`.scenario` (what is
-simulated and what a run reports), :mod:`.runs` (the strategies and their comparison).
+simulated and what a run reports), :mod:`.runs` (the strategies and their comparison), :mod:`.membership` (a run
+whose devices change).
 """
 
 from __future__ import annotations
@@ -38,18 +39,19 @@ from .costs import (
 from .scenario import (
     RunResult, Scenario, SimSettings, SimStore, build_scenario, update_balance,
 )
+from .membership import Change, MembershipRun, simulate_membership
 from .runs import (
     Comparison, compare, cosine_lr_ratio, physical_limit, simulate_adaptive, simulate_local_sgd, simulate_single,
     simulate_static, simulate_sync, speed_probes, static_split,
 )
 
 __all__ = [  # the simulator's API, as before it was split into modules
-    "A100", "COMM_SHARE_TARGET", "CPU_RESNET18_64", "CPU_RESNET50_224", "Comparison", "DDP_BUCKET_BYTES",
+    "A100", "COMM_SHARE_TARGET", "CPU_RESNET18_64", "CPU_RESNET50_224", "Change", "Comparison", "DDP_BUCKET_BYTES",
     "DeviceProfile", "ETHERNET_10G", "GPU_STEP_OVERHEAD_S", "INFINIBAND", "LOOPBACK", "LOOPBACK_2_CORES", "Link",
-    "ModelSpec", "NVLINK", "RESNET18_21", "RESNET50", "RunResult", "STORE_RTT_LAN_S", "STORE_RTT_LOCAL_S",
-    "Scenario", "SimSettings", "SimStore", "TEST_RESNET_21", "V100", "bucketed_allreduce_seconds", "build_scenario",
-    "comm_threshold_interval", "compare", "cosine_lr_ratio", "fit_profile", "gpu_profile",
-    "gradient_allreduce_seconds", "merge_seconds", "physical_limit", "ring_allreduce_seconds", "simulate_adaptive",
-    "simulate_local_sgd", "simulate_single", "simulate_static", "simulate_sync", "speed_probes", "static_split",
-    "update_balance",
+    "MembershipRun", "ModelSpec", "NVLINK", "RESNET18_21", "RESNET50", "RunResult", "STORE_RTT_LAN_S",
+    "STORE_RTT_LOCAL_S", "Scenario", "SimSettings", "SimStore", "TEST_RESNET_21", "V100",
+    "bucketed_allreduce_seconds", "build_scenario", "comm_threshold_interval", "compare", "cosine_lr_ratio",
+    "fit_profile", "gpu_profile", "gradient_allreduce_seconds", "merge_seconds", "physical_limit",
+    "ring_allreduce_seconds", "simulate_adaptive", "simulate_local_sgd", "simulate_membership", "simulate_single",
+    "simulate_static", "simulate_sync", "speed_probes", "static_split", "update_balance",
 ]

@@ -79,28 +79,39 @@ def cosine_lr_ratio(progress: float) -> float:
     return 0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
 
 
-def simulate_adaptive(scenario: Scenario) -> RunResult:
+def simulate_adaptive(scenario: Scenario, start: int = 0, stop: int | None = None, lost: bool = False) -> RunResult:
     """The adaptive strategy: the speed probes and merge 0 (:func:`speed_probes`), dynamic claims per merge interval,
     a merge at every interval's end (only the small table once a single worker trains), a merge that hands the model
     to a worker admitted after its probe, and the real :class:`~rsnet.parallel.schedule.Schedule` moved on by every
-    merge's table."""
+    merge's table. A launch of a run that changes its devices (:mod:`.membership`) trains from ``start`` (samples of
+    the whole run, the commit it goes on from) up to the interval in which ``stop`` falls: merged there, or, where a
+    worker is ``lost`` in it, not (its time passes up to ``stop``'s share of it); ``result.committed``: where the next
+    launch goes on from."""
     world = scenario.world
     schedule = Schedule(scenario.settings.schedule, world)
     schedule.follow_lr(lambda position: cosine_lr_ratio(position / scenario.epochs), scenario.epochs)
     ends, probed, begin = speed_probes(scenario, schedule.total_batch // world)
     speeds = [speed if end <= begin else 0.0 for speed, end in zip(probed, ends)]
-    result = RunResult("adaptive", scenario.samples * scenario.epochs)
+    result = RunResult("adaptive", scenario.samples * scenario.epochs - start)
     result.notes += describe(schedule.start(speeds))
     result.wall_s = begin + merge_seconds(scenario.model, world, scenario.link, tensors=False)
     comm, store = 0.0, SimStore()
-    for epoch in range(scenario.epochs):
-        start, index = 0, 0
-        while start < scenario.samples:
-            size = schedule.interval_at(epoch + start / scenario.samples, scenario.samples - start, scenario.samples)
-            low, high = next_interval(start, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
+    result.committed = start
+    for epoch in range(start // scenario.samples, scenario.epochs):
+        position, index = start - epoch * scenario.samples if epoch == start // scenario.samples else 0, 0
+        while position < scenario.samples:
+            size = schedule.interval_at(epoch + position / scenario.samples, scenario.samples - position,
+                                        scenario.samples)
+            low, high = next_interval(position, scenario.samples, size, max(schedule.settings.batch_min, size // 2))
             tally = _run_interval(scenario, list(schedule.sizes), schedule.speeds_of_active(), store,
                                   f"e{epoch}/i{index}", high - low, result.wall_s, schedule.claim_min)
-            start, index = high, index + 1
+            position, index = high, index + 1
+            crossed = stop is not None and epoch * scenario.samples + high >= stop
+            if crossed and lost:  # the interval in flight is lost with the worker, at stop's share of its time
+                share = min(max((stop - epoch * scenario.samples - low) / (high - low), 0.0), 1.0)
+                result.wall_s += (max(tally.finish) - result.wall_s) * share
+                result.samples = result.committed - start
+                return result
             merge_s = merge_seconds(scenario.model, world, scenario.link, tensors=schedule.workers > 1)
             result.wall_s = max(tally.finish) + merge_s
             result.comm_s += merge_s
@@ -119,6 +130,10 @@ def simulate_adaptive(scenario: Scenario) -> RunResult:
                 handover = merge_seconds(scenario.model, world, scenario.link)
                 result.wall_s += handover
                 result.comm_s += handover
+            result.committed = epoch * scenario.samples + high
+            if crossed:  # a device arrives: this launch ends at the merge
+                result.samples = result.committed - start
+                return result
     result.active, result.rounds, result.round_batch = list(schedule.active), schedule.rounds, schedule.total_batch
     return result
 

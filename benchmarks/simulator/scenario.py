@@ -106,6 +106,7 @@ class RunResult:
     active: list[bool] = field(default_factory=list)  # adaptive: the workers still training at the end
     rounds: int = 0  # adaptive: rounds of B between merges at the end
     round_batch: int = 0  # adaptive: B at the end
+    committed: int = 0  # adaptive: samples of the whole run merged when it ended (a launch of :mod:`.membership`)
 
     @property
     def samples_per_s(self) -> float:

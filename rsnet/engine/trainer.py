@@ -58,6 +58,7 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
         if restarted:  # torchrun's agent started this worker again (a node left or joined): go on from the commit
             point = resume_point(run_dir)
             change = {"torchrun_restart": restarted, "workers": workers, "resumed_from": point.name if point else None}
+            config = {**config, "trainer": {**trainer, "lose_worker": None}}  # a simulated loss happened
             return launch(run_worker, devices, config, str(point) if point else None, change,
                           **launch_options(trainer))
         if primary:
