@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import wait_for
 
 from rsnet.parallel import WorkerContext, launch
 from rsnet.parallel.launcher import agree_backend
@@ -176,3 +177,70 @@ def test_two_torchrun_nodes_agree_on_a_backend_train_and_resume(tmp_path: Path) 
     assert "resumed from" in "".join(done.stdout + done.stderr for done in runs)
     resumed = json.loads((run_dir / "metrics.json").read_text())
     assert resumed["epochs"] == 2 and [row["epoch"] for row in resumed["history"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_the_workers_from_the_last_merge_after_a_loss(tmp_path: Path) -> None:
+    """``--max-restarts=1``: worker 1 is lost (SIGKILL) in epoch 2; torchrun's agent starts both workers again
+    (TORCHELASTIC_RESTART_COUNT=1), which go on from the run dir's commit.pt, not from its start: every epoch trains
+    its samples once, and the run records the restart."""
+    run_dir = tmp_path / "restarted"
+    done = _run([*TORCHRUN, "--max-restarts=1", str(REPO / "scripts" / "train.py"), *TINY, "epochs=3",
+                 "trainer.merge_rounds=1", "trainer.merge_rounds_max=null", "trainer.lose_worker=[1,2,3]",
+                 f"hydra.run.dir={run_dir}"])
+    if done is None or done.returncode != 0:
+        _skip_unless_torchrun_works()
+    assert done is not None and done.returncode == 0, (done.stdout + done.stderr)[-3000:] if done else "timed out"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 3
+    assert [row["train/samples"] for row in metrics["history"]] == [metrics["train_samples"]] * 3
+    [change] = metrics["membership_changes"]
+    assert change["torchrun_restart"] == 1 and change["workers"] == 2 and change["resumed_from"] == "commit.pt"
+
+
+@pytest.mark.slow
+def test_a_node_that_joins_mid_run_is_probed_and_given_work(tmp_path: Path) -> None:
+    """``--nnodes=1:2``: the first node trains alone; a second node joins at torchrun's next rendezvous, which starts
+    both workers again from the run's newest commit point; the newcomer is probed and trains its share, and every
+    epoch still trains its samples once. The first node's worker is held (SIGSTOP) from its first checkpoint until
+    its agent has seen the newcomer, so the join lands mid-run however fast the machine is. torch's late join needs
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (with the shared store the newcomer waits for the round's address)."""
+    run_dir, logs = tmp_path / "joined", [tmp_path / "first.log", tmp_path / "second.log"]
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", *TORCHRUN_ENV)}
+    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=rsnet-joined",
+               "--rdzv-conf=last_call_timeout=1", str(REPO / "scripts" / "train.py"),
+               *[o for o in TINY if not o.startswith("trainer.devices=")], "trainer.devices=[cpu]", "epochs=3",
+               f"hydra.run.dir={run_dir}"]
+    nodes: list[subprocess.Popen] = []
+    try:
+        for log in logs:
+            with log.open("w") as out:
+                nodes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+            if len(nodes) == 1:  # the first node alone, until its first checkpoint
+                wait_for((run_dir / "checkpoints" / "last.pt").exists, "the first node's first epoch", alive=nodes[0])
+                worker = int(wait_for(lambda: next(run_dir.glob(".rsnet.worker-*.lock"), None),
+                                      "the first node's worker").stem.split("-")[-1])
+                os.kill(worker, signal.SIGSTOP)
+        wait_for(lambda: "new nodes" in logs[0].read_text(), "the first node's agent seeing the second",
+                 alive=nodes[0])
+        os.kill(worker, signal.SIGCONT)  # it takes the agent's SIGTERM, and both nodes start their workers again
+        codes = [node.wait(timeout=RUN_TIMEOUT_S) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    output = "".join(log.read_text() for log in logs)
+    if codes != [0, 0]:
+        _skip_unless_torchrun_works()
+    assert codes == [0, 0], output[-4000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and len(metrics["scheduler"]["workers"]) == 2
+    assert [row["train/samples"] for row in metrics["history"]] == [metrics["train_samples"]] * 3
+    [change] = metrics["membership_changes"]
+    assert change["workers"] == 2 and change["resumed_from"] in ("last.pt", "commit.pt")
+    assert "speed probes (samples/s): w0 " in output and ", w1 " in output  # the newcomer is measured
+    assert output.count("run dir: ") == 1

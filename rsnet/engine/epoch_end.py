@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,8 @@ from rsnet.viz.embedding import dataset_features, embedding_labels, pick_embeddi
 from rsnet.viz.tensorboard import TensorBoardLogger, attention_tiles, hparam_metrics
 
 log = logging.getLogger(__name__)
+
+TORCHRUN_JOB_KEY = "torchrun_job"  # a checkpoint's TORCHELASTIC_RUN_ID (torchrun's --rdzv-id), None outside torchrun
 
 @dataclass
 class RunState:
@@ -185,8 +188,10 @@ def _select(evaluation: EpochEvaluation, state: RunState, train_scalars: dict[st
 
 def checkpoint_payload(config: dict[str, Any], data: DataBundle, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer, strategy: Strategy, state: RunState) -> dict[str, Any]:
-    """A checkpoint's contents: the live model, optimizer, scheduler and run state, the data's facts, the config."""
-    return {"model_config": model.model_config, "model_state": model.state_dict(), "class_names": data.class_names,
+    """A checkpoint's contents: the live model, optimizer, scheduler and run state, the data's facts, the config,
+    and the torchrun job that wrote it (``TORCHRUN_JOB_KEY``: its workers started again go on from it)."""
+    return {TORCHRUN_JOB_KEY: os.environ.get("TORCHELASTIC_RUN_ID"), "model_config": model.model_config,
+            "model_state": model.state_dict(), "class_names": data.class_names,
             "image_size": data.image_size, "mean": list(data.mean), "std": list(data.std),
             "bands": None if data.bands is None else data.bands.to_metadata(), "footprint": data.footprint,
             "optimizer_state": optimizer.state_dict(), "strategy_state": strategy.state_dict(), "config": config,

@@ -24,7 +24,8 @@ from rsnet.data.shared_decode import load_decoded_once
 from rsnet.engine.acceleration import set_deterministic, tune_convolutions, use_channels_last
 from rsnet.engine.background_writer import BackgroundWriter, writes_in_background
 from rsnet.engine.config_checks import check_devices, check_resume_identity, check_run_dir, check_training_config
-from rsnet.engine.epoch_end import RunState, checkpoint_payload, evaluate_epoch, finish_epoch
+from rsnet.engine.epoch_end import (TORCHRUN_JOB_KEY, RunState, checkpoint_payload, evaluate_epoch,
+                                    finish_epoch)
 from rsnet.engine.epoch_loop import (NonFiniteLossError, _last_good_checkpoint, _lr_ratio, _seed_generators,
                                      group_train_scalars, train_one_epoch)
 from rsnet.engine.membership import launch_through_losses
@@ -36,6 +37,7 @@ from rsnet.files import disk_full_named
 from rsnet.losses import MultiBranchLoss
 from rsnet.models import backbone_data_config, build_model, options_for_size
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
+from rsnet.parallel.strategies import Strategy
 from rsnet.parallel.launcher import started_by_torchrun
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
@@ -53,14 +55,13 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
     run_dir = Path(config["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     primary = os.environ.get("RANK", "0") == "0" or not started_by_torchrun()
-    restarted = _torchrun_restart()
-    with hold_run_dir(run_dir) if primary and not restarted else nullcontext():
-        if restarted:  # torchrun's agent started this worker again (a node left or joined): go on from the commit
-            point = resume_point(run_dir)
-            change = {"torchrun_restart": restarted, "workers": workers, "resumed_from": point.name if point else None}
+    point = _this_torchrun_jobs_point(run_dir)
+    with hold_run_dir(run_dir) if primary and not point else nullcontext():
+        if point:  # torchrun started this worker again (a worker lost, a node that left or joined): go on from it
+            change = {"torchrun_restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "workers": workers,
+                      "resumed_from": point.name}
             config = {**config, "trainer": {**trainer, "lose_worker": None}}  # a simulated loss happened
-            return launch(run_worker, devices, config, str(point) if point else None, change,
-                          **launch_options(trainer))
+            return launch(run_worker, devices, config, str(point), change, **launch_options(trainer))
         if primary:
             put_back_or_drop_an_unfinished_set_aside(run_dir)
         resume_from = check_run_dir(run_dir, bool(config["resume"]), bool(config["overwrite"]))
@@ -83,10 +84,13 @@ def train(config: dict[str, Any], on_accepted: Callable[[Path], None] | None = N
                                          launch_options(trainer))
 
 
-def _torchrun_restart() -> int:
-    """How many times torchrun's agent has started this worker again (``TORCHELASTIC_RESTART_COUNT``; 0 outside
-    torchrun and at its first start)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if started_by_torchrun() else 0
+def _this_torchrun_jobs_point(run_dir: Path) -> Path | None:
+    """Under torchrun, the run dir's newest resume point where this torchrun job (``TORCHELASTIC_RUN_ID``, the
+    ``--rdzv-id``) wrote it: torchrun has started this worker again, after a failure (``--max-restarts``) or for a node
+    that joined or left (``--nnodes=MIN:MAX``, which counts no restart); else None."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    point = resume_point(run_dir) if started_by_torchrun() and job else None
+    return point if point and load_checkpoint(point, mmap=True).get(TORCHRUN_JOB_KEY) == job else None
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
@@ -129,21 +133,8 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None,
     optimizer = build_optimizer(model, config["optimizer"])
     strategy = build_strategy(config["trainer"], ctx, model, len(data.train), config["batch_size"], seed)
     strategy.follow_lr(lambda position: _lr_ratio(config, position), int(config["epochs"]))
-    state, merged_before = RunState(), 0  # merged_before: samples of the first epoch trained before the resume
-    if resume_from:
-        # train() checked its SHA-256 before any worker started: not hashed again per worker
-        checkpoint = load_checkpoint(resume_from, map_location=ctx.device, verify=False)
-        model.load_state_dict(checkpoint["model_state"])
-        optimizer.load_state_dict(checkpoint["optimizer_state"])
-        strategy.load_state_dict(checkpoint["strategy_state"])
-        merged_before = committed_position(checkpoint)
-        strategy.resume_within_epoch(merged_before)
-        state = RunState.from_checkpoint(checkpoint)
-        log.info("resumed from %s: %s", resume_from, _where(checkpoint, len(data.train)))
-    if change is not None:
-        lost_at = change.get("lost_at")  # seconds from the loss to the state loaded again
-        state.changes.append({**{key: value for key, value in change.items() if key != "lost_at"},
-                              **({"restart_s": round(time.time() - lost_at, 2)} if lost_at else {})})
+    # merged_before: samples of the first epoch trained before the resume
+    state, merged_before = _resume(ctx, resume_from, model, optimizer, strategy, len(data.train), change)
     tb = TensorBoardLogger(run_dir / "tensorboard", enabled=ctx.is_primary)
     attention_ids = pick_attention_images(data.test.labels, config["log"]["attention_images"])
     final: dict[str, Any] | None = None
@@ -177,6 +168,29 @@ def _train(ctx: WorkerContext, config: dict[str, Any], resume_from: str | None,
         if ctx.is_primary and ctx.world_size > 1:
             log.info("%s", strategy.summary())
     return final  # the last epoch is always evaluated (a resume with no epoch left is refused before launch)
+
+
+def _resume(ctx: WorkerContext, resume_from: str | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            strategy: Strategy, samples: int, change: dict[str, Any] | None) -> tuple[RunState, int]:
+    """The run's state from ``resume_from`` (a checkpoint or a merge's commit; None: a fresh one) loaded into the
+    model, optimizer and strategy, with ``change`` (the membership change this launch follows) recorded; and the
+    samples of its epoch already merged."""
+    state, merged = RunState(), 0
+    if resume_from:
+        # train() checked its SHA-256 before any worker started: not hashed again per worker
+        checkpoint = load_checkpoint(resume_from, map_location=ctx.device, verify=False)
+        model.load_state_dict(checkpoint["model_state"])
+        optimizer.load_state_dict(checkpoint["optimizer_state"])
+        strategy.load_state_dict(checkpoint["strategy_state"])
+        merged = committed_position(checkpoint)
+        strategy.resume_within_epoch(merged)
+        state = RunState.from_checkpoint(checkpoint)
+        log.info("resumed from %s: %s", resume_from, _where(checkpoint, samples))
+    if change is not None:
+        lost_at = change.get("lost_at")  # seconds from the loss to the state loaded again
+        state.changes.append({**{key: value for key, value in change.items() if key != "lost_at"},
+                              **({"restart_s": round(time.time() - lost_at, 2)} if lost_at else {})})
+    return state, merged
 
 
 def load_data(ctx: WorkerContext, config: dict[str, Any], run_dir: Path) -> DataBundle:

@@ -1,7 +1,7 @@
 """The speed probe: a worker times its training step on a private copy of the model and synthetic batches, on a
 background thread, while its main thread stays free for the group's collectives. No one waits for a slow device's
 probe: the workers whose probes are done start training, and a late prober is admitted (or left out) at the first
-merge after its speed is known (docs/scheduler.md, "The speed probe")."""
+merge after its speed is known (docs/scheduler-algorithm.md, "The speed probe")."""
 
 from __future__ import annotations
 
