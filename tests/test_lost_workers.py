@@ -47,9 +47,11 @@ class _Launches:
         return "done"
 
 
+_PAYLOAD = {"model_config": {}, "model_state": {}, "class_names": [], "image_size": 32, "mean": [0.0], "std": [1.0]}
+
+
 def _commit(path: Path, epoch: int, position: int = 0) -> None:
-    payload = {"model_config": {}, "model_state": {}, "class_names": [], "image_size": 32, "mean": [0.0],
-               "std": [1.0], "epoch": epoch}
+    payload = {**_PAYLOAD, "epoch": epoch}
     save_checkpoint(path, {**payload, POSITION_KEY: position} if position else payload)
 
 
@@ -110,10 +112,9 @@ def test_a_run_goes_on_without_a_worker_killed_mid_epoch(tmp_path: Path, capfd: 
                                                          caplog: pytest.LogCaptureFixture, devices: str,
                                                          lost: int) -> None:
     """A worker SIGKILLs itself in epoch 2 with a batch of the third interval claimed: the run finishes its epochs
-    with no action, from the second interval's commit, or the first's where the primary was stopped while writing the
-    second's (the next merge waits for a commit's write: the first is on disk); every epoch trains its 210 samples
-    once (the resumed one: the commit's and the survivors'). Losing rank 0 of two leaves one worker, which goes on
-    alone."""
+    with no action, from the newest commit (the primary writes it on its way out); every epoch trains its 210 samples
+    once (the resumed one: the commit's and the survivors'). Losing rank 0 of two (the primary: its newest commit is
+    lost with it) leaves one worker, which goes on alone."""
     status = run_train(tmp_path / "run", *SMALL, f"trainer.devices={devices}", f"trainer.lose_worker=[{lost},2,3]")
     out, err = capfd.readouterr()
     assert status == 0, err
@@ -123,13 +124,15 @@ def test_a_run_goes_on_without_a_worker_killed_mid_epoch(tmp_path: Path, capfd: 
     workers = devices.count("cpu")
     assert change["lost"] == f"worker rank {lost} (cpu)" and change["cause"] == "killed by signal SIGKILL"
     batch = max(32, 16 * workers)  # B: an interval's samples (merge_rounds=1)
-    assert change["epoch"] == 1 and change["position"] in (batch, 2 * batch)
+    # a survivor primary writes its newest commit on its way out: the second interval's; a lost primary's newest
+    # written one may be older than last.pt (written every 30 s), and the run goes on from last.pt then
+    assert change["epoch"] == 1 and change["position"] in ((batch, 2 * batch) if lost else (0, batch, 2 * batch))
     assert change["devices"] == ["cpu"] * (workers - 1) and change["restart_s"] >= 0
     assert [row["train/samples"] for row in metrics["history"]] == [TRAIN_SAMPLES] * 3
     assert len(metrics["scheduler"]["workers"]) == workers - 1
     assert (f"worker rank {lost} (cpu) is lost (killed by signal SIGKILL); the run goes on with {workers - 1} "
-            f"worker(s) on {['cpu'] * (workers - 1)} from commit.pt (epoch 2, {change['position']} samples merged) "
-            "(lost worker 1 of trainer.max_restarts=3)") in caplog.text  # the launcher's line
+            f"worker(s) on {['cpu'] * (workers - 1)} from {change['resumed_from']} (lost worker 1 of "
+            "trainer.max_restarts=3)") in caplog.text  # the launcher's line
     assert not (tmp_path / "run" / "checkpoints" / "commit.pt").exists()  # a finished run keeps its last.pt only
 
 
@@ -152,3 +155,23 @@ def test_with_max_restarts_0_a_lost_worker_stops_the_run_saying_how_to_go_on(tmp
     assert f"resumed from {commit}: epoch 2, 32 of its 210 samples merged" in err
     history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
     assert [row["train/samples"] for row in history] == [TRAIN_SAMPLES] * 3
+
+
+def test_a_commit_is_kept_after_every_merge_and_written_every_so_often_and_on_the_way_out(tmp_path: Path) -> None:
+    """Commits at t = 0, 10 and 40 s with a write every 30 s: the first and the third are written as they come, the
+    second only kept; one more at t = 50 is written by flush(), as on the way out of a launch."""
+    from rsnet.checkpoint import load_checkpoint
+    from rsnet.engine.merge_commit import MergeCommits
+
+    now = [0.0]
+    commits = MergeCommits(tmp_path, write_every_s=30.0, clock=lambda: now[0])
+    on_disk = []
+    for at, position in ((0.0, 48), (10.0, 96), (40.0, 144), (50.0, 192)):
+        now[0] = at
+        commits.offer(lambda: {**_PAYLOAD, "epoch": 1, POSITION_KEY: position})
+        commits.writer.wait()  # the write of this offer, if any, is done
+        on_disk.append(load_checkpoint(commits.path, mmap=True)[POSITION_KEY])
+    assert on_disk == [48, 48, 144, 144] and (commits.kept, commits.written) == (4, 3)
+    commits.flush()
+    assert load_checkpoint(commits.path, mmap=True)[POSITION_KEY] == 192 and commits.written == 4
+    commits.close()

@@ -58,6 +58,11 @@ class BackgroundWriter:
             self._pool = ThreadPoolExecutor(1, initializer=_writer_thread, initargs=(self.lowest_priority,))
         self._last = self._pool.submit(self._run, job)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job submitted earlier has not finished yet."""
+        return self._last is not None and not self._last.done()
+
     def wait(self) -> None:
         """Block until every job submitted so far has run; raise the first error one of them raised."""
         if self._last is not None:

@@ -39,6 +39,7 @@ from rsnet.models import backbone_data_config, build_model, options_for_size
 from rsnet.parallel import WorkerContext, build_strategy, launch, launch_options
 from rsnet.parallel.strategies import Strategy
 from rsnet.parallel.launcher import started_by_torchrun
+from rsnet.parallel.worker_setup import sigterm_ignored
 from rsnet.viz.tensorboard import TensorBoardLogger, pick_attention_images
 
 log = logging.getLogger(__name__)
@@ -220,14 +221,17 @@ def _local_rank_and_size(ctx: WorkerContext) -> tuple[int, int]:
 
 @contextmanager
 def _closing_commits(commits: MergeCommits | None, primary: bool, run_dir: Path) -> Iterator[None]:
-    """The merge commits of the block, waited for on every way out; a run that finished drops its commit.pt (its
-    last.pt holds more; also one written before a lost worker left this launch alone)."""
+    """The merge commits of the block: on the way out with an error (a peer lost, the agent's SIGTERM, Ctrl-C) the
+    newest is written before anything else; a run that finished drops its commit.pt (its last.pt holds more; also
+    one written before a lost worker left this launch alone)."""
     try:
         yield
     except BaseException:
         if commits is not None:
             try:
-                commits.close()
+                with sigterm_ignored():  # the agent's SIGTERM (a peer failed) must not cut the write short
+                    commits.flush()
+                    commits.close()
             except Exception as error:  # noqa: BLE001 - the commit's own error, second to the one in flight
                 log.warning("a merge commit failed as well: %s: %s", type(error).__name__, error)
         raise

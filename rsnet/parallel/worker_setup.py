@@ -6,12 +6,16 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import SignalException
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,8 @@ def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict
     each of :data:`START_STAGES` (from :data:`AT_STORE` to :data:`JOINED`)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     if local_rank >= len(settings.devices):
         raise ValueError(f"LOCAL_RANK {local_rank} has no device: trainer.devices={settings.devices} lists this "
                          f"node's devices, one per process (torchrun --nproc-per-node={len(settings.devices)})")
@@ -141,6 +147,27 @@ def run_torchrun_worker(worker_fn: Callable[..., Any], args: tuple, kwargs: dict
         return worker_fn(ctx, *args, **kwargs)
     finally:
         destroy_group()
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """An agent (torchrun's, or the one :func:`rsnet.parallel.launch` runs) stops a worker with SIGTERM when a peer
+    failed: raised as torch's agent raises it in itself, so that the worker leaves through its ``with`` blocks (the
+    primary writes its newest merge commit) before the agent's SIGKILL, instead of dying where it stands."""
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+@contextmanager
+def sigterm_ignored() -> Iterator[None]:
+    """SIGTERM ignored in the block (in the main thread; elsewhere nothing changes): a worker on its way out finishes
+    a write before an agent's SIGTERM can interrupt it; the agent's SIGKILL after its shutdown timeout still ends it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _rendezvous_store(rank: int, world: int, timeout_s: float) -> dist.Store:
