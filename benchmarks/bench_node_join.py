@@ -8,7 +8,7 @@ speed. The arms alternate, seed after seed. Printed: the wall time of each (the 
 agent's end), the ratio alone / joined per seed, and what the run recorded of the join. torch's late join needs
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set here).
 
-    python benchmarks/bench_node_join.py                       # test_resnet, 6 epochs, 2 seeds, the second node 20 s late
+    python benchmarks/bench_node_join.py     # test_resnet, 6 epochs, 2 seeds, the second node 20 s late
 """
 
 from __future__ import annotations

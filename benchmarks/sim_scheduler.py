@@ -384,7 +384,8 @@ def main() -> None:
                         help="simulated vs measured samples/s of the runs of bench_scheduler.py in this JSON-lines "
                              "file (sync, adaptive and static; sync and adaptive at 1:2 and 1:1 required)")
     parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in benchmarks/simulator/costs.py")
-    parser.add_argument("--membership", action="store_true", help="only the table of a run that loses and gains a device")
+    parser.add_argument("--membership", action="store_true",
+                        help="only the table of a run that loses and gains a device")
     parser.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds a change of devices costs")
     args = parser.parse_args()
     if args.membership:

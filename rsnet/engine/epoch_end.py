@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TORCHRUN_JOB_KEY = "torchrun_job"  # a checkpoint's TORCHELASTIC_RUN_ID (torchrun's --rdzv-id), None outside torchrun
 
+
 @dataclass
 class RunState:
     """The run's progress, as checkpoints carry it (top-level keys of the payload)."""

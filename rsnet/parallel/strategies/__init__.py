@@ -1,7 +1,7 @@
 """Training strategies and their registry: ``adaptive`` (dynamic scheduling, adaptive batch sizes, normalized merging),
 ``sync`` (DDP), ``local_sgd`` (periodic averaging) and ``static`` (DDP with speed-proportional fixed batches). Each
-drives the same worker loop (docs/scheduler-algorithm.md, "The worker loop"): every worker issues the same collectives in the same
-order, and ``claim.position`` is the run's one lr clock."""
+drives the same worker loop (docs/scheduler-algorithm.md, "The worker loop"): every worker issues the same collectives
+in the same order, and ``claim.position`` is the run's one lr clock."""
 
 from __future__ import annotations
 

@@ -99,7 +99,6 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         self._stepped = threading.Condition()
         self._trained_sizes: set[int] = set()  # batch sizes trained (a size's first step is no measure of speed)
         self._resume_position = 0  # where the next epoch starts: the commit's position, for the epoch it was made in
-        self.epoch_merged = 0  # samples of the epoch merged so far (the first positions of its permutation)
 
     @property
     def sizes(self) -> list[int]:
@@ -149,8 +148,7 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         if not self.schedule.started:
             self._start()
         self._order = epoch_permutation(self.num_samples, self.seed, epoch)
-        start, index = self._resume_position, 0
-        self._resume_position, self.epoch_merged = 0, start
+        start, index, self._resume_position = self._resume_position, 0, 0
         while start < self.num_samples:
             size = self.schedule.interval_at(epoch + start / self.num_samples, self.num_samples - start,
                                              self.num_samples)
@@ -231,6 +229,12 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
         """With others, every merge is a commit point: the run can go on from it (:meth:`resume_within_epoch`)."""
         return self.world > 1
 
+    @property
+    def epoch_merged(self) -> int:
+        """At a merge: the samples of the epoch merged into the model, the positions of its order up to the end of the
+        interval just merged."""
+        return self._interval.high
+
     def resume_within_epoch(self, position: int) -> None:
         """The next epoch starts at ``position`` of its permutation: the samples before it are in the model already
         (a commit's, :mod:`rsnet.engine.merge_commit`); the rest is split among this run's workers."""
@@ -303,7 +307,6 @@ class AdaptiveStrategy(SpeedProbing, Strategy):
             self.ctx.store.delete_key(interval.claim_key)
         columns = result.meta.view(self.world, k).T
         table = {field: [float(v) for v in column] for field, column in zip(META_FIELDS, columns)}
-        self.epoch_merged = interval.high
         was_active = self.schedule.active[self.rank]
         self.adapt(table)
         if self.schedule.joined:  # the admitted workers start from the trained model (their weight: 0)

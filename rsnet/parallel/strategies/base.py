@@ -55,7 +55,6 @@ class Strategy:
 
     name = "base"
     rows_are_merges = False  # each stats row is one merge (adaptive); else rows count averages in ``averages/0``
-    epoch_merged = 0  # samples of the current epoch merged into the model so far (where ``commits_merges``)
 
     def __init__(self, trainer_cfg: Any, ctx: WorkerContext, model: nn.Module, num_samples: int, batch_size: int,
                  seed: int) -> None:
@@ -127,6 +126,11 @@ class Strategy:
         """Whether the run can go on from this strategy's merges within an epoch (a commit, ``checkpoints/commit.pt``);
         else only from an epoch's end."""
         return False
+
+    @property
+    def epoch_merged(self) -> int:
+        """At a merge: the samples of the current epoch merged into the model (where :attr:`commits_merges`)."""
+        return 0
 
     def resume_within_epoch(self, position: int) -> None:
         """Start the next epoch at ``position`` of its order: only a strategy that :attr:`commits_merges` can."""
