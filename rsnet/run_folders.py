@@ -30,14 +30,23 @@ def dataset_folder(name: Any, root: Any, bands: Any = None) -> str:
     return f"{folder}_bands-" + re.sub(r"[^\w.-]+", "_", listed)
 
 
+def parse_pretrained(pretrained: Any) -> bool | Path:
+    """``backbone.pretrained`` as False (no weights), True (the backbone's published weights) or the path of a
+    weights file; the strings "true" and "false" (any case, spaces around) and "" are what they say."""
+    if isinstance(pretrained, str) and pretrained.strip().lower() in ("true", "false", ""):
+        return pretrained.strip().lower() == "true"
+    if isinstance(pretrained, bool) or not pretrained:
+        return bool(pretrained)
+    return Path(str(pretrained)).expanduser()
+
+
 def pretrained_tag(pretrained: Any) -> str:
     """``backbone.pretrained`` in a run's folder name and metrics.json: ``scratch`` (no weights), ``pretrained``
     (the backbone's published weights) or the weights file's name without its suffix."""
-    if pretrained in (False, None, "", "false", "False"):
-        return "scratch"
-    if pretrained in (True, "true", "True"):
-        return "pretrained"
-    return Path(str(pretrained)).stem
+    parsed = parse_pretrained(pretrained)
+    if isinstance(parsed, bool):
+        return "pretrained" if parsed else "scratch"
+    return parsed.stem
 
 
 def protocol_folder(train_ratio: Any, val_ratio: Any, image_size: Any, pretrained: Any) -> str:

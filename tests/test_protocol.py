@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rsnet.engine.epoch_end import evaluates_after
-from rsnet.run_folders import pretrained_tag, protocol_folder
+from rsnet.run_folders import parse_pretrained, pretrained_tag, protocol_folder
 
 TINY = ["backbone=test_resnet", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false",
         "trainer.devices=[cpu]", "model=baseline"]
@@ -32,6 +32,13 @@ def test_protocol_folder_names_ratio_validation_size_and_weights(args: tuple, fo
 def test_pretrained_tags() -> None:
     assert [pretrained_tag(value) for value in (False, None, True, "w/densenet121.pth")] == \
         ["scratch", "scratch", "pretrained", "densenet121"]
+
+
+@pytest.mark.parametrize(("value", "tag"), [("TRUE", "pretrained"), (" true", "pretrained"), ("False", "scratch"),
+                                            ("", "scratch")])
+def test_the_folder_names_the_weights_the_model_is_built_with(value: str, tag: str) -> None:
+    """The run folder and protocol.pretrained read ``backbone.pretrained`` as the model does: one parser for both."""
+    assert pretrained_tag(value) == tag and parse_pretrained(value) is (tag == "pretrained")
 
 
 def test_every_nth_epoch_and_the_last_are_evaluated() -> None:

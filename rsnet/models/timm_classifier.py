@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rsnet.integrity import unreadable_reason, without_pickle_protocol_warning
+from rsnet.run_folders import parse_pretrained
 
 # a run of more than five quoted keys in a state-dict error ("a", "b", ...): cut to the first five
 _KEY_RUN = re.compile(r'((?:"[^"]*", ){5})(?:"[^"]*", )+')
@@ -97,15 +98,6 @@ def _weights_reason(name: str, error: Exception) -> str:
     return "its weights file holds Python objects other than tensors and plain values (rsnet loads weights only)"
 
 
-def _parse_pretrained(pretrained: bool | str | Path | None) -> bool | Path:
-    """``backbone.pretrained`` as False, True or the path of a weights file ("true" / "false" strings too)."""
-    if isinstance(pretrained, str) and pretrained.strip().lower() in ("true", "false", ""):
-        return pretrained.strip().lower() == "true"
-    if isinstance(pretrained, bool) or not pretrained:
-        return bool(pretrained)
-    return Path(pretrained).expanduser()
-
-
 def _create_from_file(name: str, num_classes: int, path: Path, **kwargs: Any) -> nn.Module:
     """Load a weights file through timm so the model's own checkpoint filter applies (``source="file"``: a
     local-dir: or hf-hub: name reads the file, not its folder or repo); strict, then the classifier is replaced."""
@@ -134,7 +126,7 @@ def create_timm_classifier(name: str, num_classes: int, pretrained: bool | str |
                            **kwargs: Any) -> nn.Module:
     """``timm.create_model(name, num_classes=...)`` with ``backbone.pretrained`` = false | true | a weights file."""
     _check_name(name)
-    pretrained = _parse_pretrained(pretrained)
+    pretrained = parse_pretrained(pretrained)
     if isinstance(pretrained, Path):
         return _create_from_file(name, num_classes, pretrained, **kwargs)
     failure = (f"backbone.pretrained=true: could not load the weights of backbone.name={name!r}" if pretrained
