@@ -12,8 +12,8 @@ Measures, in one run on the bundled data/ucmerced-mini (or --root) at 128 px:
    for the plain path, the cached path (synchronous ``get_batch``), and the cached path through the
    trainer's ``BatchPrefetcher`` (``prefetch=true``: the next batch prepared by a background thread
    during the step), and the device path (``stored_batch`` through the prefetcher, augmented by
-   ``DeviceAugment`` on the prefetch thread: ``augment.on_device=true``, a GPU worker's default). The sources take turns,
-   ``--repeats`` rounds; median and range per source.
+   ``DeviceAugment`` on the prefetch thread: ``augment.on_device=true``, a GPU worker's default). The sources take
+   turns, ``--repeats`` rounds; median and range per source.
 
     python benchmarks/bench_data.py [--size 128] [--batch 32] [--steps 10] [--repeats 5]
     python benchmarks/bench_data.py --dataset ucmerced --root tests/fixtures/ucmerced-tif-sample  # real .tif
@@ -222,7 +222,8 @@ def throughput_report(args, cached, plain):
     p, c = max(plain_rates), max(cached_rates)
     print()
     print(f"{'input path':38s} {'images/s':>10s}")
-    print(f"{'plain (decode + augment per access)':38s} {p:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in plain_rates)})")
+    print(f"{'plain (decode + augment per access)':38s} {p:10.0f}   "
+          f"(passes: {', '.join(f'{r:.0f}' for r in plain_rates)})")
     print(f"{'cached (decode once, augment)':38s} {c:10.0f}   (passes: {', '.join(f'{r:.0f}' for r in cached_rates)})")
     print(f"{'ratio cached / plain':38s} {c / p:10.2f}x  (target >= 5x)")
     print_ratio("eval transform only (resize + normalise):", ev)

@@ -13,9 +13,9 @@ Then, measured in one run, interleaved over ``--rounds`` rounds (the order alter
 
 windows/s of each (best round, and the range) and the ratio map / forward. With ``--partner N`` (or
 ``--beside-cpu``): whole ``rsnet-predict map=`` runs (start-up included) on ``--device`` alone and beside a CPU worker
-(slowed N times, SIMULATED), interleaved, and the ratio pair / alone. With memory (default): the resident memory of a child process
-that maps the scene alone, before the map and at its peak, beside the raster's size. The model is an untrained
-``--backbone`` baseline at ``--image-size`` px (speed only). The temporary folder is removed afterwards.
+(slowed N times, SIMULATED), interleaved, and the ratio pair / alone. With memory (default): the resident memory of a
+child process that maps the scene alone, before the map and at its peak, beside the raster's size. The model is an
+untrained ``--backbone`` baseline at ``--image-size`` px (speed only). The temporary folder is removed afterwards.
 
     python benchmarks/bench_scene_map.py --size 20000 --window 128 --backbone resnet18 --image-size 128
     python benchmarks/bench_scene_map.py --size 20000 --window 500 --compare-readers   # test_resnet at 64 px

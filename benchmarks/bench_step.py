@@ -255,7 +255,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="timed steps per path and round (default: 300 on a GPU, 8 on a CPU)")
     parser.add_argument("--input-steps", type=int,
                         help="timed steps of the input paths (a), (a0), (a') (default: --steps, 30 on a CPU)")
-    parser.add_argument("--warmup", type=int, help="untimed steps before each timing (default: 30 on a GPU, 2 on a CPU)")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed steps before each timing (default: 30 on a GPU, 2 on a CPU)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median and range reported)")
     parser.add_argument("--on-device", type=lambda v: {"true": True, "false": False}.get(v, v), default="auto",
                         choices=["auto", True, False],

@@ -78,7 +78,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run before it is killed (a FAIL)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report (Markdown) to this file")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="extra train.py overrides for every run, e.g. --set amp=fp16 channels_last=false compile=true")
+                        help="extra train.py overrides for every run, e.g. --set amp=fp16 channels_last=false "
+                             "compile=true")
     parser.add_argument("--cpu-stand-in", action="store_true",
                         help="replace every cuda:i by cpu: tests this script on a machine without a GPU")
     return parser.parse_args()
@@ -120,7 +121,8 @@ def overrides(trainer: str, model: str, devices: list[str], args: argparse.Names
     values = [f"trainer={trainer}", f"trainer.devices=[{','.join(devices)}]", f"model={model}",
               f"backbone={args.backbone}", "backbone.pretrained=false", f"epochs={args.epochs}",
               "log.progress_bar=false", "log.attention_every=2", f"hydra.run.dir={run_dir}", "overwrite=true",
-              f"trainer.timeout_s={max(1, args.timeout // 2)}"]  # a hung collective is reported by the trainer before the kill
+              # a hung collective is reported by the trainer before the kill
+              f"trainer.timeout_s={max(1, args.timeout // 2)}"]
     if args.image_size:
         values.append(f"dataset.image_size={args.image_size}")
     return [*values, *args.set]
@@ -213,7 +215,8 @@ def main() -> int:
     args = parse_args()
     gpus = torch.cuda.device_count()
     if gpus == 0 and not args.cpu_stand_in:
-        print("no CUDA device visible: nothing to check (--cpu-stand-in runs the check on the CPU, to test this script)")
+        print("no CUDA device visible: nothing to check "
+              "(--cpu-stand-in runs the check on the CPU, to test this script)")
         return 0
     configs, skipped = device_configs(args.configs, gpus, args.cpu_stand_in)
     runs = [(c, devices, t, m) for c, devices in configs.items() for t in args.trainers for m in args.models]

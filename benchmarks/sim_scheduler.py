@@ -12,7 +12,8 @@ interval M above which its merges cost < 5 % of it.
     python benchmarks/sim_scheduler.py --quick           # fewer worker counts, shorter runs
     python benchmarks/sim_scheduler.py --validate outputs/bench_scheduler.jsonl   # simulated vs measured samples/s
                                                          # of the time-to-accuracy study's runs (bench_scheduler.py)
-    python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that benchmarks/simulator/ keeps (< 1 min)
+    python benchmarks/sim_scheduler.py --measure-cpu     # time the CPU profiles that benchmarks/simulator/ keeps
+                                                         # (< 1 min)
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ SETTINGS = sim.SimSettings.from_configs(conf_yaml("trainer", "adaptive.yaml"), c
 def cpu_sweep(worlds: list[int], intervals: int) -> list[sim.Scenario]:
     """CPU workers (one per host, 10 GbE), every second one at 1/2 speed; 16 samples per worker and step."""
     return [sim.build_scenario(f"CPU x {w}, every 2nd at 1/2", _alternate(sim.CPU_RESNET18_64,
-                               sim.CPU_RESNET18_64.slowed(2), w), sim.RESNET18_21, sim.ETHERNET_10G, 16, SETTINGS, intervals)
+                               sim.CPU_RESNET18_64.slowed(2), w), sim.RESNET18_21, sim.ETHERNET_10G, 16, SETTINGS,
+                               intervals)
             for w in worlds]
 
 
@@ -336,8 +338,8 @@ def measure_loopback(world: int = 2, sizes: tuple[int, ...] = (1 << 20, 4 << 20,
 
 
 def measure_all() -> None:
-    """The profiles benchmarks/simulator/costs.py keeps, and the study's step timed in 2 processes at once (as its 2 workers share the
-    host)."""
+    """The profiles benchmarks/simulator/costs.py keeps, and the study's step timed in 2 processes at once (as its 2
+    workers share the host)."""
     started = time.perf_counter()
     measure_profile("CPU_RESNET18_64", "resnet18", 64, [8, 16, 24, 32])
     measure_profile("CPU_RESNET50_224", "resnet50", 224, [1, 2, 3, 4], repeats=3)
@@ -357,8 +359,8 @@ def membership_table(intervals: int, restart_s: float) -> None:
               sim.CPU_RESNET18_64.slowed(2), sim.RESNET18_21, sim.ETHERNET_10G, 16)]
     print(f"\n## Devices that come and go: a device lost at 30 % of the run, one joining at 50 % ({restart_s:g} s a "
           "restart)\n")
-    print("| run | undisturbed s | lost at 30 % | lost at 30 %, one joining at 50 % | the survivors alone from the start "
-          "| samples trained again |\n|---|---|---|---|---|---|")
+    print("| run | undisturbed s | lost at 30 % | lost at 30 %, one joining at 50 % "
+          "| the survivors alone from the start | samples trained again |\n|---|---|---|---|---|---|")
     for name, devices, lost, joining, model, link, batch in cases:
         scenario = sim.build_scenario(name, devices, model, link, batch, SETTINGS, intervals)
         whole = sim.simulate_adaptive(scenario).wall_s
@@ -383,7 +385,8 @@ def main() -> None:
     parser.add_argument("--validate", type=Path, default=None, metavar="STUDY",
                         help="simulated vs measured samples/s of the runs of bench_scheduler.py in this JSON-lines "
                              "file (sync, adaptive and static; sync and adaptive at 1:2 and 1:1 required)")
-    parser.add_argument("--measure-cpu", action="store_true", help="time the CPU profiles kept in benchmarks/simulator/costs.py")
+    parser.add_argument("--measure-cpu", action="store_true",
+                        help="time the CPU profiles kept in benchmarks/simulator/costs.py")
     parser.add_argument("--membership", action="store_true",
                         help="only the table of a run that loses and gains a device")
     parser.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds a change of devices costs")

@@ -58,7 +58,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     only; else the file is read once (``FILE_DIGEST_KEY``: the SHA-256 of the bytes read)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass the path of a run's checkpoints/last.pt or best.pt")
+        raise FileNotFoundError(f"checkpoint {path} does not exist; "
+                                "pass the path of a run's checkpoints/last.pt or best.pt")
     file_bytes = None
     try:
         if not mmap:

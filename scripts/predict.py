@@ -1,4 +1,5 @@
-"""Classify a folder of images: ``python scripts/predict.py checkpoint=outputs/run/checkpoints/last.pt images=my_scenes/``.
+"""Classify a folder of images:
+``python scripts/predict.py checkpoint=outputs/run/checkpoints/last.pt images=my_scenes/``.
 
 The same as the ``rsnet-predict`` command (the code, and every option, is in rsnet/commands/predict.py).
 """

@@ -17,8 +17,9 @@ def write_run(folder: Path, *, seed: int, train_ratio: float, accuracy: float, m
            "reported_head": "ensemble", "average_accuracy": accuracy - 0.5, "kappa": accuracy / 100.0,
            "wall_time_s": 10.0}
     if protocol:
-        run["protocol"] = {"dataset": "aid", "data": "aid", "train_ratio": train_ratio, "val_ratio": 0.0, "image_size": 64,
-                           "pretrained": "scratch", "epochs": epochs, "eval_every": 1, "selection": "last epoch"}
+        run["protocol"] = {"dataset": "aid", "data": "aid", "train_ratio": train_ratio, "val_ratio": 0.0,
+                           "image_size": 64, "pretrained": "scratch", "epochs": epochs, "eval_every": 1,
+                           "selection": "last epoch"}
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps(run))
 

@@ -369,7 +369,8 @@ def test_auto_writes_in_the_background_where_the_primary_trains_on_a_gpu() -> No
     cores); true and false as they say; anything else is refused naming the setting."""
     from rsnet.engine.background_writer import writes_in_background
 
-    assert writes_in_background("auto", torch.device("cuda:0")) and not writes_in_background("auto", torch.device("cpu"))
+    assert (writes_in_background("auto", torch.device("cuda:0"))
+            and not writes_in_background("auto", torch.device("cpu")))
     assert writes_in_background(True, torch.device("cpu")) and not writes_in_background(False, torch.device("cuda:0"))
     with pytest.raises(ValueError, match=r"log.background_writes='yes': use auto \(in the background"):
         writes_in_background("yes", torch.device("cpu"))

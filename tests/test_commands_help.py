@@ -66,7 +66,8 @@ def test_help_through_hydra_lists_the_commands_own_settings() -> None:
     assert f"dataset: {options}  (default: the run's own)" in result.stdout
     settings = result.stdout.split("== Settings (key=value) ==\n")[1].split("\n\n")[0]
     assert [line.split(":")[0] for line in settings.splitlines() if not line.startswith(" ")] == [
-        "checkpoint", "seed", "batch_size", "device", "out", "progress_bar", "tta", "amp"]  # conf/evaluate.yaml's, no training setting
+        # conf/evaluate.yaml's, no training setting
+        "checkpoint", "seed", "batch_size", "device", "out", "progress_bar", "tta", "amp"]
     assert "tta: none " in settings and "backbone:" not in result.stdout and "trainer:" not in result.stdout
 
 

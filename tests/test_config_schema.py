@@ -104,7 +104,8 @@ def test_a_config_dir_is_composed_with_and_a_yaml_that_leaves_a_typed_key_empty_
     the user's own that leaves a required key unset is refused naming it (``--help`` still shows)."""
     (tmp_path / "dataset").mkdir()
     (tmp_path / "dataset" / "mine.yaml").write_text("defaults: [image_folder, _self_]\nroot: /data/mine\n")
-    (tmp_path / "dataset" / "bare.yaml").write_text("name: image_folder\nroot: /data\ntrain_ratio: 0.5\nimage_size: 64\n")
+    (tmp_path / "dataset" / "bare.yaml").write_text("name: image_folder\nroot: /data\ntrain_ratio: 0.5\n"
+                                                    "image_size: 64\n")
     check_overrides("config", ["--config-dir", str(tmp_path), "dataset=mine"], "rsnet-train")
     assert refusal(f"--config-dir={tmp_path}", "dataset=mine", "dataset.roots=/x").startswith(
         "dataset.roots=/x: there is no setting 'roots' in dataset")

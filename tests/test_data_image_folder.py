@@ -179,5 +179,6 @@ def test_train_without_a_root_is_one_line_exit_2(tmp_path: Path, capfd: pytest.C
     err = capfd.readouterr().err
     assert status == 2, err
     assert err.strip().splitlines()[-1] == (
-        "error: dataset.root=... is required for dataset=image_folder: a folder with one sub-folder of images per class")
+        "error: dataset.root=... is required for dataset=image_folder: "
+        "a folder with one sub-folder of images per class")
     assert not (tmp_path / "run" / "checkpoints").exists()

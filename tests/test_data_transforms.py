@@ -128,7 +128,8 @@ def test_get_batch_matches_per_item_normalisation(mini_root):
     idx = [0, 3, 5, 9]
     xb, _ = test.get_batch(idx)
     ref = (torch.from_numpy(np.stack([test.raw(i) for i in idx])).permute(0, 3, 1, 2).float()
-           .sub_(torch.tensor(bundle.mean).view(1, 3, 1, 1) * 255).div_(torch.tensor(bundle.std).view(1, 3, 1, 1) * 255))
+           .sub_(torch.tensor(bundle.mean).view(1, 3, 1, 1) * 255)
+           .div_(torch.tensor(bundle.std).view(1, 3, 1, 1) * 255))
     assert torch.equal(xb, ref)  # bit for bit the torch formula used before
     for k, i in enumerate(idx):
         assert torch.allclose(xb[k], test[i][0], atol=1e-5)

@@ -408,7 +408,8 @@ def test_nan_stop_names_the_last_good_checkpoint_only_when_one_exists(tmp_path: 
         assert f"last good checkpoint is {tmp_path / 'checkpoints' / 'last.pt'} (after epoch 3)" in message
 
 
-OUT_OF_RANGE = [  # setting(s) -> the start of the one-line refusal; every one trained (or crashed) after decoding before
+# setting(s) -> the start of the one-line refusal; every one trained (or crashed) after decoding before
+OUT_OF_RANGE = [
     ("optimizer.lr=nan", "optimizer.lr=nan: must be a finite number"),
     ("optimizer.lr=-1", "optimizer.lr=-1.0: must be a finite number > 0"),
     ("optimizer.momentum=1.5", "optimizer.momentum=1.5: must be in [0, 1)"),

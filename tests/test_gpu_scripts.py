@@ -364,7 +364,8 @@ def test_the_recipe_check_at_224_px_runs_its_rows_in_lanes_and_prints_its_table(
     assert [lane[lane.index("--rows") + 1] for lane in lanes] == ["plain", "mgml_fenet"]
     assert "plain seed 0: main " in recipe and "mgml_fenet seed 0: main " in recipe, recipe
     rows = {row[0]: row for row in table_rows(recipe) if row[0] in ("plain", "mgml_fenet")}
-    assert sorted(rows) == ["mgml_fenet", "plain"] and all(row[2].replace(".", "", 1).isdigit() for row in rows.values())
+    assert sorted(rows) == ["mgml_fenet", "plain"] and all(row[2].replace(".", "", 1).isdigit()
+                                                           for row in rows.values())
 
 
 def test_recipe_lanes_keep_the_finished_runs_in_seed_order_and_name_the_failed_one(

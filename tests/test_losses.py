@@ -86,7 +86,8 @@ def test_bad_options() -> None:
         MultiBranchLoss(feature_loss="cosine")
     for setting, value, wanted in [("temperature", 0.0, "a finite number > 0"), ("alpha", -1.0, "a finite number >= 0"),
                                    ("beta", float("inf"), "a finite number >= 0"),
-                                   ("label_smoothing", 1.0, "in [0, 1)"), ("rampup_epochs", "5", "a finite number >= 0")]:
+                                   ("label_smoothing", 1.0, "in [0, 1)"),
+                                   ("rampup_epochs", "5", "a finite number >= 0")]:
         with pytest.raises(ValueError, match=re.escape(f"{setting}={value!r}: must be {wanted}")):
             MultiBranchLoss(**{setting: value})
     with pytest.raises(KeyError, match="teacher"):

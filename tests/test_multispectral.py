@@ -137,7 +137,8 @@ def test_the_disk_cache_holds_the_bands_in_their_own_sample_type(tmp_path: Path)
     assert int(reused.array[2, 0, 0, 12]) == 207
     sidecar = json.loads(next((tmp_path / "cache").glob("*.json")).read_text())
     assert sidecar["bands"]["dtype"] == "uint16" and "high_bit_depth" not in sidecar
-    rgb = build_store("fake", ["a", "b", "c"], paths, 8, "disk", tmp_path / "cache", decoding=resolve_bands([1], paths[0]))
+    rgb = build_store("fake", ["a", "b", "c"], paths, 8, "disk", tmp_path / "cache",
+                      decoding=resolve_bands([1], paths[0]))
     assert rgb.decoded == 3 and rgb.array.shape == (3, 8, 8, 1)  # other bands: another cache file
 
 

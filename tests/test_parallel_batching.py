@@ -112,7 +112,8 @@ def test_epoch_order_and_static_partition() -> None:
 
 def test_static_speed_proportional_split() -> None:
     assert speed_proportional_sizes([200.0, 100.0], 48, 8, 1024, 8) == [32, 16]
-    assert speed_proportional_sizes([100.0, 100.0, 200.0], 48, 8, 1024, 8) == [16, 8, 24]  # 12, 12, 24 in multiples of 8
+    # 12, 12, 24 in multiples of 8
+    assert speed_proportional_sizes([100.0, 100.0, 200.0], 48, 8, 1024, 8) == [16, 8, 24]
     assert speed_proportional_sizes([1000.0, 1.0], 48, 8, 1024, 8) == [40, 8]  # the slow one keeps batch_min
     # Every step trains B = 48 positions of the epoch permutation, split 32 / 16; all workers get 5 steps.
     sizes = [32, 16]

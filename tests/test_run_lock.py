@@ -1,4 +1,5 @@
-"""One run at a time in a run directory, on any OS (was: two runs 2 s apart in one dir both finished, the first lost)."""
+"""One run at a time in a run directory, on any OS (was: two runs 2 s apart in one dir both finished, the first
+lost)."""
 
 from __future__ import annotations
 

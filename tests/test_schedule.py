@@ -191,7 +191,8 @@ def test_a_pending_worker_is_admitted_or_left_out_once_its_probe_speed_arrives()
     assert (schedule.active, schedule.pending, schedule.sizes) == ([True, False], [False, True], [32, 0])
     assert notes == ["worker 1 is pending: its speed probe is still running; it trains from the first merge after its "
                      "speed is known, if the admission rule keeps it"]
-    assert describe(schedule.update(_table([100.0, 0.0], schedule.sizes))) == [] and schedule.joined == []  # still probing
+    assert (describe(schedule.update(_table([100.0, 0.0], schedule.sizes))) == []
+            and schedule.joined == [])  # still probing
     notes = describe(schedule.update(_table([100.0, 50.0], schedule.sizes)))
     assert schedule.joined == [1] and schedule.active == [True, True] and schedule.pending == [False, False]
     assert schedule.sizes == [22, 10] and notes[0].startswith("admitting worker 1 after its speed probe: its 50.0")

@@ -329,7 +329,8 @@ def test_aggregate_prints_mean_and_std(esd_run: Path) -> None:
     ("+epoch=1", "did you mean 'epochs'"),  # was accepted, and the default 12 epochs trained
     ("dataset.root=/no/such/folder", "/no/such/folder"),  # found by the workers, after the run dir was accepted
 ])
-def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str, capfd: pytest.CaptureFixture) -> None:
+def test_bad_settings_fail_before_training(tmp_path: Path, override: str, message: str,
+                                           capfd: pytest.CaptureFixture) -> None:
     result = train(capfd, tmp_path / "run", "epochs=1", override, expect_ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()  # no stub run folder left behind
@@ -343,7 +344,8 @@ def test_unknown_group_option_lists_valid_ones(tmp_path: Path) -> None:
                              "esd_mbenet, mgml_fenet\n")
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "diverging"
     shutil.copytree(esd_run, run_dir)
     result = train(capfd, run_dir, "model=esd_mbenet", "epochs=3", "resume=true", "optimizer.lr=1e30",
@@ -356,7 +358,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(esd_run: Path, tmp_path: 
     assert all(torch.isfinite(value).all() for value in checkpoint["model_state"].values() if value.is_floating_point())
 
 
-def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_three_unequal_cpu_workers_exit_0_with_no_batch_below_batch_min(tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture) -> None:
     """Three CPU workers at speeds 1:1:3 train two epochs to the end, every sample once per epoch, with no batch
     below the batch minimum (a batch of 1 fails in BatchNorm)."""
     run_dir = tmp_path / "three_workers"

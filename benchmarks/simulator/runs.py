@@ -32,8 +32,8 @@ class _Interval:
 def _run_interval(scenario: Scenario, sizes: list[int], speeds: list[float], store: SimStore, key: str,
                   size: int, start: float, claim_min: int) -> _Interval:
     """Every active worker (size > 0) claims and trains batches of one interval (as AdaptiveStrategy.claims with the
-    prefetcher: the next claim is made when a batch starts where :func:`~rsnet.parallel.batching.may_claim_ahead` allows),
-    in the order of the claims' times. ``claim_min``: the smallest claim the interval's rest may form
+    prefetcher: the next claim is made when a batch starts where :func:`~rsnet.parallel.batching.may_claim_ahead`
+    allows), in the order of the claims' times. ``claim_min``: the smallest claim the interval's rest may form
     (:attr:`~rsnet.parallel.schedule.Schedule.claim_min`)."""
     world = scenario.world
     claimers = [batching.IntervalClaimer(store, key, size, claim_min) for _ in range(world)]

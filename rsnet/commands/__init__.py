@@ -47,8 +47,8 @@ from rsnet.commands.help import register_help_resolver  # noqa: E402 - needs con
 from rsnet.run_folders import dataset_folder, protocol_folder
 
 register_help_resolver()  # ${rsnet_help:<name>}: every command's --help (hydra.help.template in its config)
-# run folder names: ${rsnet_dataset:<name>,<root>,<bands>} -> aid, image_folder-my_scenes-1a2b3c4d, eurosat_ms_bands-all;
-# ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
+# run folder names: ${rsnet_dataset:<name>,<root>,<bands>} -> aid, image_folder-my_scenes-1a2b3c4d,
+# eurosat_ms_bands-all; ${rsnet_protocol:<train_ratio>,<val_ratio>,<image_size>,<pretrained>} -> r0.5_64px_scratch
 OmegaConf.register_new_resolver("rsnet_dataset", dataset_folder, replace=True)
 OmegaConf.register_new_resolver("rsnet_protocol", protocol_folder, replace=True)
 

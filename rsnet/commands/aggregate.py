@@ -29,8 +29,8 @@ CONFIG_RECORD = Path(".hydra") / "config.yaml"
 # the same numbers up to float rounding (the number of workers changes training: compared from metrics.json).
 IGNORED_SETTINGS = ("seed", "run_dir", "resume", "overwrite", "log.*", "eval_batch_size", "prefetch", "channels_last",
                     "compile", "deterministic", "dataset.cache", "dataset.cache_dir", "dataset.max_pixels",
-                    "trainer.devices", "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s", "trainer.log_intervals",
-                    "trainer.probe_timeout_s")
+                    "trainer.devices", "trainer.cpu_threads", "trainer.backend", "trainer.timeout_s",
+                    "trainer.log_intervals", "trainer.probe_timeout_s")
 # Settings added after runs were made, with the value a run that lacks them had: such a run is compared as having it.
 ADDED_SETTINGS = {"model.options.main_pool": "avg", "model.options.main_heads": [], "eval_amp": "none"}
 # Shown in the table's own columns (from metrics.json).

@@ -63,7 +63,8 @@ def main(cfg: DictConfig) -> float | None:
                 if "selected_epoch" in summary else "")
     print(f"test accuracy ({summary['reported_head']}): {summary['accuracy']:.2f} %  "
           f"(main branch {summary['oa']['main']:.2f} %, {selected}"
-          f"{counted(summary['epochs'], 'epoch')}, {summary['wall_time_s']:.0f} s, {summary['images_per_s']:.1f} img/s)")
+          f"{counted(summary['epochs'], 'epoch')}, {summary['wall_time_s']:.0f} s, "
+          f"{summary['images_per_s']:.1f} img/s)")
     run_dir = Path(config["run_dir"])
     suffix = "pdf" if config["log"]["figure_format"] == "pdf" else "png"
     print(f"curves: {run_dir / 'curves'}.{suffix} (table: history.csv; confusion matrix: confusion.{suffix}); every "

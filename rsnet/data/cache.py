@@ -18,8 +18,8 @@ import numpy as np
 
 from rsnet.files import DiskFullError, atomic_write
 
-from .decode import (DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, Decoding, check_decoding, decode_image,
-                     pixel_layout)
+from .decode import (DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, Decoding, check_decoding,
+                     decode_image, pixel_layout)
 from .raster import Bands
 from .errors import CorruptImageError
 from .store import ImageStore

@@ -99,7 +99,8 @@ def build_datasets(name: str, root: str | os.PathLike | None, train_ratio: float
              spec.name, len(train), held_out, len(test), spec.num_classes, image_size, cache)
     return DataBundle(train, test, list(spec.classes), mean_t, std_t, image_size, split, skipped,
                       scan.class_root, spec, val,
-                      DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation, max_pixel_value=pixel_scale),
+                      DeviceAugment.for_training(image_size, mean_t, std_t, **augmentation,
+                                                 max_pixel_value=pixel_scale),
                       DeviceAugment(image_size, mean_t, std_t, max_pixel_value=pixel_scale), raster_bands,
                       training_footprint([paths[r] for r in rows.train], spec.ground_resolution_m))
 

@@ -1,6 +1,6 @@
 """Decoding one image file to the array a model input starts from: uint8 RGB, with 16-bit and float pixels stretched
-to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery), or the :class:`~rsnet.data.raster.Bands`
-of a multispectral dataset in their own sample type."""
+to 8 bit as ``dataset.high_bit_depth`` says (docs/data.md, High-bit-depth imagery), or the
+:class:`~rsnet.data.raster.Bands` of a multispectral dataset in their own sample type."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from .errors import CorruptImageError
 from .raster import Bands, open_raster
 
 __all__ = ["DEFAULT_HIGH_BIT_DEPTH", "HIGH_BIT_DEPTH_MODES", "DecodeReport", "Decoding", "check_decoding",
-           "check_high_bit_depth", "decode_image", "decode_window", "describe_rescaled", "picture_bands", "pixel_layout"]
+           "check_high_bit_depth", "decode_image", "decode_window", "describe_rescaled", "picture_bands",
+           "pixel_layout"]
 
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)  # rsnet names every file OpenCV cannot read
 HIGH_BIT_DEPTH_MODES = ("percentile", "minmax", "refuse")

@@ -27,8 +27,8 @@ __all__ = ["DEFAULT_MAX_PIXELS", "SAMPLE_TYPES", "Bands", "band_statistics", "ba
 SAMPLE_TYPES = ("uint8", "uint16", "int16", "float32")  # sample types a model can read (OpenCV resizes them)
 DEFAULT_MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # pixels of one band file: PIL's decompression-bomb limit for pictures
 
-if logging.getLogger("rasterio").level == logging.NOTSET:  # unless the user set it: rasterio logs GDAL's errors
-    logging.getLogger("rasterio").setLevel(logging.ERROR)  # (INFO) and warnings as it handles them; rsnet names the file
+if logging.getLogger("rasterio").level == logging.NOTSET:  # unless the user set it: rasterio logs GDAL's errors (INFO)
+    logging.getLogger("rasterio").setLevel(logging.ERROR)  # and warnings as it handles them; rsnet names the file
 
 
 def open_raster(path: str | os.PathLike) -> Any:

@@ -1,5 +1,6 @@
-"""The decoded images of one ordered file list: ONE (N, S, S, C) array (uint8 RGB, or a multispectral dataset's bands) of which the datasets are index views,
-shared with loader workers, never copied (docs/data.md, Input pipeline and the cache choice)."""
+"""The decoded images of one ordered file list: ONE (N, S, S, C) array (uint8 RGB, or a multispectral dataset's bands)
+of which the datasets are index views, shared with loader workers, never copied (docs/data.md, Input pipeline and the
+cache choice)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ __all__ = ["ImageStore"]
 
 
 class ImageStore:
-    """Decoded images of one ordered file list, ``store[i]`` → H×W×C (a view; ``decoding`` says how files became them); ``array`` is None for mode "none",
-    ``corrupt`` the undecodable rows, ``decoded`` 0 where the cache was reused."""
+    """Decoded images of one ordered file list, ``store[i]`` → H×W×C (a view; ``decoding`` says how files became them);
+    ``array`` is None for mode "none", ``corrupt`` the undecodable rows, ``decoded`` 0 where the cache was reused."""
 
     def __init__(self, paths: Sequence[str], size: int, mode: str, array: np.ndarray | None = None,
                  cache_path: Path | None = None, corrupt: Sequence[int] = (), decoded: int = 0,
