@@ -4,6 +4,7 @@ The losses are real: a worker kills itself with SIGKILL at a set point (``traine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -17,6 +18,7 @@ from rsnet.checkpoint import save_checkpoint
 from rsnet.engine.config_checks import check_run_dir
 from rsnet.engine.merge_commit import POSITION_KEY, resume_point
 from rsnet.parallel.launcher import WorkerError
+from rsnet.parallel.strategies import simulated_loss
 
 SMALL = ["backbone=test_resnet", "model=baseline", "dataset.image_size=32", "batch_size=32", "log.progress_bar=false",
          "log.attention_every=100", "trainer.cpu_threads=1", "trainer.merge_rounds=1", "trainer.merge_rounds_max=null",
@@ -175,3 +177,44 @@ def test_a_commit_is_kept_after_every_merge_and_written_every_so_often_and_on_th
     commits.flush()
     assert load_checkpoint(commits.path, mmap=True)[POSITION_KEY] == 192 and commits.written == 4
     commits.close()
+
+
+class _Shares:
+    """A strategy's claims with each (epoch, interval)'s share of batches given: none where faster workers took all."""
+
+    def __init__(self, rank: int, shares: dict[tuple[int, int], int]) -> None:
+        self.cfg, self.rank, self.epoch = {"lose_worker": [1, 2, 2]}, rank, 0
+        self.ctx = type("Ctx", (), {"device": "cpu"})
+        self.shares = shares
+
+    def claims(self, interval: int):
+        yield from range(self.shares.get((self.epoch, interval), 1))
+
+
+class _Losing(simulated_loss.SimulatedLoss, _Shares):
+    pass
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_simulated_loss_comes_at_the_first_batch_claimed_from_its_interval_on(monkeypatch: pytest.MonkeyPatch,
+                                                                               rank: int) -> None:
+    """lose_worker=[1, 2, 2]: worker 1 is left no batch in epoch 2's interval 2 (the others were faster), so it dies
+    with its first batch of interval 3 claimed, not never; worker 0 is never killed."""
+    def kill(pid: int, sig: int) -> None:
+        raise _Killed(sig)
+
+    monkeypatch.setattr(simulated_loss.os, "kill", kill)
+    monkeypatch.setattr(simulated_loss.logging, "shutdown", lambda: None)
+    strategy = _Losing(rank, {(1, 1): 0})
+    claimed = []
+    with pytest.raises(_Killed) if rank == 1 else contextlib.nullcontext():
+        for epoch in range(3):
+            strategy.epoch = epoch
+            for interval in range(3):
+                claimed.extend((epoch, interval) for _ in strategy.claims(interval))
+    assert claimed == ([(0, 0), (0, 1), (0, 2), (1, 0)] if rank == 1 else
+                       [(e, i) for e in range(3) for i in range(3) if (e, i) != (1, 1)])

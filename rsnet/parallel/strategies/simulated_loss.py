@@ -1,6 +1,7 @@
 """The simulated loss of a worker (``trainer.lose_worker=[rank, epoch, interval]``): :func:`losing` gives a strategy
-class whose worker kills itself (SIGKILL) once it has claimed its first batch of that interval, as ``kill -9`` from
-outside would; the studies and tests of a run that goes on without it use it."""
+class whose worker kills itself (SIGKILL) once it has claimed its first batch of that interval (or, where the faster
+workers left it none there, its first batch after it), as ``kill -9`` from outside would; the studies and tests of a
+run that goes on without it use it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def loss_point(setting: Any, rank: int) -> tuple[int, int] | None:
 
 
 class SimulatedLoss:
-    """Mixed in before a strategy class: the worker SIGKILLs itself with its first batch of the interval claimed."""
+    """Mixed in before a strategy class: the worker SIGKILLs itself with its first batch of the interval claimed, or
+    its first batch after the interval where it claimed none there (a slow worker's share of an interval may be none,
+    so the loss does not depend on the machine's speed)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -34,7 +37,7 @@ class SimulatedLoss:
 
     def claims(self, interval: int) -> Iterator[Claim]:
         for number, claim in enumerate(super().claims(interval)):
-            if number == 0 and (self.epoch, interval) == self._lost_at:
+            if number == 0 and self._lost_at is not None and (self.epoch, interval) >= self._lost_at:
                 log.warning("worker %d (%s): SIMULATED loss (trainer.lose_worker): it kills itself (SIGKILL) in epoch "
                             "%d, interval %d, with a batch claimed", self.rank, self.ctx.device, self.epoch + 1,
                             interval + 1)
