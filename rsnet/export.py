@@ -21,7 +21,7 @@ from timm.models._input import get_model_args
 from torch import Tensor, nn
 
 from rsnet.data.decode import DEFAULT_HIGH_BIT_DEPTH
-from rsnet.files import atomic_write, check_writable_dir
+from rsnet.files import atomic_write, check_writable_dir, write_json
 from rsnet.models import build_model
 from rsnet.run_folders import pretrained_tag
 from rsnet.models.pooling import TIMM_MAIN_POOLS
@@ -178,8 +178,7 @@ def _write_model(out_dir: Path, module: nn.Module, model: nn.Module, x: Tensor, 
 def _write_metadata(path: Path, meta: dict[str, Any]) -> Path:
     """Write model.json with the SHA-256 of its own contents (``sha256["model.json"]``)."""
     meta[DIGEST_KEY][METADATA_FILE] = metadata_digest(meta)
-    with atomic_write(path, "w") as handle:
-        handle.write(json.dumps(meta, indent=2))
+    write_json(path, meta, indent=2)
     return path
 
 

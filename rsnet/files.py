@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import secrets
@@ -10,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 class DiskFullError(OSError):
@@ -45,6 +46,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", errors: str | None =
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: str | os.PathLike, document: Any, **dumps: Any) -> None:
+    """Write ``document`` as JSON at ``path`` atomically (:func:`atomic_write`); ``dumps``: json.dumps's options."""
+    with atomic_write(path, "w") as handle:
+        handle.write(json.dumps(document, **dumps))
 
 
 @contextmanager

@@ -3,7 +3,6 @@ matrix (``rsnet-evaluate``; docs/usage.md, Evaluation and the protocol)."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from rsnet.cli import user_errors
 from rsnet.commands import hydra_config_path, shared_dataset_settings
 from rsnet.commands.overrides import check_overrides
 from rsnet.data.errors import CorruptImageError
-from rsnet.files import atomic_write
+from rsnet.files import write_json
 from rsnet.commands.values import bool_setting, check_writable, int_setting, tta_setting
 from rsnet.devices import resolve_device
 
@@ -100,8 +99,7 @@ def write_outputs(out: Path, metrics: dict[str, Any], class_names: list[str], ti
     ``title``)."""
     from rsnet.evaluation import rounded_numbers, write_confusion_csv, write_confusion_png
 
-    with atomic_write(out, "w") as handle:
-        handle.write(json.dumps(rounded_numbers(metrics), indent=2))
+    write_json(out, rounded_numbers(metrics), indent=2)
     print(f"metrics written to {out}")
     table, image = (out.with_name(f"{out.stem}_confusion{suffix}") for suffix in (".csv", ".png"))
     write_confusion_csv(table, metrics["confusion_matrix"], class_names)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rsnet.files import DiskFullError, atomic_write
+from rsnet.files import DiskFullError, write_json
 
 from .decode import (DEFAULT_HIGH_BIT_DEPTH, PERCENTILES, RESAMPLE, DecodeReport, Decoding, check_decoding,
                      decode_image, pixel_layout)
@@ -254,8 +254,7 @@ def _write_cache(npy: Path, setting: str, dataset: str, names: Sequence[str], pa
     meta = {"version": CACHE_VERSION, "dataset": dataset, "size": size, **how,
             "names": list(names), "corrupt": sorted(corrupt), "rescaled": sorted(rescaled.items()),
             "checksum": digest, "created": time.time()}
-    with atomic_write(npy.with_suffix(".json"), "w") as handle:
-        handle.write(json.dumps(meta))
+    write_json(npy.with_suffix(".json"), meta)
     log.info("decoded %d images at %d px into disk cache %s (%.1f MB) in %.1f s",
              len(paths), size, npy, npy.stat().st_size / 1e6, time.perf_counter() - started)
     return corrupt, rescaled

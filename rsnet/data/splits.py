@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from rsnet.files import atomic_write
+from rsnet.files import write_json
 
 from .errors import SplitMismatchError
 
@@ -70,8 +70,7 @@ class Split:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the split as JSON (atomically). Returns the path."""
         path = Path(path)
-        with atomic_write(path, "w") as handle:
-            handle.write(json.dumps(asdict(self), indent=1))
+        write_json(path, asdict(self), indent=1)
         return path
 
     @classmethod

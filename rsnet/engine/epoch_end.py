@@ -4,7 +4,6 @@ writer while the next epoch trains (``log.background_writes``), from a snapshot 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from rsnet.engine.run_history import write_history
 from rsnet.engine.sharded_eval import sharded_evaluate
 from rsnet.engine.snapshot import host_snapshot
 from rsnet.evaluation import EvalFeed, compute_metrics, eval_batch_size, rounded_numbers
-from rsnet.files import atomic_write
+from rsnet.files import write_json
 from rsnet.parallel import WorkerContext
 from rsnet.parallel.strategies import Strategy
 from rsnet.run_folders import dataset_folder, pretrained_tag
@@ -108,7 +107,7 @@ def finish_epoch(config: dict[str, Any], data: DataBundle, model: torch.nn.Modul
     run_dir = Path(config["run_dir"])
     writer.submit(lambda: _save_checkpoints(run_dir, kept["checkpoint"], improved))
     if summary is not None:
-        writer.submit(lambda: write_json(run_dir / "metrics.json", kept["summary"]))
+        writer.submit(lambda: write_json(run_dir / "metrics.json", kept["summary"], indent=2, default=float))
     submit_extra(writer, "TensorBoard scalars and confusion matrix", epoch,
                  lambda: _log_scalars(tb, kept["scheduler_rows"], kept["train_scalars"], kept["evaluation"],
                                       data.class_names, epoch))
@@ -255,12 +254,6 @@ def run_summary(config: dict[str, Any], data: DataBundle, state: RunState,
     if state.changes:
         summary["membership_changes"] = state.changes
     return rounded_numbers({**summary, "scheduler": scheduler, "history": state.history})
-
-
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` as indented JSON, atomically."""
-    with atomic_write(path, "w") as handle:
-        handle.write(json.dumps(document, indent=2, default=float))
 
 
 def _rounded(scalars: dict[str, float]) -> dict[str, float]:

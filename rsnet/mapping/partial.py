@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock, Timeout
 
-from rsnet.files import atomic_write, disk_full_named
+from rsnet.files import disk_full_named, write_json
 from rsnet.mapping.grid import WindowGrid
 from rsnet.mapping.imagery import Canvas, CanvasPiece
 
@@ -109,8 +109,7 @@ class PartialMap:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         partial._fill(partial._sizes())  # sparse zeros: no chunk done
-        with atomic_write(folder / SETTINGS, "w") as handle:
-            json.dump(dict(settings), handle, indent=1, sort_keys=True)
+        write_json(folder / SETTINGS, dict(settings), indent=1, sort_keys=True)
         return partial, found
 
     def recorded_settings(self) -> dict[str, Any] | None:
