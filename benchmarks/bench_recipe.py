@@ -20,8 +20,10 @@ to the baseline (baseline images/s ÷ model images/s, from the same runs), then 
     python benchmarks/bench_recipe.py --image-size 224 --require-cuda   # the check at 224 px, on a GPU (minutes)
     python benchmarks/bench_recipe.py --image-size 224 --require-cuda --lanes 6   # 6 runs at a time on one GPU
     # the same table in about half the time on 2 cores: two processes with one thread each, then one table
-    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 --json a.json &
-    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 --json b.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows plain,baseline --set trainer.cpu_threads=1 \\
+        --json a.json &
+    OMP_NUM_THREADS=1 python benchmarks/bench_recipe.py --rows esd_mbenet,mgml_fenet --set trainer.cpu_threads=1 \\
+        --json b.json
     python benchmarks/bench_recipe.py --report a.json b.json
     # eurosat-ms-dev (200 real Sentinel-2 patches, 13 bands, 64 px: dataset=image_folder dataset.bands=all), rsnet rows
     python benchmarks/bench_recipe.py --dataset eurosat-ms-dev --rows baseline,esd_mbenet,mgml_fenet --seeds 0,1,2,3,4
@@ -257,7 +259,8 @@ def report(results: dict[str, list[dict]]) -> None:
         verdicts.append(("baseline images/s ≥ 0.95 × plain", ratio >= 0.95, f"{ratio:.2f}×"))
     if "baseline" in mean:
         base = mean["baseline"]["main"]
-        for row, key, gain in (("esd_mbenet", "main", 2.0), ("mgml_fenet", "ensemble", 2.0), ("mgml_fenet", "main", 1.0)):
+        for row, key, gain in (("esd_mbenet", "main", 2.0), ("mgml_fenet", "ensemble", 2.0),
+                               ("mgml_fenet", "main", 1.0)):
             if row in mean:
                 verdicts.append((f"{row} {key} ≥ baseline + {gain:g}", mean[row][key] >= base + gain,
                                  f"{mean[row][key] - base:+.2f} points"))

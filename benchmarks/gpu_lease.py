@@ -17,7 +17,8 @@ the checkout: ``python3 benchmarks/gpu_lease.py``.
 
 Every step runs in its own process group with a time limit (the smaller of its own and what is left of
 ``--budget``); its output goes to ``OUT/<step>.md`` (``--out``; default ``gpu-lease-out/``)
-and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md`` (8 files in all). Standard library only: it runs before the wheels it installs are importable.
+and to stdout, the machine's GPU, driver and libraries to ``OUT/machine.md`` (8 files in all). Standard library
+only: it runs before the wheels it installs are importable.
 
     bash benchmarks/prepare_gpu_lease.sh                  # on a machine with the dev venv and a package index
     python3 benchmarks/gpu_lease.py                       # on the GPU machine, .whl and .aid-dev beside the checkout
