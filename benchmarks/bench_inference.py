@@ -1,7 +1,7 @@
 """Inference cost of the bare backbone, the pruned main branch and the full multi-branch models.
 
     python benchmarks/bench_inference.py [--backbone resnet50] [--size 224] [--batch 8] [--reps 5] [--threads N]
-        [--main-pool avg|gem|avgmax|grid2] [--main-heads s2_g4 ...]
+        [--main-pool avg|gem|avgmax|grid2] [--main-heads s2_g4 ...] [--classes 45]
     python benchmarks/bench_inference.py --table [--backbones vgg16 resnet50 densenet121] [--main-pool ...]
         [--main-heads ...]
 
@@ -47,17 +47,18 @@ def flops(model: torch.nn.Module, size: int) -> int:
     return counter.get_total_flops()
 
 
-def table(backbones: list[str], size: int, main_pool: str = "avg", main_heads: list[str] | None = None) -> None:
+def table(backbones: list[str], size: int, main_pool: str = "avg", main_heads: list[str] | None = None,
+          classes: int = NUM_CLASSES) -> None:
     print("| model | backbone | full params (M) | full GFLOPs | pruned params (M) | pruned GFLOPs | "
           "bare params (M) | bare GFLOPs |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for backbone in backbones:
-        bare = timm.create_model(backbone, num_classes=NUM_CLASSES).eval()
+        bare = timm.create_model(backbone, num_classes=classes).eval()
         bare_p, bare_f = params(bare), flops(bare, size)
         del bare
         for arch in ("baseline", "esd_mbenet", "mgml_fenet"):
             heads = {"main_heads": main_heads, "image_size": size} if arch == "mgml_fenet" and main_heads else {}
-            model = build_model(arch, backbone, NUM_CLASSES, main_pool=main_pool, **heads).eval()
+            model = build_model(arch, backbone, classes, main_pool=main_pool, **heads).eval()
             pruned = extract_main_branch(model)
             row = [params(model), flops(model, size), params(pruned), flops(pruned, size), bare_p, bare_f]
             cells = [f"{v / 1e6:.2f}" if i % 2 == 0 else f"{v / 1e9:.2f}" for i, v in enumerate(row)]
@@ -69,13 +70,13 @@ def table(backbones: list[str], size: int, main_pool: str = "avg", main_heads: l
 
 
 def bench(backbone: str, size: int, batch: int, reps: int, warmup: int, main_pool: str = "avg",
-          main_heads: list[str] | None = None) -> None:
+          main_heads: list[str] | None = None, classes: int = NUM_CLASSES) -> None:
     torch.manual_seed(0)
-    esd = build_model("esd_mbenet", backbone, NUM_CLASSES, main_pool=main_pool).eval()
-    mgml = build_model("mgml_fenet", backbone, NUM_CLASSES, main_pool=main_pool, image_size=size,
+    esd = build_model("esd_mbenet", backbone, classes, main_pool=main_pool).eval()
+    mgml = build_model("mgml_fenet", backbone, classes, main_pool=main_pool, image_size=size,
                        main_heads=main_heads or []).eval()
     models = {
-        "bare": timm.create_model(backbone, num_classes=NUM_CLASSES).eval(),
+        "bare": timm.create_model(backbone, num_classes=classes).eval(),
         "pruned": extract_main_branch(esd),
         **({"pruned_mgml": extract_main_branch(mgml)} if main_heads else {}),
         "esd_mbenet": esd,
@@ -114,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backbone", default="resnet50")
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--classes", type=int, default=NUM_CLASSES, help="classes of every model (default 45)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -129,9 +131,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.table:
-        table(args.backbones, args.size, args.main_pool, args.main_heads)
+        table(args.backbones, args.size, args.main_pool, args.main_heads, args.classes)
     else:
-        bench(args.backbone, args.size, args.batch, args.reps, args.warmup, args.main_pool, args.main_heads)
+        bench(args.backbone, args.size, args.batch, args.reps, args.warmup, args.main_pool, args.main_heads,
+              args.classes)
 
 
 if __name__ == "__main__":

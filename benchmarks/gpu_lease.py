@@ -7,8 +7,9 @@ training step and of a real epoch, and the steady-state step benchmark. The full
 few minutes; this is its measurement half and more, sized to fit. One more step fills a lease alone and is run only
 when named: ``recipe_224``, the recipe check of ``bench_recipe.py`` at 224 px (aid-dev, seeds 0-2, the plain loop and
 the three models, 30 epochs), six runs at a time on the one GPU (``--lanes 6``: about 4 minutes on an H200, where one
-run after the other took about 4.4 minutes a seed); ``recipe_224_main_heads`` before it, MGML-FENet with
-``model.options.main_heads=[s2_g4]`` at 224 px (seeds 0-2, three runs at a time), which a default waits for.
+run after the other took about 4.4 minutes a seed); ``recipe_224_no_heads`` before it, MGML-FENet without heads
+(``model.options.main_heads=[]``) at 224 px (seeds 0-2, three runs at a time): the arm the default (auto: ``s2_g4``
+on resnet18) is compared with.
 
 What must lie beside the checkout on the GPU machine (it may reach no package index, and aid-dev lies outside the
 checkout): ``.whl/``, the wheels of rsnet's dependencies that a CUDA PyTorch image lacks, and ``.aid-dev/``, a copy of
@@ -23,8 +24,8 @@ only: it runs before the wheels it installs are importable.
     bash benchmarks/prepare_gpu_lease.sh                  # on a machine with the dev venv and a package index
     python3 benchmarks/gpu_lease.py                       # on the GPU machine, .whl and .aid-dev beside the checkout
     python3 benchmarks/gpu_lease.py --steps gpu_profile --budget 120      # one step again
-    python3 benchmarks/gpu_lease.py --steps recipe_224_main_heads recipe_224 --budget 580   # the recipe check at 224 px
-                                                   # (MGML-FENet with main_heads=[s2_g4] first; a lease alone)
+    python3 benchmarks/gpu_lease.py --steps recipe_224_no_heads recipe_224 --budget 580   # the recipe check at 224 px
+                                                   # (MGML-FENet without heads first; a lease alone)
     python benchmarks/gpu_lease.py --stand-in --root DIR  # tiny CPU versions of every step (tests this script)
 """
 
@@ -90,11 +91,11 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
       "--steps", "50", "--warmup", "10", "--rounds", "2", "--input-steps", "10"],
      ["bench_step.py", "--device", "cpu", "--backbone", "test_resnet", "--sizes", "32", "--batches", "8",
       "--steps", "2", "--warmup", "1", "--rounds", "1"]),
-    ("recipe_224_main_heads", 150,  # MGML-FENet with main_heads=[s2_g4] at 224 px (a default waits for it), alone
+    ("recipe_224_no_heads", 150,  # MGML-FENet without heads at 224 px, against recipe_224's default (auto), alone
      ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224", "--lanes", "3", "--rows",
-      "mgml_fenet", "--set", "model.options.main_heads=[s2_g4]", "--json", "OUT/recipe_224_main_heads.json"],
+      "mgml_fenet", "--set", "model.options.main_heads=[]", "--json", "OUT/recipe_224_no_heads.json"],
      ["bench_recipe.py", "--device", "cpu", "--root", "ROOT", "--image-size", "32", "--backbone", "test_resnet",
-      "--epochs", "1", "--seeds", "0", "--rows", "mgml_fenet", "--set", "model.options.main_heads=[s2_g4]"]),
+      "--epochs", "1", "--seeds", "0", "--rows", "mgml_fenet", "--set", "model.options.main_heads=[]"]),
     ("recipe_224", 570,  # run alone (--steps recipe_224 --budget 580): the recipe check at 224 px, not in the default
      ["bench_recipe.py", "--require-cuda", "--root", "ROOT", "--image-size", "224", "--lanes", "6",
       "--json", "OUT/recipe_224.json"],
@@ -103,7 +104,7 @@ STEPS: list[tuple[str, int, list[str], list[str]]] = [
 ]
 # steps left out of the default list: the recipe check fills a lease of its own; the step benchmark was measured on
 # an H200 (docs/benchmarks.md) and makes room for the map's (8 files come back at most)
-ALONE = {"recipe_224_main_heads", "recipe_224", "bench_step_resnet50"}
+ALONE = {"recipe_224_no_heads", "recipe_224", "bench_step_resnet50"}
 
 
 def install_wheels(wheels: Path) -> str | None:

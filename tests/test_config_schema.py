@@ -87,13 +87,17 @@ def test_the_loss_defaults_are_esd_mbenets_recipe() -> None:
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_each_model_yaml_gives_its_options_the_code_defaults(arch: str) -> None:
-    """A model built from Python (build_model without options) is the model rsnet-train builds. The one
-    difference: ``image_size: auto``, which rsnet-train fills from dataset.image_size and Python leaves None
-    (geometry as set) until given a size."""
+    """A model built from Python (build_model without options) is the model rsnet-train builds. Two differences:
+    ``image_size: auto``, which rsnet-train fills from dataset.image_size and Python leaves None (geometry as set)
+    until given a size; and MGML-FENet's ``main_heads: auto``, none in Python, since a model_config without the key
+    (every checkpoint made before it) must rebuild the model it was: no heads."""
     options = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{arch}.yaml").options)
     if "image_size" in options:
         assert options["image_size"] == "auto"
         options["image_size"] = None
+    if "main_heads" in options:
+        assert options["main_heads"] == "auto"
+        options["main_heads"] = []
     signature = inspect.signature(MODELS[arch].__init__).parameters
     code = {name: list(value) if isinstance(value := signature[name].default, tuple) else value for name in options}
     assert code == options

@@ -226,7 +226,7 @@ def test_the_gpu_arguments_of_every_step_parse(tmp_path: Path, monkeypatch: pyte
                                       str(tmp_path / "none"), "--root", str(root), "--steps", *gpu_lease.ALONE])
     with contextlib.redirect_stdout(io.StringIO()):
         assert gpu_lease.main() == 0
-    for name in ("recipe_224_main_heads", "recipe_224"):
+    for name in ("recipe_224_no_heads", "recipe_224"):
         assert "no CUDA device visible" in (tmp_path / "alone" / f"{name}.md").read_text()
 
 

@@ -1,10 +1,12 @@
-"""model.options.main_heads: MGML-FENet's main branch averages its own classifier with FC-FG heads. The pruned main
-branch stays one forward (trunk -> S4 -> classifier, plus a pool and a linear layer per head on its level's map) with
-the full model's main logits; exports round-trip; attention maps draw it; an older checkpoint means no heads."""
+"""model.options.main_heads: MGML-FENet's main branch averages its own classifier with FC-FG heads (default auto: the
+S2 head on a 4 x 4 grid where it costs at most 2 % of the classifier's parameters). The pruned main branch stays one
+forward (trunk -> S4 -> classifier, plus a pool and a linear layer per head on its level's map) with the full model's
+main logits; exports round-trip; attention maps draw it; an older checkpoint means no heads."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,12 +34,50 @@ def model_with_heads(heads: list[str], size: int = EXPORT_SIZE, **options: objec
     return build_model("mgml_fenet", "test_resnet", CLASSES, image_size=size, main_heads=heads, **options)
 
 
-def test_the_default_is_no_heads_and_the_main_branch_is_the_backbones_own() -> None:
-    assert training_config("model=mgml_fenet")["model"]["options"]["main_heads"] == []
-    model = build_model("mgml_fenet", "test_resnet", CLASSES).eval()
+def test_the_default_is_auto_and_a_tiny_backbone_gets_no_heads() -> None:
+    """main_heads: auto; test_resnet at 30 classes: s2_g4 would cost 9 % of its parameters, so no heads and the main
+    branch is the backbone's own; an explicit [] is none on any backbone."""
+    assert training_config("model=mgml_fenet")["model"]["options"]["main_heads"] == "auto"
+    model = build_model("mgml_fenet", "test_resnet", 30, main_heads="auto").eval()
     out = model(batch())
     assert model.model_config["main_heads"] == [] and "main_s4" not in out.logits and out.student is None
     assert type(extract_main_branch(model)) is not MainBranchHeads
+    with torch.device("meta"):
+        assert build_model("mgml_fenet", "resnet50", 30, main_heads=[]).main_heads == []
+
+
+@pytest.mark.parametrize(("backbone", "classes", "heads"), [
+    ("resnet18", 45, ["s2_g4"]), ("resnet50", 45, ["s2_g4"]), ("vgg16", 45, ["s2_g4"]),
+    ("densenet121", 45, []), ("densenet121", 16, ["s2_g4"]), ("densenet121", 17, ["s2_g4"]), ("densenet121", 18, [])])
+def test_auto_takes_the_s2_head_where_the_export_stays_within_two_percent(backbone: str, classes: int,
+                                                                         heads: list[str]) -> None:
+    """densenet121's S2 has 512 channels: its 4 x 4 head fits 2 % of the classifier up to 17 classes."""
+    with torch.device("meta"):  # shapes only
+        model = build_model("mgml_fenet", backbone, classes, image_size=224, main_heads="auto")
+        pruned = sum(p.numel() for p in extract_main_branch(model).parameters())
+        bare = sum(p.numel() for p in build_model("baseline", backbone, classes).parameters())
+    assert model.main_heads == model.model_config["main_heads"] == heads
+    assert 1.0 < pruned / bare <= 1.02 if heads else pruned == bare
+    assert build_model(**{**model.model_config, "pretrained": False}).main_heads == heads  # the config rebuilds it
+
+
+@pytest.mark.parametrize("backbone", ["resnet50", "vgg16", "densenet121"])
+def test_the_default_main_branch_of_the_papers_backbones_exports_and_loads(tmp_path: Path, backbone: str) -> None:
+    """MGML-FENet as shipped (main_heads: auto, 3 classes: s2_g4 on all three) through rsnet-export's default format
+    (state_dict) and back: the loaded model gives the checkpoint's main logits."""
+    torch.manual_seed(0)
+    model = build_model("mgml_fenet", backbone, CLASSES, image_size=EXPORT_SIZE, main_heads="auto")
+    assert model.main_heads == ["s2_g4"]
+    checkpoint = save_model_checkpoint(tmp_path / "best.pt", model)
+    del model
+    result = export_checkpoint(checkpoint, tmp_path / "out")
+    meta = json.loads((tmp_path / "out" / METADATA_FILE).read_text())
+    assert meta["format"] == "state_dict" and meta["model_config"]["main_heads"] == ["s2_g4"]
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-4
+    x = batch(2)
+    with torch.no_grad():
+        exported = load_model(tmp_path / "out", setting="model").model(x)
+    assert (exported - full_logits(checkpoint, x, "main")).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize("heads", [["s2_g4"], ["s2_g4", "s3_g2"], ["s4_g1"]])
@@ -164,13 +204,17 @@ def test_a_checkpoint_without_the_setting_has_no_heads(tmp_path: Path) -> None:
 
 
 def test_resuming_a_run_from_before_the_setting_keeps_no_heads() -> None:
-    config = training_config("model=mgml_fenet")
+    """A run started without heads (before the setting, or before its default became auto) resumes with
+    main_heads=[]; under the default (auto) or with heads it is refused in one line naming the setting."""
+    config = training_config("model=mgml_fenet", "model.options.main_heads=[]")
     saved = json.loads(json.dumps(config))
     del saved["model"]["options"]["main_heads"]  # a run started before main_heads
     check_resume_identity(config, saved, Path("last.pt"))
-    config["model"]["options"]["main_heads"] = ["s2_g4"]
-    with pytest.raises(ConfigError, match=r"^resume=true: model.options=.*'main_heads': \['s2_g4'\].* but the run"):
-        check_resume_identity(config, saved, Path("last.pt"))
+    for heads in ("auto", ["s2_g4"]):
+        config["model"]["options"]["main_heads"] = heads
+        with pytest.raises(ConfigError, match=rf"^resume=true: model.options=.*'main_heads': {re.escape(repr(heads))}"
+                                              r".* but the run"):
+            check_resume_identity(config, saved, Path("last.pt"))
 
 
 def test_training_with_heads_and_exporting_the_main_branch(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ from rsnet.models.branches import FullChannelGenerator, FusionBranch
 from rsnet.models.geometry import feature_map_sides, fit_grids
 from rsnet.models.output import MultiBranchOutput
 
+AUTO_MAIN_HEAD = "s2_g4"  # main_heads=auto: the S2 head on a 4 x 4 grid, where it fits the budget (docs/models.md)
+MAIN_HEADS_BUDGET = 0.02  # of the bare classifier's parameters: what main_heads=auto may add to the exported branch
+
 
 @register_model
 class MGMLFENet(RSNetModel):
@@ -23,12 +26,13 @@ class MGMLFENet(RSNetModel):
     def __init__(self, backbone: str, num_classes: int, pretrained: bool | str = False, drop_rate: float = 0.0,
                  levels: Sequence[int] = (2, 3, 4), grids: Sequence[int] = (1, 2, 4), ffb_width: int = 512,
                  image_size: int | None = None, in_chans: int = 3, main_pool: str = "avg",
-                 main_heads: Sequence[str] = ()) -> None:
+                 main_heads: Sequence[str] | str = ()) -> None:
         """``image_size``: the training image size each level's pooling grids are fitted to
         (``rsnet.models.geometry``); None pools every level over ``grids`` as given. ``main_pool``: how the main
         branch pools S4 into its classifier (avg | gem | avgmax | grid2; docs/models.md), exported with it.
         ``main_heads``: FC-FG heads (``s<level>_g<grid>``, the grid fitted as the heads' are) whose logits the main
-        branch averages with its own classifier's (``main_s4``); exported with it (a few linear layers more)."""
+        branch averages with its own classifier's (``main_s4``); exported with it (a few linear layers more);
+        ``"auto"``: :meth:`auto_main_heads`."""
         levels = sorted({int(level) for level in levels})
         grids = [int(g) for g in grids]
         if not levels or min(levels) < 1 or max(levels) > 4:
@@ -36,7 +40,8 @@ class MGMLFENet(RSNetModel):
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
         # a lone name (model.options.main_heads=s2_g4 on the command line) is that head, not its letters
-        main_heads = [main_heads] if isinstance(main_heads, str) else [str(head) for head in main_heads]
+        main_heads = [main_heads] if isinstance(main_heads, str) and main_heads != "auto" else main_heads
+        main_heads = main_heads if main_heads == "auto" else [str(head) for head in main_heads]
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, main_pool=main_pool, levels=levels,
                          grids=grids, ffb_width=int(ffb_width), image_size=image_size, main_heads=main_heads)
         self.levels, self.grids = levels, grids
@@ -47,9 +52,23 @@ class MGMLFENet(RSNetModel):
         self.fem = nn.ModuleDict({
             f"s{level}_g{grid}": FullChannelGenerator(c, grid, num_classes, drop_rate)
             for level, c in zip(levels, channels) for grid in self.level_grids[level]})
+        if main_heads == "auto":
+            main_heads = self.auto_main_heads()
         # fitted, equal ones kept once (as the grids are): the exported branch holds each head once
         self.main_heads = list(dict.fromkeys(fitted_head(head, levels, grids, self.level_grids) for head in main_heads))
         self.model_config["main_heads"] = list(self.main_heads)  # as fitted: build_model(**model_config) rebuilds it
+
+    def auto_main_heads(self) -> list[str]:
+        """``main_heads: auto``: :data:`AUTO_MAIN_HEAD` (fitted) where its linear layer has at most
+        :data:`MAIN_HEADS_BUDGET` of the bare classifier's parameters, so the exported branch stays within 2 % of it
+        (resnet18, resnet50, vgg16; densenet121 up to 16 classes: its S2 has 512 channels); else none (the 2 x 2
+        grid, which would fit, measured no gain), and none where the model has no such level and grid."""
+        level, grid = head_level(AUTO_MAIN_HEAD), head_grid(AUTO_MAIN_HEAD)
+        if level not in self.levels or grid not in self.grids:
+            return []
+        head = fitted_head(AUTO_MAIN_HEAD, self.levels, self.grids, self.level_grids)
+        budget = MAIN_HEADS_BUDGET * sum(p.numel() for p in self.backbone.parameters())
+        return [head] if sum(p.numel() for p in self.fem[head].parameters()) <= budget else []
 
     def forward(self, x: Tensor) -> MultiBranchOutput:
         trunk = self.backbone.trunk(x)
