@@ -40,8 +40,8 @@ class MGMLFENet(RSNetModel):
         if not grids or min(grids) < 1:
             raise ValueError(f"grids must be positive ints, got {grids}")
         # a lone name (model.options.main_heads=s2_g4 on the command line) is that head, not its letters
-        main_heads = [main_heads] if isinstance(main_heads, str) and main_heads != "auto" else main_heads
-        main_heads = main_heads if main_heads == "auto" else [str(head) for head in main_heads]
+        if main_heads != "auto":
+            main_heads = [main_heads] if isinstance(main_heads, str) else [str(head) for head in main_heads]
         super().__init__(backbone, num_classes, pretrained, drop_rate, in_chans, main_pool=main_pool, levels=levels,
                          grids=grids, ffb_width=int(ffb_width), image_size=image_size, main_heads=main_heads)
         self.levels, self.grids = levels, grids
@@ -61,7 +61,7 @@ class MGMLFENet(RSNetModel):
     def auto_main_heads(self) -> list[str]:
         """``main_heads: auto``: :data:`AUTO_MAIN_HEAD` (fitted) where its linear layer has at most
         :data:`MAIN_HEADS_BUDGET` of the bare classifier's parameters, so the exported branch stays within 2 % of it
-        (resnet18, resnet50, vgg16; densenet121 up to 16 classes: its S2 has 512 channels); else none (the 2 x 2
+        (resnet18, resnet50, vgg16; densenet121 up to 17 classes: its S2 has 512 channels); else none (the 2 x 2
         grid, which would fit, measured no gain), and none where the model has no such level and grid."""
         level, grid = head_level(AUTO_MAIN_HEAD), head_grid(AUTO_MAIN_HEAD)
         if level not in self.levels or grid not in self.grids:
