@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import run_train
 
 import rsnet.engine.membership as membership
-from rsnet.checkpoint import save_checkpoint
+from rsnet.engine import trainer
+from rsnet.engine.epoch_end import TORCHRUN_JOB_KEY
+from rsnet.checkpoint import load_checkpoint, save_checkpoint
 from rsnet.engine.config_checks import check_run_dir
 from rsnet.engine.merge_commit import POSITION_KEY, resume_point
 from rsnet.parallel.launcher import WorkerError
@@ -218,3 +221,21 @@ def test_a_simulated_loss_comes_at_the_first_batch_claimed_from_its_interval_on(
                 claimed.extend((epoch, interval) for _ in strategy.claims(interval))
     assert claimed == ([(0, 0), (0, 1), (0, 2), (1, 0)] if rank == 1 else
                        [(e, i) for e in range(3) for i in range(3) if (e, i) != (1, 1)])
+
+
+def test_a_torchrun_restart_goes_on_only_from_its_own_jobs_point_and_refuses_a_damaged_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker torchrun started again goes on from the run dir's commit point of its own job (another job's is no
+    restart of it), and, as a resume, refuses a point whose contents no longer match their SHA-256."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "job-a"}.items():
+        monkeypatch.setenv(key, value)
+    commit = tmp_path / "checkpoints" / "commit.pt"
+    save_checkpoint(commit, {**_PAYLOAD, "epoch": 1, POSITION_KEY: 64, TORCHRUN_JOB_KEY: "job-b"})
+    assert trainer._this_torchrun_jobs_point(tmp_path) is None
+    save_checkpoint(commit, {**_PAYLOAD, "epoch": 1, POSITION_KEY: 64, TORCHRUN_JOB_KEY: "job-a"})
+    assert trainer._this_torchrun_jobs_point(tmp_path) == commit
+    damaged = load_checkpoint(commit, mmap=True)
+    damaged[POSITION_KEY] = 96  # changed after the digest was written: what a flipped bit does to the contents
+    torch.save(damaged, commit)
+    with pytest.raises(ValueError, match=f"^{commit} is damaged: its contents do not match the SHA-256"):
+        trainer._this_torchrun_jobs_point(tmp_path)

@@ -91,7 +91,10 @@ def _this_torchrun_jobs_point(run_dir: Path) -> Path | None:
     that joined or left (``--nnodes=MIN:MAX``, which counts no restart); else None."""
     job = os.environ.get("TORCHELASTIC_RUN_ID")
     point = resume_point(run_dir) if started_by_torchrun() and job else None
-    return point if point and load_checkpoint(point, mmap=True).get(TORCHRUN_JOB_KEY) == job else None
+    if point is None or load_checkpoint(point, mmap=True).get(TORCHRUN_JOB_KEY) != job:
+        return None
+    load_checkpoint(point, mmap=True, verify=True)  # its SHA-256, as a resume's: the workers load it unverified
+    return point
 
 
 def resolve_devices(devices: list[str] | str | None) -> list[str]:
