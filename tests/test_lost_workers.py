@@ -203,10 +203,11 @@ class _Killed(Exception):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_simulated_loss_comes_at_the_first_batch_claimed_from_its_interval_on(monkeypatch: pytest.MonkeyPatch,
-                                                                               rank: int) -> None:
+def test_a_simulated_loss_comes_in_its_interval_even_with_no_batch_claimed(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture,
+                                                                          rank: int) -> None:
     """lose_worker=[1, 2, 2]: worker 1 is left no batch in epoch 2's interval 2 (the others were faster), so it dies
-    with its first batch of interval 3 claimed, not never; worker 0 is never killed."""
+    at that interval's end, not never nor later; worker 0 is never killed."""
     def kill(pid: int, sig: int) -> None:
         raise _Killed(sig)
 
@@ -219,6 +220,9 @@ def test_a_simulated_loss_comes_at_the_first_batch_claimed_from_its_interval_on(
             strategy.epoch = epoch
             for interval in range(3):
                 claimed.extend((epoch, interval) for _ in strategy.claims(interval))
+    dying = [record.getMessage() for record in caplog.records if "SIMULATED loss" in record.getMessage()]
+    assert dying == (["worker 1 (cpu): SIMULATED loss (trainer.lose_worker): it kills itself (SIGKILL) in epoch 2, "
+                      "interval 2, with no batch claimed"] if rank == 1 else [])
     assert claimed == ([(0, 0), (0, 1), (0, 2), (1, 0)] if rank == 1 else
                        [(e, i) for e in range(3) for i in range(3) if (e, i) != (1, 1)])
 

@@ -1,6 +1,6 @@
 """The simulated loss of a worker (``trainer.lose_worker=[rank, epoch, interval]``): :func:`losing` gives a strategy
 class whose worker kills itself (SIGKILL) once it has claimed its first batch of that interval (or, where the faster
-workers left it none there, its first batch after it), as ``kill -9`` from outside would; the studies and tests of a
+workers left it none, at the interval's end, before its merge), as ``kill -9`` from outside would; the studies and tests of a
 run that goes on without it use it."""
 
 from __future__ import annotations
@@ -27,23 +27,28 @@ def loss_point(setting: Any, rank: int) -> tuple[int, int] | None:
 
 
 class SimulatedLoss:
-    """Mixed in before a strategy class: the worker SIGKILLs itself with its first batch of the interval claimed, or
-    its first batch after the interval where it claimed none there (a slow worker's share of an interval may be none,
-    so the loss does not depend on the machine's speed)."""
+    """Mixed in before a strategy class: the worker SIGKILLs itself with its first batch of the interval claimed, or at
+    the interval's end where it claimed none (a slow worker's share of an interval may be none: the loss comes in
+    that interval however fast the machine), or in the first interval after it that it reaches."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lost_at = loss_point(self.cfg.get("lose_worker"), self.rank)
 
     def claims(self, interval: int) -> Iterator[Claim]:
-        for number, claim in enumerate(super().claims(interval)):
-            if number == 0 and self._lost_at is not None and (self.epoch, interval) >= self._lost_at:
-                log.warning("worker %d (%s): SIMULATED loss (trainer.lose_worker): it kills itself (SIGKILL) in epoch "
-                            "%d, interval %d, with a batch claimed", self.rank, self.ctx.device, self.epoch + 1,
-                            interval + 1)
-                logging.shutdown()
-                os.kill(os.getpid(), signal.SIGKILL)
+        lost_here = self._lost_at is not None and (self.epoch, interval) >= self._lost_at
+        for claim in super().claims(interval):
+            if lost_here:
+                self._die(interval, "with a batch claimed")
             yield claim
+        if lost_here:  # the faster workers left it no batch of the interval: it dies before the interval's merge
+            self._die(interval, "with no batch claimed")
+
+    def _die(self, interval: int, how: str) -> None:
+        log.warning("worker %d (%s): SIMULATED loss (trainer.lose_worker): it kills itself (SIGKILL) in epoch %d, "
+                    "interval %d, %s", self.rank, self.ctx.device, self.epoch + 1, interval + 1, how)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @functools.cache
